@@ -1,0 +1,142 @@
+"""DQN for a population of members, with DQN 3.0's switches.
+
+Reads top to bottom: networks -> replay -> per step: epsilon-greedy act, store, and every
+``train_frequency`` env steps ``gradient_steps`` updates; hard or soft target updates.
+
+The update (DeepMind's DQN 3.0, per member):
+    r' = r / r_max                       if rescale_r (r_max = largest |r| seen, at least algo.r_max)
+    y = r' + gamma * (1 - terminated) * Q_boot(s', argmax)   (no gradient through y)
+    delta = y - Q(s, a)                  (the gradient reaches only the chosen action's output)
+    Q_boot is the target network, or the online network when target_network=false; double DQN
+    picks the argmax with the online network. Truncated episodes bootstrap; terminated ones do not.
+    loss = mean over the batch of delta^2 (mse) or Huber(delta); clip_delta > 0 replaces it by the
+    Huber form whose gradient with respect to Q(s, a) is exactly clip(delta, -clip_delta, clip_delta).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Dict, Optional
+
+import torch
+import torch.nn.functional as F
+
+from rlexp.config import DQNConfig
+from rlexp.nets import PopMLP, hard_update_, soft_update_
+from rlexp.optim import make_optimizer
+from rlexp.replay import Batch, ReplayBuffer
+
+if TYPE_CHECKING:
+    from rlexp.trainer import Trainer
+
+
+def epsilon(step: int, algo: DQNConfig, total_steps: int) -> float:
+    """Linear decay from start_e to end_e over exploration_fraction * total_steps env steps."""
+    duration = algo.exploration_fraction * total_steps
+    return algo.start_e + (algo.end_e - algo.start_e) * min(1.0, step / duration)
+
+
+def td_loss(td: torch.Tensor, algo: DQNConfig) -> torch.Tensor:
+    """Per-member loss from TD errors td = Q(s,a) - y [P, B] -> [P]."""
+    if algo.clip_delta > 0:
+        elementwise = F.huber_loss(td, torch.zeros_like(td), reduction="none", delta=algo.clip_delta)
+    elif algo.loss == "huber":
+        elementwise = F.huber_loss(td, torch.zeros_like(td), reduction="none", delta=algo.huber_delta)
+    else:
+        elementwise = td.square()
+    return elementwise.mean(1)
+
+
+def dqn_loss(
+    q_net: PopMLP,
+    target_net: Optional[PopMLP],
+    batch: Batch,
+    algo: DQNConfig,
+    r_max: torch.Tensor,
+) -> tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+    """Per-member DQN loss [P] and per-member statistics (Q and TD error) for one batch."""
+    with torch.no_grad():
+        boot_net = target_net if target_net is not None else q_net
+        if q_net.uses_batch_stats:
+            boot_net.eval()  # targets use running statistics (see README: batch normalization)
+        next_q = boot_net(batch.next_obs)  # [P, B, A]
+        if algo.double:
+            next_action = (q_net(batch.next_obs) if boot_net is not q_net else next_q).argmax(-1, keepdim=True)
+            next_value = next_q.gather(-1, next_action).squeeze(-1)  # [P, B]
+        else:
+            next_value = next_q.max(-1).values  # [P, B]
+        rewards = batch.rewards / r_max.unsqueeze(1) if algo.rescale_r else batch.rewards
+        not_done = 1.0 - batch.terminated if algo.terminal_masking else 1.0
+        target = rewards + algo.gamma * not_done * next_value  # [P, B]
+
+    if q_net.uses_batch_stats:
+        q_net.train()
+    q_all = q_net(batch.obs)  # [P, B, A]
+    if q_net.uses_batch_stats:
+        q_net.eval()
+    q = q_all.gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)  # [P, B]
+    td = q - target
+    stats = {
+        "q_mean": q.detach().mean(1),
+        "q_max": q.detach().amax(1),
+        "td_abs_mean": td.detach().abs().mean(1),
+        "td_abs_max": td.detach().abs().amax(1),
+    }
+    return td_loss(td, algo), stats
+
+
+def train(trainer: "Trainer") -> None:
+    """Train a DQN population; the trainer provides envs, streams, pipelines, logging."""
+    algo: DQNConfig = trainer.cfg.algo
+    env, device = trainer.env, trainer.device
+    members, num_envs = env.members, env.num_envs
+    n_actions = int(env.action_space.n)
+
+    q_net = trainer.make_net(env.obs_dim, n_actions)
+    q_net.eval()  # acting uses running statistics when the network has batch norm
+    target_net = None
+    if algo.target_network:
+        target_net = copy.deepcopy(q_net)
+        target_net.requires_grad_(False)
+    optimizer = make_optimizer(q_net.parameters(), trainer.cfg.optimizer)
+    pipeline = trainer.make_pipeline(q_net, optimizer)
+    buffer = ReplayBuffer(members, algo.buffer_size, env.obs_dim, device)
+    r_max = torch.full((members,), float(algo.r_max), device=device)
+
+    obs = env.reset()  # [P, E, obs]
+    prev_step = 0
+    for step in trainer.steps():
+        # act: epsilon-greedy, each member from its own stream
+        eps = epsilon(step, algo, trainer.cfg.total_steps)
+        u = trainer.streams.uniform(2 * num_envs)  # [P, 2E]
+        with torch.no_grad():
+            greedy = q_net(obs).argmax(-1)  # [P, E]
+        random_action = (u[:, num_envs:] * n_actions).long()
+        actions = torch.where(u[:, :num_envs] < eps, random_action, greedy)  # [P, E]
+
+        result = env.step(actions)
+        reward = torch.as_tensor(result.reward, dtype=torch.float32, device=device)  # [P, E]
+        terminated = torch.as_tensor(result.terminated, dtype=torch.float32, device=device)
+        valid = torch.as_tensor(result.valid, device=device)
+        if algo.rescale_r:
+            r_max = torch.maximum(r_max, torch.where(valid, reward.abs(), 0.0).amax(1))
+        buffer.add(obs, actions, reward, result.obs, terminated, valid)
+        obs = result.obs
+        trainer.note(epsilon=eps)
+
+        # learn
+        if step > algo.learning_starts and step // algo.train_frequency > prev_step // algo.train_frequency:
+            for _ in range(algo.gradient_steps):
+                batch = buffer.sample(trainer.streams.uniform(algo.batch_size))
+                loss, stats = dqn_loss(q_net, target_net, batch, algo, r_max)
+                update = pipeline.step(loss, step)
+                trainer.record_update(update, stats)
+                if target_net is not None and algo.target_update == "soft":
+                    soft_update_(target_net, q_net, algo.tau)
+        if (
+            target_net is not None
+            and algo.target_update == "hard"
+            and step // algo.target_update_period > prev_step // algo.target_update_period
+        ):
+            hard_update_(target_net, q_net)
+        prev_step = step

@@ -1,0 +1,280 @@
+"""Structured-config schemas: one dataclass per config-group option.
+
+Every yaml file in ``conf/<group>/<option>.yaml`` names its schema in its defaults list
+(``/schema/<group>/<option>@_here_``), so Hydra itself refuses an unknown key or a value of the
+wrong type with a message that names the key. Value checks (lr > 0, ...) live in ``rlexp.build``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from hydra.errors import CompactHydraException
+from omegaconf import MISSING
+
+
+class ConfigError(CompactHydraException):
+    """A bad config value. Hydra prints its message as one line (no traceback) and exits non-zero."""
+
+    def __init__(self, key: str, problem: str, fix: str) -> None:
+        super().__init__(f"config error: {key}: {problem}; {fix}")
+        self.key = key
+
+
+# ---------------------------------------------------------------- activation
+@dataclass
+class ActivationConfig:
+    name: str = MISSING
+
+
+@dataclass
+class LeakyReLUConfig(ActivationConfig):
+    negative_slope: float = 0.01
+
+
+@dataclass
+class ELUConfig(ActivationConfig):
+    alpha: float = 1.0
+
+
+# ---------------------------------------------------------------- init
+@dataclass
+class InitConfig:
+    name: str = MISSING
+    bias: Optional[float] = 0.0  # constant for every bias; null = the scheme's own (default only)
+    last_layer: str = "same"  # same | uniform
+    last_layer_scale: float = 0.01  # uniform: output weight and bias ~ U(-scale, scale)
+    last_layer_gain: Optional[float] = None  # same: gain of the output layer (null = scheme's own)
+
+
+@dataclass
+class GainInitConfig(InitConfig):
+    gain: Optional[float] = None  # null = the gain of the chosen activation (xavier: 1.0)
+
+
+# ---------------------------------------------------------------- normalization
+@dataclass
+class NormalizationConfig:
+    name: str = MISSING
+
+
+@dataclass
+class LayerNormConfig(NormalizationConfig):
+    eps: float = 1e-5
+
+
+@dataclass
+class BatchNormConfig(NormalizationConfig):
+    eps: float = 1e-5
+    momentum: float = 0.1  # running-statistics update rate, as torch.nn.BatchNorm1d
+
+
+@dataclass
+class WeightNormConfig(NormalizationConfig):
+    eps: float = 1e-8  # added inside the square root of ||v||^2; 0 = the unguarded division
+    g_init: float = 1.0
+    output_layer: bool = True  # the output layer is weight-normalized too (as the seed critic)
+
+
+# ---------------------------------------------------------------- clipping
+@dataclass
+class ClippingConfig:
+    name: str = MISSING
+
+
+@dataclass
+class NormClipConfig(ClippingConfig):
+    max_norm: float = 1.0
+
+
+@dataclass
+class ValueClipConfig(ClippingConfig):
+    clip_value: float = 1.0
+
+
+@dataclass
+class AGCConfig(ClippingConfig):
+    clip_factor: float = 0.01  # lambda: max ||G_i|| / max(||W_i||, eps)
+    eps: float = 1e-3
+
+
+# ---------------------------------------------------------------- optimizer
+@dataclass
+class OptimizerConfig:
+    name: str = MISSING
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+
+
+@dataclass
+class AdamConfig(OptimizerConfig):
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+
+
+@dataclass
+class RMSpropConfig(OptimizerConfig):
+    alpha: float = 0.99
+    eps: float = 1e-8
+    momentum: float = 0.0
+    centered: bool = False
+
+
+@dataclass
+class RMSpropTFConfig(OptimizerConfig):
+    decay: float = 0.9
+    momentum: float = 0.0
+    epsilon: float = 1e-10
+
+
+@dataclass
+class SGDConfig(OptimizerConfig):
+    momentum: float = 0.0
+    nesterov: bool = False
+
+
+# ---------------------------------------------------------------- network, regularization
+@dataclass
+class NetworkConfig:
+    name: str = MISSING
+    hidden: List[int] = field(default_factory=lambda: [64, 64])
+    residual: bool = False  # hidden layers of equal width become x + act(norm(fc(x)))
+    output_scale: float = 1.0  # the output layer's result is multiplied by this
+
+
+@dataclass
+class RegularizationConfig:
+    l1: float = 0.0  # loss += l1 * sum |w|, per member
+    l2: float = 0.0  # loss += l2 * sum w^2, per member
+    weights_only: bool = True  # false: biases, gains and norm parameters too
+
+
+# ---------------------------------------------------------------- algo, env
+@dataclass
+class AlgoConfig:
+    name: str = MISSING
+
+
+@dataclass
+class DQNConfig(AlgoConfig):
+    buffer_size: int = 100_000  # transitions per member
+    batch_size: int = 64
+    gamma: float = 0.99
+    learning_starts: int = 1_000  # env steps per member before the first update
+    train_frequency: int = 256  # env steps between update phases
+    gradient_steps: int = 128  # updates per phase
+    start_e: float = 1.0
+    end_e: float = 0.04
+    exploration_fraction: float = 0.16  # of total_steps, for the linear epsilon decay
+    target_network: bool = True  # false: bootstrap from the online network (DQN 3.0 target_q off)
+    target_update: str = "hard"  # hard | soft
+    target_update_period: int = 10  # env steps between hard copies
+    tau: float = 0.005  # soft: target <- (1 - tau) target + tau online, every update
+    double: bool = False
+    loss: str = "mse"  # mse | huber
+    huber_delta: float = 1.0
+    clip_delta: float = 0.0  # > 0: the TD error reaching Q(s,a) is clipped to +-clip_delta
+    rescale_r: bool = False  # divide rewards by r_max (max |r| seen so far, at least r_max)
+    r_max: float = 1.0
+    terminal_masking: bool = True  # false: bootstrap through terminations too
+
+
+@dataclass
+class EnvConfig:
+    id: str = MISSING
+    num_envs: int = 1  # environments per member
+    max_episode_steps: Optional[int] = None
+    kwargs: Dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- logging, top level
+@dataclass
+class LoggerConfig:
+    mode: Optional[str] = None  # offline | online | disabled; null = $WANDB_MODE, else offline
+    project: str = "rlexp"
+    entity: Optional[str] = None
+    log_every: int = 1_000  # env steps per member between log records
+    progress: str = "auto"  # auto | rich | plain | off
+    init_timeout: float = 30.0  # seconds W&B may wait for its service (online)
+
+
+@dataclass
+class Config:
+    activation: ActivationConfig = MISSING
+    init: InitConfig = MISSING
+    normalization: NormalizationConfig = MISSING
+    clipping: ClippingConfig = MISSING
+    optimizer: OptimizerConfig = MISSING
+    network: NetworkConfig = MISSING
+    algo: AlgoConfig = MISSING
+    env: EnvConfig = MISSING
+    regularization: RegularizationConfig = field(default_factory=RegularizationConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    total_steps: int = 50_000  # environment steps per member
+    seed: int = 0  # member k uses seed + k
+    num_seeds: int = 1  # population size P
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int = 1  # torch intra-op threads; 0 = leave torch's default
+
+
+SCHEMAS: Dict[str, Dict[str, type]] = {
+    "activation": {
+        "relu": ActivationConfig,
+        "leaky_relu": LeakyReLUConfig,
+        "elu": ELUConfig,
+        "gelu": ActivationConfig,
+        "silu": ActivationConfig,
+        "tanh": ActivationConfig,
+        "softsign": ActivationConfig,
+        "sigmoid": ActivationConfig,
+    },
+    "init": {
+        "default": InitConfig,
+        "xavier": GainInitConfig,
+        "xavier_uniform": GainInitConfig,
+        "xavier_normal": GainInitConfig,
+        "he": GainInitConfig,
+        "he_uniform": GainInitConfig,
+        "he_normal": GainInitConfig,
+        "orthogonal": GainInitConfig,
+        "lecun": InitConfig,
+    },
+    "normalization": {
+        "none": NormalizationConfig,
+        "layer": LayerNormConfig,
+        "batch": BatchNormConfig,
+        "weight": WeightNormConfig,
+    },
+    "clipping": {
+        "none": ClippingConfig,
+        "global_norm": NormClipConfig,
+        "per_tensor": NormClipConfig,
+        "value": ValueClipConfig,
+        "agc": AGCConfig,
+    },
+    "optimizer": {
+        "adam": AdamConfig,
+        "adamw": AdamConfig,
+        "rmsprop": RMSpropConfig,
+        "rmsprop_tf": RMSpropTFConfig,
+        "sgd": SGDConfig,
+    },
+    "network": {"mlp": NetworkConfig},
+    "algo": {"dqn": DQNConfig},
+    "env": {"base": EnvConfig},
+}
+
+
+def register_configs() -> None:
+    """Store the top-level schema and every option's schema in Hydra's ConfigStore."""
+    cs = ConfigStore.instance()
+    cs.store(name="schema", node=Config)
+    for group, options in SCHEMAS.items():
+        for option, schema in options.items():
+            cs.store(group=f"schema/{group}", name=option, node=schema)
+
+
+register_configs()

@@ -1,0 +1,181 @@
+"""The gradient pipeline: compute -> process -> apply, per population member.
+
+One place, used by every algorithm for every network::
+
+    loss [P] (+ L1/L2 penalty) -> backward -> grad norms (pre) -> processors (clipping)
+    -> grad norms (post) -> non-finite check -> optimizer step (members still alive only)
+
+Every reduction (norms, clipping scales, finiteness) is per member: one member's gradients never
+scale another's, and a member whose loss, gradient or parameters become non-finite is marked
+diverged and frozen while the others go on bitwise unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Sequence
+
+import torch
+
+from rlexp.config import ClippingConfig, RegularizationConfig
+
+CAUSES = ("none", "nonfinite_loss", "nonfinite_grad", "nonfinite_param")
+
+
+def _member_view(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Reshape a per-member [P] tensor to broadcast against ``like`` [P, ...]."""
+    return x.view(-1, *([1] * (like.dim() - 1)))
+
+
+def member_norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Joint L2 norm of a list of [P, ...] tensors, per member: [P]."""
+    return torch.stack([torch.linalg.vector_norm(t.flatten(1), dim=1) for t in tensors]).norm(dim=0)
+
+
+# ---------------------------------------------------------------- processors (clipping)
+# Each takes (params, grads, cfg) and rewrites grads in place.
+Processor = Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor], ClippingConfig], None]
+
+
+def clip_none(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig) -> None:
+    """Leave gradients as they are."""
+
+
+def clip_global_norm(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig) -> None:
+    """Scale each member's gradients by min(1, max_norm / (||g||_member + 1e-6)) (clip_grad_norm_)."""
+    scale = (cfg.max_norm / (member_norms(grads) + 1e-6)).clamp(max=1.0)  # [P]
+    for g in grads:
+        g.mul_(_member_view(scale, g))
+
+
+def clip_per_tensor(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig) -> None:
+    """TF clip_by_norm on each tensor and member: g * max_norm / max(||g||, max_norm)."""
+    for g in grads:
+        norm = g.flatten(1).norm(dim=1)  # [P]
+        g.mul_(_member_view(cfg.max_norm / torch.clamp(norm, min=cfg.max_norm), g))
+
+
+def clip_value(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig) -> None:
+    """Clamp every gradient element to +-clip_value."""
+    for g in grads:
+        g.clamp_(-cfg.clip_value, cfg.clip_value)
+
+
+def unitwise_norm(x: torch.Tensor) -> torch.Tensor:
+    """AGC's unit-wise norm of a [P, ...] tensor: per output unit for matrices [P, out, in] (norm
+    over inputs, -> [P, out, 1]), over the whole vector for vectors [P, n] (-> [P, 1])."""
+    if x.dim() <= 2:
+        return x.norm(dim=1, keepdim=True)
+    return x.norm(dim=-1, keepdim=True)
+
+
+def clip_agc(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig) -> None:
+    """Adaptive gradient clipping (Brock et al. 2021): where ||G_i|| > lambda * max(||W_i||, eps),
+    scale G_i to that norm; unit-wise, per member."""
+    for p, g in zip(params, grads):
+        max_norm = cfg.clip_factor * unitwise_norm(p.detach()).clamp(min=cfg.eps)
+        g_norm = unitwise_norm(g)
+        clipped = g * (max_norm / g_norm.clamp(min=1e-6))
+        g.copy_(torch.where(g_norm > max_norm, clipped, g))
+
+
+CLIPPERS: Dict[str, Processor] = {
+    "none": clip_none,
+    "global_norm": clip_global_norm,
+    "per_tensor": clip_per_tensor,
+    "value": clip_value,
+    "agc": clip_agc,
+}
+
+
+# ---------------------------------------------------------------- member health
+class Health:
+    """Per-member divergence state, kept on the device so the hot path never waits for the host.
+
+    alive [P] bool; diverged_at [P] env step of the first non-finite update (-1 if none);
+    cause [P] index into CAUSES.
+    """
+
+    def __init__(self, members: int, device: torch.device) -> None:
+        self.alive = torch.ones(members, dtype=torch.bool, device=device)
+        self.diverged_at = torch.full((members,), -1, dtype=torch.long, device=device)
+        self.cause = torch.zeros(members, dtype=torch.long, device=device)
+
+    def mark(self, ok: torch.Tensor, cause: torch.Tensor, step: int) -> None:
+        """Members alive but not ``ok`` [P] diverge now, at env step ``step``, for ``cause`` [P]."""
+        newly = self.alive & ~ok
+        self.diverged_at = torch.where(newly, step, self.diverged_at)
+        self.cause = torch.where(newly, cause, self.cause)
+        self.alive = self.alive & ok
+
+
+@dataclass
+class UpdateStats:
+    """Per-member results of one update, all [P] tensors on the device."""
+
+    loss: torch.Tensor
+    grad_norm_pre_clip: torch.Tensor
+    grad_norm_post_clip: torch.Tensor
+
+
+class GradientPipeline:
+    """compute -> process -> apply for one network's parameters (all [P, ...])."""
+
+    def __init__(
+        self,
+        params: List[torch.Tensor],
+        optimizer: torch.optim.Optimizer,
+        clipping: ClippingConfig,
+        regularization: RegularizationConfig,
+        weights: List[torch.Tensor],
+        health: Health,
+    ) -> None:
+        self.params = params
+        self.optimizer = optimizer
+        self.clipping = clipping
+        self.clip = CLIPPERS[clipping.name]
+        self.health = health
+        self.l1, self.l2 = regularization.l1, regularization.l2
+        self.penalized = weights if regularization.weights_only else params
+
+    def penalty(self) -> torch.Tensor:
+        """L1/L2 penalty per member: l1 * sum|w| + l2 * sum w^2 over the penalized tensors -> [P]."""
+        total = torch.zeros((), device=self.params[0].device)
+        if self.l1 > 0:
+            total = total + self.l1 * torch.stack([w.abs().flatten(1).sum(1) for w in self.penalized]).sum(0)
+        if self.l2 > 0:
+            total = total + self.l2 * torch.stack([w.square().flatten(1).sum(1) for w in self.penalized]).sum(0)
+        return total
+
+    def step(self, loss: torch.Tensor, env_step: int) -> UpdateStats:
+        """Run one update from per-member losses ``loss`` [P] (without the penalty) at ``env_step``."""
+        if self.l1 > 0 or self.l2 > 0:
+            loss = loss + self.penalty()
+        for p in self.params:
+            p.grad = None
+        loss.sum().backward()  # members are independent: d(sum)/d(loss_k) = 1 for each k
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        for p, g in zip(self.params, grads):
+            p.grad = g
+        grad_norm_pre = member_norms(grads)  # [P]
+        self.clip(self.params, grads, self.clipping)
+        grad_norm_post = grad_norm_pre if self.clipping.name == "none" else member_norms(grads)
+
+        loss_ok = torch.isfinite(loss.detach())
+        grad_ok = torch.isfinite(grad_norm_pre)
+        ok = self.health.alive & loss_ok & grad_ok  # [P] members allowed to update
+        # frozen or failing members must keep their parameters: snapshot them before the step.
+        # On the CPU a host check is free, so the snapshot is skipped while every member is fine;
+        # on a GPU it is always taken, so the hot path never waits for the host.
+        snapshot = self.params[0].is_cuda or not bool(ok.all())
+        before = [p.detach().clone() for p in self.params] if snapshot else None
+        self.optimizer.step()
+        with torch.no_grad():
+            param_ok = torch.isfinite(torch.stack([p.flatten(1).sum(1) for p in self.params]).sum(0))
+            keep = ok & param_ok
+            if before is not None:
+                for p, old in zip(self.params, before):
+                    p.copy_(torch.where(_member_view(keep, p), p, old))
+        cause = torch.where(~loss_ok, 1, torch.where(~grad_ok, 2, 3))
+        self.health.mark(keep | ~self.health.alive, cause, env_step)
+        return UpdateStats(loss.detach(), grad_norm_pre, grad_norm_post)

@@ -1,0 +1,166 @@
+"""Loggers: one W&B run per member, a metrics.jsonl per member, and the console.
+
+W&B runs offline unless told otherwise: ``logger.mode`` if set, else $WANDB_MODE, else offline.
+A run that cannot reach the W&B server falls back to offline instead of blocking the job.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from rlexp.config import LoggerConfig
+
+WANDB_MODES = ("offline", "online", "disabled")
+
+
+def resolve_wandb_mode(cfg: LoggerConfig) -> str:
+    """logger.mode if set, else $WANDB_MODE (dryrun counts as offline), else offline."""
+    if cfg.mode is not None:
+        return cfg.mode
+    env = os.environ.get("WANDB_MODE", "").strip().lower()
+    if env == "dryrun":
+        return "offline"
+    return env if env in WANDB_MODES else "offline"
+
+
+def _json_value(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)  # NaN / inf as strings: metrics.jsonl stays strict JSON
+    return v
+
+
+class MemberLog:
+    """metrics.jsonl (always) and a W&B run (unless disabled) for one population member."""
+
+    def __init__(self, run_dir: Path, wandb_run: Any) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.dir = run_dir
+        self.file = open(run_dir / "metrics.jsonl", "a", buffering=1)
+        self.wandb_run = wandb_run
+
+    def log(self, step: int, metrics: Dict[str, Any]) -> None:
+        record = {"step": step, **{k: _json_value(v) for k, v in metrics.items()}}
+        self.file.write(json.dumps(record) + "\n")
+        if self.wandb_run is not None:
+            self.wandb_run.log(metrics, step=step)
+
+    def finish(self, summary: Dict[str, Any], failed: bool = False) -> None:
+        """Write summary.json, put the summary into the W&B run and end it (exit code 1 if failed)."""
+        (self.dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        if not self.file.closed:
+            self.file.close()
+        if self.wandb_run is not None:
+            run, self.wandb_run = self.wandb_run, None
+            try:
+                run.summary.update({k: v for k, v in summary.items() if v is not None})
+            finally:
+                run.finish(exit_code=1 if failed else 0)
+
+
+def open_member_logs(
+    cfg: LoggerConfig,
+    out_dir: Path,
+    seeds: List[int],
+    group: str,
+    tags: List[str],
+    config: Dict[str, Any],
+) -> List[MemberLog]:
+    """One MemberLog per seed under ``out_dir/seed_<k>``; W&B files in ``seed_<k>/wandb``."""
+    mode = resolve_wandb_mode(cfg)
+    logs: List[MemberLog] = []
+    for member, seed in enumerate(seeds):
+        run_dir = out_dir / f"seed_{member}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        run = None if mode == "disabled" else _init_wandb(cfg, mode, run_dir, seed, member, group, tags, config)
+        logs.append(MemberLog(run_dir, run))
+    return logs
+
+
+def _init_wandb(cfg: LoggerConfig, mode: str, run_dir: Path, seed: int, member: int, group: str,
+                tags: List[str], config: Dict[str, Any]) -> Any:
+    import wandb  # imported only when a run logs to W&B
+
+    kwargs = dict(
+        project=cfg.project,
+        entity=cfg.entity,
+        group=group[:128],
+        name=f"{group}/seed={seed}"[:128],
+        tags=[t[:64] for t in tags],
+        config={**config, "seed": seed, "member": member},
+        dir=str(run_dir),
+        reinit="create_new",
+        settings=wandb.Settings(init_timeout=cfg.init_timeout, console="off", silent=True),
+    )
+    try:
+        return wandb.init(mode=mode, **kwargs)
+    except Exception as err:  # no network, no credentials: keep the run, offline
+        if mode != "online":
+            raise
+        print(f"W&B online init failed ({type(err).__name__}: {err}); logging offline instead", file=sys.stderr)
+        return wandb.init(mode="offline", **kwargs)
+
+
+class ConsoleProgress:
+    """A rich progress bar on a terminal; plain lines every ~10% of the run otherwise."""
+
+    def __init__(self, total: int, mode: str, label: str) -> None:
+        self.console = Console()
+        interactive = self.console.is_terminal
+        self.mode = ("rich" if interactive else "plain") if mode == "auto" else mode
+        self.total = total
+        self.label = label
+        self.start = time.perf_counter()
+        self.next_plain = 0
+        self.progress: Optional[Progress] = None
+        if self.mode == "rich":
+            self.progress = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.console,
+            )
+            self.task = self.progress.add_task(label, total=total, info="")
+            self.progress.start()
+
+    def update(self, step: int, info: str) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=step, info=info)
+        elif self.mode == "plain" and step >= self.next_plain:
+            elapsed = time.perf_counter() - self.start
+            print(f"[{self.label}] step {step}/{self.total} ({elapsed:.0f}s) {info}", flush=True)
+            self.next_plain = step + max(1, self.total // 10)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+def print_summary(console: Console, title: str, members: List[Dict[str, Any]]) -> None:
+    """One table, a row per member: seed, status, final return, episodes, steps, wall time."""
+    table = Table(title=title, title_justify="left")
+    for column in ("seed", "status", "final return", "episodes", "steps", "wall s", "diverged at", "cause"):
+        table.add_column(column, justify="right" if column not in ("status", "cause") else "left")
+    colors = {"ok": "green", "diverged": "yellow", "crashed": "red"}
+    for m in members:
+        final = m.get("final_return")
+        div = m.get("divergence") or {}
+        table.add_row(
+            str(m["seed"]),
+            f"[{colors.get(m['status'], 'white')}]{m['status']}[/]",
+            "-" if final is None else f"{final:.1f}",
+            str(m.get("episodes", "-")),
+            str(m.get("steps", "-")),
+            f"{m.get('wall_s', 0.0):.1f}",
+            "-" if m.get("diverged_at_step") is None else str(m["diverged_at_step"]),
+            div.get("cause", "") or "",
+        )
+    console.print(table)

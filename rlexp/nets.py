@@ -1,0 +1,225 @@
+"""Population networks: every parameter carries a leading member dimension P.
+
+A population linear layer holds weight [P, out, in] and bias [P, out] and runs one batched matmul
+over inputs [P, B, in]. Norms normalize per member and per sample (layer) or over each member's own
+batch (batch). Nothing here reduces across members, so member k's outputs and gradients depend on
+member k's parameters and inputs alone.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rlexp.config import ActivationConfig, InitConfig, NetworkConfig, NormalizationConfig
+from rlexp.init import init_linear, scheme_gain
+
+
+ACTIVATIONS: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": torch.relu,
+    "leaky_relu": F.leaky_relu,
+    "elu": F.elu,
+    "gelu": F.gelu,
+    "silu": F.silu,
+    "tanh": torch.tanh,
+    "softsign": F.softsign,
+    "sigmoid": torch.sigmoid,
+}
+
+
+def make_activation(cfg: ActivationConfig) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The activation function a config names, with its parameters (leaky_relu slope, elu alpha)."""
+    if cfg.name == "leaky_relu":
+        slope = cfg.negative_slope
+        return lambda x: F.leaky_relu(x, slope)
+    if cfg.name == "elu":
+        alpha = cfg.alpha
+        return lambda x: F.elu(x, alpha)
+    return ACTIVATIONS[cfg.name]
+
+
+class PopLinear(nn.Module):
+    """y = x W^T + b for each member: x [P, B, in] -> [P, B, out]."""
+
+    def __init__(self, members: int, n_in: int, n_out: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(members, n_out, n_in))
+        self.bias = nn.Parameter(torch.zeros(members, n_out))
+
+    def effective_weight(self) -> torch.Tensor:
+        return self.weight  # [P, out, in]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.baddbmm(self.bias.unsqueeze(1), x, self.effective_weight().mT)
+
+
+class PopWeightNormLinear(PopLinear):
+    """Weight-normalized linear layer (the seed critic's denseWN), per member and output unit.
+
+    w = g * v / sqrt(||v||^2 + eps), with ||v|| over each output unit's input weights; g starts at
+    g_init. ``weight`` holds v. eps = 0 reproduces the unguarded division g / ||v||.
+    """
+
+    def __init__(self, members: int, n_in: int, n_out: int, eps: float, g_init: float) -> None:
+        super().__init__(members, n_in, n_out)
+        self.g = nn.Parameter(torch.full((members, n_out), float(g_init)))
+        self.eps = eps
+
+    def unit_norms(self) -> torch.Tensor:
+        """sqrt(||v_i||^2 + eps) per member and output unit: [P, out]."""
+        return torch.sqrt(self.weight.square().sum(-1) + self.eps)
+
+    def effective_weight(self) -> torch.Tensor:
+        return self.weight * (self.g / self.unit_norms()).unsqueeze(-1)
+
+
+class PopLayerNorm(nn.Module):
+    """LayerNorm over features, per member and sample, with a per-member affine: [P, B, H]."""
+
+    def __init__(self, members: int, width: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(members, width))
+        self.bias = nn.Parameter(torch.zeros(members, width))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.layer_norm(x, x.shape[-1:], eps=self.eps)
+        return x * self.weight.unsqueeze(1) + self.bias.unsqueeze(1)
+
+
+class PopBatchNorm(nn.Module):
+    """BatchNorm over each member's own batch: mean/var over B of [P, B, H], per member and feature.
+
+    Training mode normalizes with the batch statistics and updates the running ones (momentum,
+    unbiased variance, as torch.nn.BatchNorm1d); eval mode normalizes with the running statistics.
+    """
+
+    def __init__(self, members: int, width: int, eps: float, momentum: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(members, width))
+        self.bias = nn.Parameter(torch.zeros(members, width))
+        self.register_buffer("running_mean", torch.zeros(members, width))
+        self.register_buffer("running_var", torch.ones(members, width))
+        self.eps = eps
+        self.momentum = momentum
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            mean = x.mean(1)  # [P, H]
+            var = x.var(1, unbiased=False)  # [P, H]
+            with torch.no_grad():
+                n = x.shape[1]
+                unbiased = var * (n / max(n - 1, 1))
+                self.running_mean.lerp_(mean, self.momentum)
+                self.running_var.lerp_(unbiased, self.momentum)
+        else:
+            mean, var = self.running_mean, self.running_var
+        x = (x - mean.unsqueeze(1)) * torch.rsqrt(var.unsqueeze(1) + self.eps)
+        return x * self.weight.unsqueeze(1) + self.bias.unsqueeze(1)
+
+
+# normalization name -> the norm module after each hidden linear layer (weight norm changes the
+# linear layer itself instead, see PopMLP)
+NORMALIZATIONS: Dict[str, Callable[[NormalizationConfig, int, int], nn.Module]] = {
+    "none": lambda cfg, members, width: nn.Identity(),
+    "layer": lambda cfg, members, width: PopLayerNorm(members, width, cfg.eps),
+    "batch": lambda cfg, members, width: PopBatchNorm(members, width, cfg.eps, cfg.momentum),
+    "weight": lambda cfg, members, width: nn.Identity(),
+}
+
+
+class _ScaleGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:  # type: ignore[override]
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        return grad * ctx.scale, None
+
+
+def scale_gradient(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """Identity in the forward pass; multiplies the gradient by ``scale`` in the backward pass.
+
+    MuZero's scale_gradient: a model-internal op, unlike gradient clipping, which rescales the
+    gradients after backward.
+    """
+    return _ScaleGradient.apply(x, scale)
+
+
+class PopMLP(nn.Module):
+    """Population MLP: [P, B, n_in] -> [P, B, n_out].
+
+    Hidden layer: linear (weight-normalized if normalization=weight) -> layer/batch norm -> activation,
+    plus x + (...) when ``network.residual`` and the widths match. Output: linear, times output_scale.
+    """
+
+    def __init__(
+        self,
+        members: int,
+        n_in: int,
+        n_out: int,
+        network: NetworkConfig,
+        activation: ActivationConfig,
+        normalization: NormalizationConfig,
+        init: InitConfig,
+        generators: List[torch.Generator],
+    ) -> None:
+        super().__init__()
+        sizes = [n_in, *network.hidden, n_out]
+        weight_norm = normalization.name == "weight"
+        self.layers = nn.ModuleList()
+        self.norms = nn.ModuleList()
+        self.residual: List[bool] = []
+        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+            last = i == len(sizes) - 2
+            if weight_norm and (not last or normalization.output_layer):
+                layer: PopLinear = PopWeightNormLinear(members, a, b, normalization.eps, normalization.g_init)
+            else:
+                layer = PopLinear(members, a, b)
+            self.layers.append(layer)
+            if not last:
+                self.norms.append(NORMALIZATIONS[normalization.name](normalization, members, b))
+                self.residual.append(network.residual and a == b)
+        self.has_norm = normalization.name in ("layer", "batch")
+        # plain lists for the forward pass (slicing a ModuleList on every call is slow)
+        self._hidden = list(zip(self.layers[:-1], self.norms, self.residual))
+        self._output = self.layers[-1]
+        self.act = make_activation(activation)
+        self.uses_batch_stats = normalization.name == "batch"  # acting must then run in eval mode
+        self.output_scale = network.output_scale
+        gain = scheme_gain(init, activation.name, getattr(activation, "negative_slope", 0.01))
+        for i, layer in enumerate(self.layers):
+            init_linear(layer.weight, layer.bias, init, gain, generators, last=i == len(self.layers) - 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer, norm, residual in self._hidden:
+            h = layer.forward(x)
+            h = self.act(norm(h) if self.has_norm else h)
+            x = x + h if residual else h
+        out = self._output.forward(x)
+        return out * self.output_scale if self.output_scale != 1.0 else out
+
+
+def weight_parameters(module: nn.Module) -> List[torch.Tensor]:
+    """The weight matrices (or weight-norm directions v) of every population linear layer."""
+    return [m.weight for m in module.modules() if isinstance(m, PopLinear)]
+
+
+@torch.no_grad()
+def soft_update_(target: nn.Module, online: nn.Module, tau: float) -> None:
+    """EMA target update, in place: target <- (1 - tau) * target + tau * online (buffers copied)."""
+    torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)
+    buffers = list(target.buffers())
+    if buffers:
+        torch._foreach_copy_(buffers, list(online.buffers()))
+
+
+@torch.no_grad()
+def hard_update_(target: nn.Module, online: nn.Module) -> None:
+    """Hard target update, in place: target <- online (parameters and buffers)."""
+    torch._foreach_copy_(list(target.parameters()) + list(target.buffers()), list(online.parameters()) + list(online.buffers()))

@@ -1,0 +1,41 @@
+"""Per-member random streams for the hot path (exploration, replay sampling).
+
+Each member draws from its own torch.Generator, seeded from the member's seed, in blocks: one loop
+over members per block, one tensor slice per draw. Member k's numbers depend on its seed alone,
+never on the population around it.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import numpy as np
+import torch
+
+
+def member_generator(member_seed: int, purpose: int) -> torch.Generator:
+    """A CPU generator for one member and purpose (0 = weights, 1 = environments, 2 = stream, ...)."""
+    seed = int(np.random.SeedSequence([member_seed, purpose]).generate_state(1, dtype=np.uint64)[0] >> 1)
+    return torch.Generator().manual_seed(seed)
+
+
+class MemberStreams:
+    """Uniform [0, 1) numbers, float64, one independent stream per member."""
+
+    def __init__(self, member_seeds: List[int], device: torch.device, block: int = 65_536) -> None:
+        self.generators = [member_generator(s, 2) for s in member_seeds]
+        self.device = device
+        self.block = block
+        self.pool = torch.empty(len(member_seeds), 0, dtype=torch.float64, device=device)
+        self.pos = 0
+
+    def uniform(self, n: int) -> torch.Tensor:
+        """The next ``n`` numbers of every member's stream: [P, n]."""
+        if self.pos + n > self.pool.shape[1]:
+            size = max(self.block, n)
+            rows = [torch.rand(size, generator=g, dtype=torch.float64) for g in self.generators]
+            self.pool = torch.stack(rows).to(self.device)
+            self.pos = 0
+        out = self.pool[:, self.pos : self.pos + n]
+        self.pos += n
+        return out

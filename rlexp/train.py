@@ -1,0 +1,34 @@
+"""Entry point: ``python -m rlexp.train [group=option ...] [-m]``.
+
+One job trains a population of ``num_seeds`` members; ``-m`` sweeps with Hydra's launcher.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+import rlexp.config  # noqa: F401  (registers the schemas in Hydra's ConfigStore)
+from rlexp.trainer import run_job
+
+
+def job_identity() -> tuple[Path, str, Dict[str, str]]:
+    """The job's output dir, its config cell (overrides minus seeds etc.) and its group choices."""
+    hc = HydraConfig.get()
+    cell = hc.job.override_dirname or "default"
+    choices = {k: str(v) for k, v in hc.runtime.choices.items() if not k.startswith(("hydra", "schema"))}
+    return Path(hc.runtime.output_dir), cell, choices
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> Dict[str, Any]:
+    out_dir, cell, choices = job_identity()
+    return run_job(cfg, out_dir, cell, choices)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+"""The trainer: everything algorithms share, and the job's output contract.
+
+It owns the device, the population's seeds, environments and random streams, member health,
+network and gradient-pipeline construction, the step loop with logging and progress, and the
+output files (``summary.json``, ``seed_<k>/summary.json``, ``seed_<k>/metrics.jsonl``, W&B runs).
+An algorithm (``rlexp.algos``) receives the trainer and reads top to bottom.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from rlexp.algos import ALGOS
+from rlexp.build import resolve_device, validate
+from rlexp.config import Config
+from rlexp.envs import PopulationEnv
+from rlexp.grad import CAUSES, GradientPipeline, Health, UpdateStats
+from rlexp.loggers import ConsoleProgress, MemberLog, open_member_logs, print_summary
+from rlexp.nets import PopMLP, weight_parameters
+from rlexp.streams import MemberStreams, member_generator
+
+
+class Trainer:
+    """Runs one job: a population of ``num_seeds`` members trained together."""
+
+    def __init__(self, cfg: DictConfig, out_dir: Path, cell: str = "default", choices: Optional[Dict[str, str]] = None):
+        self.config = OmegaConf.to_container(cfg, resolve=True)  # plain dict, for logs and summaries
+        self.cfg: Config = OmegaConf.to_object(cfg)  # dataclasses: fast attribute access in the loop
+        cfg = self.cfg
+        self.out_dir = out_dir
+        self.cell = cell
+        self.choices = choices or {}
+        self.device = resolve_device(cfg.device)
+        if cfg.threads > 0:
+            torch.set_num_threads(cfg.threads)
+        self.seeds: List[int] = [cfg.seed + k for k in range(cfg.num_seeds)]
+        self.members = len(self.seeds)
+        torch.manual_seed(cfg.seed)
+        self.env = PopulationEnv(cfg.env, self.seeds, self.device)
+        self.streams = MemberStreams(self.seeds, self.device)
+        self.health = Health(self.members, self.device)
+        self._nets_made = 0
+        # per-update statistics, summed (means) or maxed on the device, read once per log step
+        self._sums: Optional[torch.Tensor] = None
+        self._maxs: Optional[torch.Tensor] = None
+        self._sum_keys: List[str] = []
+        self._max_keys: List[str] = []
+        self._updates = 0
+        self._updates_total = 0
+        self._notes: Dict[str, float] = {}
+        self.logs: List[MemberLog] = []
+        self.member_done: List[bool] = [False] * self.members
+        self.member_summaries: List[Optional[Dict[str, Any]]] = [None] * self.members
+
+    # ------------------------------------------------------------ for algorithms
+    def make_net(self, n_in: int, n_out: int) -> PopMLP:
+        """A population MLP from the config groups; each member's weights from its own generator."""
+        purpose = 10 + self._nets_made  # a distinct stream per network built
+        self._nets_made += 1
+        generators = [member_generator(s, purpose) for s in self.seeds]
+        c = self.cfg
+        net = PopMLP(self.members, n_in, n_out, c.network, c.activation, c.normalization, c.init, generators)
+        return net.to(self.device)
+
+    def make_pipeline(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> GradientPipeline:
+        """The gradient pipeline (clipping, penalties, divergence checks) for one network."""
+        params = [p for p in net.parameters() if p.requires_grad]
+        return GradientPipeline(params, optimizer, self.cfg.clipping, self.cfg.regularization,
+                                weight_parameters(net), self.health)
+
+    def note(self, **scalars: float) -> None:
+        """Remember the latest value of job-wide scalars (epsilon, ...) for the next log record."""
+        self._notes.update(scalars)
+
+    def record_update(self, update: UpdateStats, stats: Dict[str, torch.Tensor]) -> None:
+        """Accumulate one update's per-member statistics (all [P]) without leaving the device."""
+        means = {"loss": update.loss, "grad_norm": update.grad_norm_pre_clip,
+                 "grad_norm_post_clip": update.grad_norm_post_clip, **stats}
+        maxes = {"grad_norm_max": update.grad_norm_pre_clip,
+                 **{k: v for k, v in stats.items() if k.endswith("_max")}}
+        mean_values = torch.stack(list(means.values()))  # [K, P]
+        max_values = torch.stack(list(maxes.values()))
+        if self._sums is None or self._updates == 0:
+            self._sum_keys, self._max_keys = list(means), list(maxes)
+            self._sums, self._maxs = mean_values.clone(), max_values.clone()
+        else:
+            self._sums += mean_values
+            self._maxs = torch.maximum(self._maxs, max_values)
+        self._updates += 1
+
+    def steps(self) -> Iterator[int]:
+        """Env steps per member after each vector step (E at a time); logs between steps.
+
+        Ends early when every member has diverged.
+        """
+        per_step = self.env.num_envs
+        log_every = self.cfg.logger.log_every
+        step = 0
+        while step < self.cfg.total_steps:
+            step += per_step
+            yield step
+            if step // log_every > (step - per_step) // log_every or step >= self.cfg.total_steps:
+                self._log(step)
+                if all(self.member_done):
+                    return
+
+    # ------------------------------------------------------------ logging
+    def _log(self, step: int) -> None:
+        now = time.perf_counter()
+        elapsed = now - self._last_log_time
+        sps = (step - self._last_log_step) / max(elapsed, 1e-9)
+        self._last_log_time, self._last_log_step = now, step
+        train: Dict[str, List[float]] = {}
+        if self._updates > 0:
+            sums = (self._sums / self._updates).tolist()
+            maxs = self._maxs.tolist()
+            train = {f"train/{k}": v for k, v in zip(self._sum_keys, sums)}
+            train.update({f"train/{k}": v for k, v in zip(self._max_keys, maxs)})
+            self._updates_total += self._updates
+            self._updates = 0
+        diverged_at = self.health.diverged_at.tolist()
+        causes = self.health.cause.tolist()
+        episodes = self.env.take_episodes()
+        for k, log in enumerate(self.logs):
+            if self.member_done[k]:
+                continue
+            metrics: Dict[str, Any] = {"perf/steps_per_s": sps, "train/updates": self._updates_total}
+            metrics.update({f"train/{n}": v for n, v in self._notes.items()})
+            metrics.update({name: values[k] for name, values in train.items()})
+            if episodes[k]:
+                metrics["episode/return"] = float(np.mean([r for r, _ in episodes[k]]))
+                metrics["episode/length"] = float(np.mean([n for _, n in episodes[k]]))
+            if self.env.last_returns[k]:
+                metrics["episode/return_last10"] = float(np.mean(self.env.last_returns[k]))
+            metrics["episode/count"] = int(self.env.episode_count[k])
+            log.log(step, metrics)
+            if diverged_at[k] >= 0:
+                self._finish_member(k, step, "diverged", diverged_at[k], CAUSES[causes[k]])
+        alive = self.members - sum(self.member_done)
+        best = [np.mean(r) for r in self.env.last_returns if r]
+        info = f"alive {alive}/{self.members}  return {np.mean(best):.1f}  {sps:.0f} steps/s" if best else f"{sps:.0f} steps/s"
+        self.progress.update(step, info)
+
+    def _member_summary(self, k: int, step: int, status: str) -> Dict[str, Any]:
+        returns = self.env.last_returns[k]
+        return {
+            "status": status,
+            "seed": self.seeds[k],
+            "member": k,
+            "steps": step,
+            "final_return": float(np.mean(returns)) if returns else None,
+            "episodes": int(self.env.episode_count[k]),
+            "wall_s": round(time.perf_counter() - self.start_time, 3),
+            "diverged_at_step": None,
+            "divergence": None,
+        }
+
+    def _finish_member(self, k: int, step: int, status: str, diverged_at: Optional[int] = None,
+                       cause: Optional[str] = None, error: Optional[str] = None) -> None:
+        summary = self._member_summary(k, step, status)
+        if diverged_at is not None:
+            summary["diverged_at_step"] = diverged_at
+            summary["divergence"] = {"cause": cause, "where": None, "detail": None}
+        if error is not None:
+            summary["error"] = error
+        self.member_summaries[k] = summary
+        self.member_done[k] = True
+        self.logs[k].finish(summary, failed=status == "crashed")
+
+    # ------------------------------------------------------------ the job
+    def fit(self) -> Dict[str, Any]:
+        """Train, write the output contract, print the summary; returns the job summary."""
+        cfg = self.cfg
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.start_time = self._last_log_time = time.perf_counter()
+        self._last_log_step = 0
+        config = self.config
+        tags = [f"{g}:{o}" for g, o in sorted(self.choices.items())]
+        self.progress = ConsoleProgress(cfg.total_steps, cfg.logger.progress, self.cell)
+        error: Optional[str] = None
+        try:
+            self.logs = open_member_logs(cfg.logger, self.out_dir, self.seeds, self.cell, tags, config)
+            ALGOS[cfg.algo.name].train(self)
+        except BaseException as exc:
+            error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            (self.out_dir / "error.txt").write_text(traceback.format_exc())
+            raise
+        finally:
+            self.progress.close()
+            self.env.close()
+            steps = self._last_log_step
+            for k in range(len(self.logs)):
+                if not self.member_done[k]:
+                    self._finish_member(k, steps, "crashed" if error else "ok", error=error)
+            job = self._write_job_summary(config, error)
+            print_summary(self.progress.console, f"{self.cell}: {cfg.algo.name} on {cfg.env.id}",
+                          [s for s in self.member_summaries if s is not None])
+        return job
+
+    def _write_job_summary(self, config: Dict[str, Any], error: Optional[str]) -> Dict[str, Any]:
+        members = [s for s in self.member_summaries if s is not None]
+        statuses = [m["status"] for m in members]
+        status = "crashed" if error else ("diverged" if "diverged" in statuses else "ok")
+        job = {
+            "status": status,
+            "cell": self.cell,
+            "choices": self.choices,
+            "algo": self.cfg.algo.name,
+            "env": self.cfg.env.id,
+            "seed": self.cfg.seed,
+            "num_seeds": self.members,
+            "total_steps": self.cfg.total_steps,
+            "wall_s": round(time.perf_counter() - self.start_time, 3),
+            "counts": {s: statuses.count(s) for s in ("ok", "diverged", "crashed")},
+            "members": members,
+            "error": error,
+            "config": config,
+        }
+        (self.out_dir / "summary.json").write_text(json.dumps(job, indent=2, default=str) + "\n")
+        return job
+
+
+def run_job(cfg: DictConfig, out_dir: Path, cell: str = "default", choices: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """Validate the config (ConfigError on a bad value), then train and write the job's outputs."""
+    validate(cfg)
+    return Trainer(cfg, out_dir, cell, choices).fit()
