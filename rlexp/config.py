@@ -161,17 +161,17 @@ class AlgoConfig:
 @dataclass
 class DQNConfig(AlgoConfig):
     buffer_size: int = 100_000  # transitions per member
-    batch_size: int = 64
+    batch_size: int = 128
     gamma: float = 0.99
     learning_starts: int = 1_000  # env steps per member before the first update
-    train_frequency: int = 256  # env steps between update phases
-    gradient_steps: int = 128  # updates per phase
+    train_frequency: int = 16  # env steps between update phases
+    gradient_steps: int = 4  # updates per phase
     start_e: float = 1.0
     end_e: float = 0.04
     exploration_fraction: float = 0.16  # of total_steps, for the linear epsilon decay
     target_network: bool = True  # false: bootstrap from the online network (DQN 3.0 target_q off)
     target_update: str = "hard"  # hard | soft
-    target_update_period: int = 10  # env steps between hard copies
+    target_update_period: int = 16  # env steps between hard copies
     tau: float = 0.005  # soft: target <- (1 - tau) target + tau online, every update
     double: bool = False
     loss: str = "mse"  # mse | huber

@@ -37,7 +37,9 @@ def make_vector_env(cfg: EnvConfig, num_envs: int) -> gym.vector.VectorEnv:
     if cfg.max_episode_steps is not None:
         kwargs["max_episode_steps"] = cfg.max_episode_steps
     try:
-        return gym.make_vec(cfg.id, num_envs=num_envs, vectorization_mode="sync", **kwargs)
+        # copy=False: the vector env reuses its observation array; PopulationEnv copies it to a tensor
+        return gym.make_vec(cfg.id, num_envs=num_envs, vectorization_mode="sync", vector_kwargs={"copy": False},
+                            **kwargs)
     except gym.error.DependencyNotInstalled as err:
         extra = next((e for dep, e in EXTRAS.items() if dep.lower() in str(err).lower()), None)
         fix = f"pip install 'rlexp[{extra}]'" if extra else str(err)
@@ -81,7 +83,7 @@ class PopulationEnv:
         self.episode_count = np.zeros(self.members, dtype=np.int64)
 
     def _obs(self, obs: np.ndarray) -> torch.Tensor:
-        obs = torch.as_tensor(obs, dtype=torch.float32).reshape(self.members, self.num_envs, self.obs_dim)
+        obs = torch.tensor(obs, dtype=torch.float32).reshape(self.members, self.num_envs, self.obs_dim)
         return obs.to(self.device, non_blocking=True)
 
     def reset(self) -> torch.Tensor:

@@ -147,6 +147,10 @@ class GradientPipeline:
             total = total + self.l2 * torch.stack([w.square().flatten(1).sum(1) for w in self.penalized]).sum(0)
         return total
 
+    def _params_finite(self) -> torch.Tensor:
+        """[P] True where every parameter element of the member is finite."""
+        return torch.isfinite(torch.stack([p.flatten(1).sum(1) for p in self.params]).sum(0))
+
     def step(self, loss: torch.Tensor, env_step: int) -> UpdateStats:
         """Run one update from per-member losses ``loss`` [P] (without the penalty) at ``env_step``."""
         if self.l1 > 0 or self.l2 > 0:
@@ -164,18 +168,22 @@ class GradientPipeline:
         loss_ok = torch.isfinite(loss.detach())
         grad_ok = torch.isfinite(grad_norm_pre)
         ok = self.health.alive & loss_ok & grad_ok  # [P] members allowed to update
-        # frozen or failing members must keep their parameters: snapshot them before the step.
-        # On the CPU a host check is free, so the snapshot is skipped while every member is fine;
-        # on a GPU it is always taken, so the hot path never waits for the host.
-        snapshot = self.params[0].is_cuda or not bool(ok.all())
-        before = [p.detach().clone() for p in self.params] if snapshot else None
-        self.optimizer.step()
         with torch.no_grad():
-            param_ok = torch.isfinite(torch.stack([p.flatten(1).sum(1) for p in self.params]).sum(0))
-            keep = ok & param_ok
-            if before is not None:
-                for p, old in zip(self.params, before):
-                    p.copy_(torch.where(_member_view(keep, p), p, old))
-        cause = torch.where(~loss_ok, 1, torch.where(~grad_ok, 2, 3))
-        self.health.mark(keep | ~self.health.alive, cause, env_step)
+            if not self.params[0].is_cuda and bool(ok.all()):
+                # CPU fast path (a host check is free here): every member may update
+                self.optimizer.step()
+                if bool(torch.stack(torch._foreach_norm(self.params)).isfinite().all()):
+                    return UpdateStats(loss.detach(), grad_norm_pre, grad_norm_post)
+                # an update overflowed a parameter: that member diverges with its parameters as left
+                self.health.mark(self._params_finite(), torch.full_like(self.health.cause, 3), env_step)
+                return UpdateStats(loss.detach(), grad_norm_pre, grad_norm_post)
+            # some member is frozen or failing (or on a GPU, where the host is never asked):
+            # snapshot, step, and restore every member that may not change, on the device
+            before = [p.clone() for p in self.params]
+            self.optimizer.step()
+            keep = ok & self._params_finite()
+            for p, old in zip(self.params, before):
+                p.copy_(torch.where(_member_view(keep, p), p, old))
+            cause = torch.where(~loss_ok, 1, torch.where(~grad_ok, 2, 3))
+            self.health.mark(keep | ~self.health.alive, cause, env_step)
         return UpdateStats(loss.detach(), grad_norm_pre, grad_norm_post)

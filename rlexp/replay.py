@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Union
 
+import numpy as np
 import torch
 
 
@@ -28,10 +30,13 @@ class ReplayBuffer:
         self.capacity = capacity
         self.rows = capacity + 1  # + the spare row for invalid transitions
         self.obs_dim = obs_dim
+        self.device = device
         self.data = torch.zeros(members, self.rows, 2 * obs_dim + 3, device=device)  # [P, C+1, F]
-        self.ptr = torch.zeros(members, dtype=torch.long, device=device)  # next row to write
+        self.ptr = np.zeros(members, dtype=np.int64)  # next row to write, per member (host)
         self.size = torch.zeros(members, dtype=torch.long, device=device)  # valid rows held
+        self._size = np.zeros(members, dtype=np.int64)
         self.member = torch.arange(members, device=device).unsqueeze(1)  # [P, 1]
+        self._row_base = np.arange(members)[:, None] * self.rows  # [P, 1]
 
     def add(
         self,
@@ -40,18 +45,26 @@ class ReplayBuffer:
         rewards: torch.Tensor,
         next_obs: torch.Tensor,
         terminated: torch.Tensor,
-        valid: torch.Tensor,
+        valid: Union[np.ndarray, torch.Tensor],
     ) -> None:
-        """Store one step of E environments per member: obs [P, E, obs], others [P, E]; valid bool."""
-        valid_count = valid.long().cumsum(1)  # [P, E]
-        pos = torch.where(valid, (self.ptr.unsqueeze(1) + valid_count - 1) % self.capacity, self.capacity)
+        """Store one step of E environments per member: obs [P, E, obs], others [P, E].
+
+        ``valid`` [P, E] booleans mark real transitions (a numpy array from the environments
+        keeps this free of host synchronization).
+        """
+        if isinstance(valid, torch.Tensor):
+            valid = valid.cpu().numpy()
+        valid_count = valid.cumsum(1)  # [P, E]
+        pos = np.where(valid, (self.ptr[:, None] + valid_count - 1) % self.capacity, self.capacity)
+        flat = torch.from_numpy((self._row_base + pos).reshape(-1)).to(self.device)
         rows = torch.cat([obs, next_obs, actions.unsqueeze(-1).float(), rewards.unsqueeze(-1),
                           terminated.unsqueeze(-1)], dim=-1)  # [P, E, F]
-        flat = (self.member * self.rows + pos).reshape(-1)
         self.data.view(-1, self.data.shape[-1]).index_copy_(0, flat, rows.reshape(flat.numel(), -1))
         added = valid_count[:, -1]
         self.ptr = (self.ptr + added) % self.capacity
-        self.size = torch.clamp(self.size + added, max=self.capacity)
+        if (self._size < self.capacity).any():  # the size stops changing once the memory is full
+            self._size = np.minimum(self._size + added, self.capacity)
+            self.size = torch.from_numpy(self._size).to(self.device)
 
     def sample(self, uniform: torch.Tensor) -> Batch:
         """A minibatch per member from uniform numbers [P, B] in [0, 1): row = floor(u * size)."""

@@ -5,14 +5,16 @@ One job trains a population of ``num_seeds`` members; ``-m`` sweeps with Hydra's
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Dict
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
-import rlexp.config  # noqa: F401  (registers the schemas in Hydra's ConfigStore)
+from rlexp.config import ConfigError  # importing rlexp.config registers the schemas
 from rlexp.trainer import run_job
 
 
@@ -27,7 +29,13 @@ def job_identity() -> tuple[Path, str, Dict[str, str]]:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> Dict[str, Any]:
     out_dir, cell, choices = job_identity()
-    return run_job(cfg, out_dir, cell, choices)
+    try:
+        return run_job(cfg, out_dir, cell, choices)
+    except ConfigError as err:
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise  # this job fails; the sweep runs the others and exits non-zero at the end
+        print(err, file=sys.stderr)  # a single run: the one line, no traceback
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

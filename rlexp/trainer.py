@@ -8,6 +8,7 @@ An algorithm (``rlexp.algos``) receives the trainer and reads top to bottom.
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 import traceback
@@ -188,6 +189,7 @@ class Trainer:
         error: Optional[str] = None
         try:
             self.logs = open_member_logs(cfg.logger, self.out_dir, self.seeds, self.cell, tags, config)
+            gc.freeze()  # the objects made so far (torch, hydra, ...) live on: keep the collector off them
             ALGOS[cfg.algo.name].train(self)
         except BaseException as exc:
             error = "".join(traceback.format_exception_only(type(exc), exc)).strip()

@@ -76,12 +76,9 @@ def dqn_loss(
         q_net.eval()
     q = q_all.gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)  # [P, B]
     td = q - target
-    stats = {
-        "q_mean": q.detach().mean(1),
-        "q_max": q.detach().amax(1),
-        "td_abs_mean": td.detach().abs().mean(1),
-        "td_abs_max": td.detach().abs().amax(1),
-    }
+    q_value, td_abs = q.detach(), td.detach().abs()
+    stats = {"q_mean": q_value.mean(1), "q_max": q_value.amax(1), "td_abs_mean": td_abs.mean(1),
+             "td_abs_max": td_abs.amax(1)}
     return td_loss(td, algo), stats
 
 
@@ -117,10 +114,10 @@ def train(trainer: "Trainer") -> None:
         result = env.step(actions)
         reward = torch.as_tensor(result.reward, dtype=torch.float32, device=device)  # [P, E]
         terminated = torch.as_tensor(result.terminated, dtype=torch.float32, device=device)
-        valid = torch.as_tensor(result.valid, device=device)
         if algo.rescale_r:
+            valid = torch.as_tensor(result.valid, device=device)
             r_max = torch.maximum(r_max, torch.where(valid, reward.abs(), 0.0).amax(1))
-        buffer.add(obs, actions, reward, result.obs, terminated, valid)
+        buffer.add(obs, actions, reward, result.obs, terminated, result.valid)
         obs = result.obs
         trainer.note(epsilon=eps)
 

@@ -1,0 +1,81 @@
+"""Learning check: train a population of seeds and count the members that reach a return threshold.
+
+    python scripts/learning_check.py                       # defaults: DQN CartPole 50k, 10 seeds
+    python scripts/learning_check.py --preset cleanrl_dqn  # CleanRL's settings, 500k steps
+    python scripts/learning_check.py --overrides activation=tanh init=he
+
+Two criteria, both reported: "reach" — the mean return of the member's last 10 episodes is
+>= --threshold at some log step within the budget (the first such step is printed); "final" — it is
+>= --threshold at the end. --criterion picks the one that decides the exit code (1 when fewer than
+--min-pass members pass). Results go to <run dir>/learning_check.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESETS = {  # name -> (overrides, deciding criterion)
+    "default": ([], "reach"),
+    "cleanrl_dqn": (["+experiment=cleanrl_dqn"], "final"),
+}
+
+
+def first_reach(metrics_file: Path, threshold: float) -> int | None:
+    """The first logged step at which episode/return_last10 >= threshold, or None."""
+    for line in metrics_file.read_text().splitlines():
+        record = json.loads(line)
+        value = record.get("episode/return_last10")
+        if isinstance(value, (int, float)) and value >= threshold:
+            return record["step"]
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
+    parser.add_argument("--seeds", type=int, default=10, help="population size (seeds 0..N-1)")
+    parser.add_argument("--threshold", type=float, default=475.0, help="final return a member must reach")
+    parser.add_argument("--min-pass", type=int, default=8, help="members that must pass")
+    parser.add_argument("--criterion", choices=["reach", "final"], help="default: the preset's")
+    parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "learning_check")
+    parser.add_argument("--overrides", nargs="*", default=[], help="extra Hydra overrides")
+    args = parser.parse_args()
+
+    run_dir = args.out / f"{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    overrides, criterion = PRESETS[args.preset]
+    criterion = args.criterion or criterion
+    command = [sys.executable, "-m", "rlexp.train", *overrides, *args.overrides,
+               f"num_seeds={args.seeds}", "logger.mode=disabled", f"hydra.run.dir={run_dir}"]
+    print(" ".join(command), flush=True)
+    start = time.perf_counter()
+    subprocess.run(command, cwd=ROOT, check=True, env={**os.environ, "WANDB_SILENT": "true"})
+    wall = time.perf_counter() - start
+
+    job = json.loads((run_dir / "summary.json").read_text())
+    returns = [m["final_return"] for m in job["members"]]
+    reached = [first_reach(run_dir / f"seed_{m['member']}" / "metrics.jsonl", args.threshold) for m in job["members"]]
+    passed_final = sum(r is not None and r >= args.threshold for r in returns)
+    passed_reach = sum(s is not None for s in reached)
+    result = {"preset": args.preset, "overrides": args.overrides, "seeds": args.seeds, "threshold": args.threshold,
+              "criterion": criterion, "passed_reach": passed_reach, "passed_final": passed_final,
+              "first_reach_step": reached, "final_returns": returns, "wall_s": round(wall, 1),
+              "command": " ".join(command[1:])}
+    (run_dir / "learning_check.json").write_text(json.dumps(result, indent=2) + "\n")
+    fmt = lambda xs: ", ".join("-" if x is None else f"{x:.0f}" for x in xs)  # noqa: E731
+    print(f"reach: {passed_reach}/{args.seeds} members had a last-10 mean >= {args.threshold} "
+          f"(first at steps: {fmt(reached)})")
+    print(f"final: {passed_final}/{args.seeds} members end >= {args.threshold} (final returns: {fmt(returns)})")
+    print(f"wall {wall:.0f} s; decided by {criterion}")
+    passed = passed_reach if criterion == "reach" else passed_final
+    return 0 if passed >= args.min_pass else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
