@@ -198,7 +198,7 @@ class LoggerConfig:
     entity: Optional[str] = None
     log_every: int = 1_000  # env steps per member between log records
     progress: str = "auto"  # auto | rich | plain | off
-    init_timeout: float = 30.0  # seconds W&B may wait for its service (online)
+    init_timeout: float = 20.0  # seconds an online W&B run may wait for the server
 
 
 @dataclass

@@ -90,6 +90,8 @@ class PopulationEnv:
         """Reset every environment with its own seed; returns observations [P, E, obs]."""
         obs, _ = self.vec.reset(seed=self.seeds)
         self._prev_done[:] = False
+        self._ep_return[:] = 0.0
+        self._ep_length[:] = 0
         return self._obs(obs)
 
     def step(self, actions: torch.Tensor) -> EnvStep:

@@ -28,8 +28,10 @@ def _member_view(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def member_norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Joint L2 norm of a list of [P, ...] tensors, per member: [P]."""
-    return torch.stack([torch.linalg.vector_norm(t.flatten(1), dim=1) for t in tensors]).norm(dim=0)
+    """Joint L2 norm of a list of [P, ...] tensors, per member: [P], in float64 (finite for any
+    finite float32 values, so only NaN/Inf elements make it non-finite)."""
+    norms = [torch.linalg.vector_norm(t.flatten(1), dim=1, dtype=torch.float64) for t in tensors]
+    return torch.stack(norms).norm(dim=0)
 
 
 # ---------------------------------------------------------------- processors (clipping)
@@ -149,7 +151,8 @@ class GradientPipeline:
 
     def _params_finite(self) -> torch.Tensor:
         """[P] True where every parameter element of the member is finite."""
-        return torch.isfinite(torch.stack([p.flatten(1).sum(1) for p in self.params]).sum(0))
+        sums = [p.flatten(1).sum(1, dtype=torch.float64) for p in self.params]  # no overflow in float64
+        return torch.isfinite(torch.stack(sums).sum(0))
 
     def step(self, loss: torch.Tensor, env_step: int) -> UpdateStats:
         """Run one update from per-member losses ``loss`` [P] (without the penalty) at ``env_step``."""
@@ -169,18 +172,14 @@ class GradientPipeline:
         grad_ok = torch.isfinite(grad_norm_pre)
         ok = self.health.alive & loss_ok & grad_ok  # [P] members allowed to update
         with torch.no_grad():
-            if not self.params[0].is_cuda and bool(ok.all()):
-                # CPU fast path (a host check is free here): every member may update
-                self.optimizer.step()
-                if bool(torch.stack(torch._foreach_norm(self.params)).isfinite().all()):
-                    return UpdateStats(loss.detach(), grad_norm_pre, grad_norm_post)
-                # an update overflowed a parameter: that member diverges with its parameters as left
-                self.health.mark(self._params_finite(), torch.full_like(self.health.cause, 3), env_step)
-                return UpdateStats(loss.detach(), grad_norm_pre, grad_norm_post)
-            # some member is frozen or failing (or on a GPU, where the host is never asked):
-            # snapshot, step, and restore every member that may not change, on the device
-            before = [p.clone() for p in self.params]
+            before = [p.clone() for p in self.params]  # to restore frozen or failing members
             self.optimizer.step()
+            # CPU fast path (a host check is free there): every member updated and stayed finite
+            if (not self.params[0].is_cuda and bool(ok.all())
+                    and bool(torch.stack(torch._foreach_norm(self.params)).isfinite().all())):
+                return UpdateStats(loss.detach(), grad_norm_pre, grad_norm_post)
+            # otherwise (and always on a GPU, so the host is never asked): restore every member
+            # that may not change, on the device, and mark the new divergences
             keep = ok & self._params_finite()
             for p, old in zip(self.params, before):
                 p.copy_(torch.where(_member_view(keep, p), p, old))

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -116,6 +117,8 @@ class ConsoleProgress:
     def __init__(self, total: int, mode: str, label: str) -> None:
         self.console = Console()
         interactive = self.console.is_terminal
+        if not interactive:  # logs and pipes: no terminal width to respect, keep tables unwrapped
+            self.console = Console(width=120)
         self.mode = ("rich" if interactive else "plain") if mode == "auto" else mode
         self.total = total
         self.label = label
@@ -145,10 +148,11 @@ class ConsoleProgress:
 
 
 def print_summary(console: Console, title: str, members: List[Dict[str, Any]]) -> None:
-    """One table, a row per member: seed, status, final return, episodes, steps, wall time."""
-    table = Table(title=title, title_justify="left")
-    for column in ("seed", "status", "final return", "episodes", "steps", "wall s", "diverged at", "cause"):
-        table.add_column(column, justify="right" if column not in ("status", "cause") else "left")
+    """One table, a row per member: seed, status, final return (mean of the last 10 episodes),
+    episodes, steps, wall time, and the step and cause of a divergence."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    for column in ("seed", "status", "return", "episodes", "steps", "wall s", "diverged at", "cause"):
+        table.add_column(column, justify="left" if column in ("status", "cause") else "right")
     colors = {"ok": "green", "diverged": "yellow", "crashed": "red"}
     for m in members:
         final = m.get("final_return")
