@@ -6,12 +6,13 @@ out of range, names missing from a registry, and combinations that cannot work.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, Iterable
 
 import gymnasium as gym
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from rlexp.algos import ALGOS
 from rlexp.config import ConfigError
@@ -73,8 +74,25 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def _check_known_keys(node: DictConfig, prefix: str = "") -> None:
+    """Refuse keys a schema does not declare (Hydra lets ``+key=value`` add them)."""
+    schema = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(schema):
+        return  # a free-form dict (env.kwargs)
+    known = [f.name for f in dataclasses.fields(schema)]
+    for key in node.keys():
+        path = f"{prefix}{key}"
+        if key not in known:
+            raise ConfigError(path, "unknown key", f"remove it; {prefix.rstrip('.') or 'the top level'} "
+                              f"takes: {', '.join(known)}")
+        child = node._get_node(key)
+        if isinstance(child, DictConfig):
+            _check_known_keys(child, f"{path}.")
+
+
 def validate(cfg: DictConfig) -> None:
     """Check every value of a composed config; raises ConfigError on the first bad one."""
+    _check_known_keys(cfg)
     for group, registry in REGISTRIES.items():
         _choice(cfg[group].name, f"{group}.name", registry)
 

@@ -6,6 +6,7 @@ A run that cannot reach the W&B server falls back to offline instead of blocking
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -46,7 +47,7 @@ class MemberLog:
     def __init__(self, run_dir: Path, wandb_run: Any) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.dir = run_dir
-        self.file = open(run_dir / "metrics.jsonl", "a", buffering=1)
+        self.file = open(run_dir / "metrics.jsonl", "w", buffering=1)  # a rerun into this dir starts afresh
         self.wandb_run = wandb_run
 
     def log(self, step: int, metrics: Dict[str, Any]) -> None:
@@ -87,6 +88,13 @@ def open_member_logs(
     return logs
 
 
+def _fit(text: str, limit: int) -> str:
+    """``text`` if it fits W&B's length limit, else a prefix plus a hash of the whole (stays unique)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 9]}~{hashlib.sha1(text.encode()).hexdigest()[:8]}"
+
+
 def _init_wandb(cfg: LoggerConfig, mode: str, run_dir: Path, seed: int, member: int, group: str,
                 tags: List[str], config: Dict[str, Any]) -> Any:
     import wandb  # imported only when a run logs to W&B
@@ -94,9 +102,9 @@ def _init_wandb(cfg: LoggerConfig, mode: str, run_dir: Path, seed: int, member: 
     kwargs = dict(
         project=cfg.project,
         entity=cfg.entity,
-        group=group[:128],
-        name=f"{group}/seed={seed}"[:128],
-        tags=[t[:64] for t in tags],
+        group=_fit(group, 128),
+        name=_fit(f"{group}/seed={seed}", 128),
+        tags=[_fit(t, 64) for t in tags],
         config={**config, "seed": seed, "member": member},
         dir=str(run_dir),
         reinit="create_new",

@@ -1,0 +1,643 @@
+"""Tests of the command line: config composition, bad-input errors, the output contract of a real
+run (files, console, W&B offline runs read back), W&B mode selection, multiruns and progress output.
+
+Everything that trains runs ``python -m rlexp.train`` in a subprocess with a tiny budget, W&B offline
+or disabled (never the network), and every output under pytest's tmp_path. Subprocesses that do not
+depend on each other run concurrently to keep the file fast on a small machine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import math
+import os
+import re
+import struct
+import subprocess
+import sys
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Dict, List, Sequence
+
+import pytest
+
+import rlexp.config  # noqa: F401  (registers the schemas in Hydra's ConfigStore before any compose)
+import gymnasium as gym
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from rlexp.build import REGISTRIES, validate
+from rlexp.config import SCHEMAS, ConfigError, EnvConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+GROUPS = ("activation", "init", "normalization", "clipping", "optimizer", "network", "algo", "env")
+# Hydra excludes these from the job's override_dirname (the cell): conf/config.yaml
+CELL_EXCLUDED = ("seed", "num_seeds", "device", "threads", "logger.mode", "logger.progress")
+# A tiny budget (the rest of DQN's defaults are small too) whose cell stays short: rlexp cuts W&B
+# groups to 128 characters, and the tests compare the group with the whole cell.
+TOTAL_STEPS, LEARNING_STARTS, LOG_EVERY, TRAIN_FREQUENCY = 300, 100, 100, 10
+BUDGET = [f"total_steps={TOTAL_STEPS}", f"algo.learning_starts={LEARNING_STARTS}", f"logger.log_every={LOG_EVERY}",
+          f"algo.train_frequency={TRAIN_FREQUENCY}"]
+HINT = "Set the environment variable HYDRA_FULL_ERROR"
+TIMEOUT = 600
+
+
+# ====================================================================== helpers
+def compose_config(overrides: Sequence[str] = ()):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def options(group: str) -> List[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def needs_box2d(env_id: str) -> bool:
+    return "box2d" in str(gym.spec(env_id).entry_point).lower()
+
+
+BOX2D_INSTALLED = importlib.util.find_spec("Box2D") is not None
+
+
+def cli_env(tmp: Path, **extra: str) -> Dict[str, str]:
+    """The environment of a CLI subprocess: W&B offline and silent, its dirs under tmp, no forced TTY."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "HYDRA_FULL_ERROR", "WANDB_MODE")}
+    wandb_home = tmp / "wandb_home"
+    env.update(
+        WANDB_MODE="offline",
+        WANDB_SILENT="true",
+        WANDB_CONFIG_DIR=str(wandb_home / "config"),
+        WANDB_CACHE_DIR=str(wandb_home / "cache"),
+        WANDB_DATA_DIR=str(wandb_home / "data"),
+        WANDB_ARTIFACT_DIR=str(wandb_home / "artifacts"),
+        COLUMNS="200",
+    )
+    env.update(extra)
+    return env
+
+
+def run_cli(args: Sequence[str], tmp: Path, **env: str) -> subprocess.CompletedProcess:
+    tmp.mkdir(parents=True, exist_ok=True)
+    return subprocess.run([sys.executable, "-m", "rlexp.train", *args], cwd=ROOT, env=cli_env(tmp, **env),
+                          capture_output=True, text=True, timeout=TIMEOUT)
+
+
+class Launch:
+    """A CLI subprocess started in the background (output to files); result() waits for it."""
+
+    def __init__(self, args: Sequence[str], tmp: Path, **env: str) -> None:
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.args = [sys.executable, "-m", "rlexp.train", *args]
+        self.stdout, self.stderr = tmp / "stdout.txt", tmp / "stderr.txt"
+        with open(self.stdout, "w") as out, open(self.stderr, "w") as err:
+            self.proc = subprocess.Popen(self.args, cwd=ROOT, env=cli_env(tmp, **env), stdout=out, stderr=err,
+                                         stdin=subprocess.DEVNULL)
+
+    def result(self) -> subprocess.CompletedProcess:
+        code = self.proc.wait(timeout=TIMEOUT)
+        return subprocess.CompletedProcess(self.args, code, self.stdout.read_text(), self.stderr.read_text())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def describe(proc: subprocess.CompletedProcess) -> str:
+    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
+
+
+def expected_cell(overrides: Sequence[str]) -> str:
+    """Hydra's override_dirname: the sorted task overrides minus the excluded keys, or 'default'."""
+    kept = sorted(o for o in overrides if not o.startswith("hydra.") and o.split("=", 1)[0] not in CELL_EXCLUDED)
+    return ",".join(kept) or "default"
+
+
+def read_jsonl(path: Path) -> List[Dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def message_lines(proc: subprocess.CompletedProcess) -> List[str]:
+    """Non-blank lines of stdout and stderr, without Hydra's HYDRA_FULL_ERROR hint."""
+    return [ln for ln in (proc.stdout + "\n" + proc.stderr).splitlines() if ln.strip() and HINT not in ln]
+
+
+def table_rows(stdout: str) -> Dict[int, List[str]]:
+    """Rows of the console summary table: seed -> the row's cells (box-drawing characters removed)."""
+    rows: Dict[int, List[str]] = {}
+    for line in stdout.splitlines():
+        tokens = re.sub(r"[\u2500-\u257f|]", " ", line).split()
+        if len(tokens) >= 3 and tokens[0].isdigit() and tokens[1] in ("ok", "diverged", "crashed"):
+            rows[int(tokens[0])] = tokens
+    return rows
+
+
+# ---------------------------------------------------------------------- W&B offline run reader
+# wandb 0.31 ships no Python reader of its transaction log (the old DataStore is gone), so this is
+# the documented LevelDB-log layout it uses: a 7-byte file header (":W&B", magic 0xBEE1, version 0),
+# then 32 KiB blocks of records, each with a 7-byte header (crc32, length, type FULL/FIRST/MIDDLE/LAST)
+# and a serialized wandb_internal_pb2.Record as payload.
+_BLOCK, _HEADER = 32768, 7
+
+
+def read_wandb_records(path: Path) -> list:
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    ident, magic, version = struct.unpack("<4sHB", data[:_HEADER])
+    assert (ident, magic, version) == (b":W&B", 0xBEE1, 0), f"{path} is not a W&B transaction log"
+    payloads, pending, pos = [], b"", _HEADER
+    while pos + _HEADER <= len(data):
+        left = _BLOCK - pos % _BLOCK
+        if left < _HEADER:  # block trailer: zero padding
+            pos += left
+            continue
+        crc, length, kind = struct.unpack("<IHB", data[pos:pos + _HEADER])
+        if crc == length == kind == 0:  # zero padding up to the next block
+            pos += left
+            continue
+        chunk = data[pos + _HEADER:pos + _HEADER + length]
+        assert zlib.crc32(chunk, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF == crc, f"bad checksum in {path}"
+        pos += _HEADER + length
+        if kind == 1:
+            payloads.append(chunk)
+        elif kind == 2:
+            pending = chunk
+        elif kind == 3:
+            pending += chunk
+        elif kind == 4:
+            payloads.append(pending + chunk)
+            pending = b""
+        else:
+            raise AssertionError(f"unknown record type {kind} in {path}")
+    records = []
+    for payload in payloads:
+        record = pb.Record()
+        record.ParseFromString(payload)
+        records.append(record)
+    return records
+
+
+def _items(items) -> Dict[str, Any]:
+    return {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in items}
+
+
+def wandb_run_dir(member_dir: Path) -> Path:
+    runs = sorted((member_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1, f"expected one offline W&B run under {member_dir}, found {runs}"
+    return runs[0]
+
+
+def read_wandb_run(member_dir: Path) -> Dict[str, Any]:
+    """The run record (config, group, tags), history rows, merged summary and exit code of a member's run."""
+    files = sorted(wandb_run_dir(member_dir).glob("run-*.wandb"))
+    assert len(files) == 1, files
+    run, history, summary, exit_code = None, [], {}, None
+    for record in read_wandb_records(files[0]):
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run = record.run
+        elif kind == "history":
+            history.append(_items(record.history.item))
+        elif kind == "summary":
+            summary.update(_items(record.summary.update))
+        elif kind == "exit":
+            exit_code = record.exit.exit_code
+    assert run is not None, f"no run record in {files[0]}"
+    return {
+        "config": _items(run.config.update),
+        "group": run.run_group,
+        "tags": list(run.tags),
+        "project": run.project,
+        "history": history,
+        "summary": summary,
+        "exit_code": exit_code,
+    }
+
+
+def same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    return a == b
+
+
+def flatten(d: Any, prefix: str = "") -> Dict[str, Any]:
+    if isinstance(d, dict):
+        out: Dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: d}
+
+
+# ====================================================================== bad input cases
+HYDRA_REFUSALS = {
+    "unknown_key": (["optimizer.betaa=1"], "optimizer.betaa"),
+    "wrong_type_float": (["optimizer.lr=abc"], "optimizer.lr"),
+    "wrong_type_int": (["num_seeds=two"], "num_seeds"),
+}
+
+# case -> (overrides, key named first on the error line, other words the line must contain)
+BAD_VALUES = {
+    "lr_negative": (["optimizer.lr=-1"], "optimizer.lr", ["-1"]),
+    "lr_zero": (["optimizer.lr=0"], "optimizer.lr", []),
+    "num_seeds_zero": (["num_seeds=0"], "num_seeds", []),
+    "tau_zero": (["algo.tau=0"], "algo.tau", []),
+    "tau_above_one": (["algo.tau=1.5"], "algo.tau", ["1.5"]),
+    "env_id_typo": (["env.id=CartPole-v9"], "env.id", ["CartPole-v9", "CartPole-v1"]),
+    "continuous_env_with_dqn": (["env.id=Pendulum-v1", "algo=dqn"], "algo", ["dqn", "cannot handle", "continuous"]),
+    "batch_above_buffer": (["algo.batch_size=2000", "algo.buffer_size=1000"], "algo.batch_size", ["algo.buffer_size"]),
+    "learning_starts_at_total": (["total_steps=400", "algo.learning_starts=400"], "algo.learning_starts",
+                                 ["total_steps"]),
+    "cuda_without_cuda": (["device=cuda"], "device", ["CUDA"]),
+    "logger_mode_bogus": (["logger.mode=bogus"], "logger.mode", ["bogus"]),
+}
+
+
+# ====================================================================== the runs that train
+SINGLE_LR = 0.005  # not any yaml's default: it must come from the command line
+SINGLE_OVERRIDES = [*BUDGET, f"optimizer.lr={SINGLE_LR}", "num_seeds=2", "logger.mode=offline"]
+SWEEP = ["activation=relu,tanh", "init=xavier,he"]
+RERUN_OVERRIDES = ["num_seeds=1", *BUDGET, "logger.mode=disabled"]
+
+
+def _run_specs(base: Path) -> Dict[str, tuple]:
+    """fixture name -> (args, tmp, env) of each CLI run that trains."""
+    return {
+        "single_run": ([*SINGLE_OVERRIDES, f"hydra.run.dir={base / 'single_run' / 'run'}"], base / "single_run", {}),
+        "multi_run": (["-m", *SWEEP, *BUDGET, "logger.mode=offline", f"hydra.sweep.dir={base / 'multi_run' / 'multi'}"],
+                      base / "multi_run", {}),
+        # W&B mode: $WANDB_MODE=disabled alone, and overridden by an explicit logger.mode=offline
+        "env_disabled_run": (["num_seeds=1", *BUDGET, f"hydra.run.dir={base / 'env_disabled_run' / 'run'}"],
+                             base / "env_disabled_run", {"WANDB_MODE": "disabled"}),
+        "explicit_offline_run": (["num_seeds=1", *BUDGET, "logger.mode=offline",
+                                  f"hydra.run.dir={base / 'explicit_offline_run' / 'run'}"],
+                                 base / "explicit_offline_run", {"WANDB_MODE": "disabled"}),
+        # the first of two runs into the same run dir
+        "rerun_run": ([*RERUN_OVERRIDES, f"hydra.run.dir={base / 'rerun_run' / 'run'}"], base / "rerun_run", {}),
+    }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def runs(request, tmp_path_factory):
+    """Starts, in the background and as soon as the module starts, every CLI run a selected test
+    needs, so they overlap with the in-process tests; each test's fixture waits for its run.
+    The bad-input calls (short: they stop before training) run two at a time alongside."""
+    wanted = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
+    base = tmp_path_factory.mktemp("runs")
+    launches = {name: (Launch(args, tmp, **env), tmp) for name, (args, tmp, env) in _run_specs(base).items()
+                if name in wanted}
+    pool = ThreadPoolExecutor(max_workers=2)
+    bad = {}
+    if "bad_runs" in wanted:
+        cases = {**{k: v[0] for k, v in HYDRA_REFUSALS.items()}, **{k: v[0] for k, v in BAD_VALUES.items()}}
+        for k, args in cases.items():
+            tmp = base / "bad" / k
+            bad[k] = (pool.submit(run_cli, [*args, f"hydra.run.dir={tmp / 'run'}"], tmp), tmp)
+    try:
+        yield {**launches, "bad": bad}
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        for launch, _ in launches.values():
+            launch.stop()
+
+
+def finished(runs, name: str) -> tuple:
+    """Wait for a background run; (process, its dir)."""
+    launch, base = runs[name]
+    return launch.result(), base
+
+
+@pytest.fixture(scope="module")
+def multi_run(runs):
+    return finished(runs, "multi_run")
+
+
+@pytest.fixture(scope="module")
+def env_disabled_run(runs):
+    return finished(runs, "env_disabled_run")
+
+
+@pytest.fixture(scope="module")
+def explicit_offline_run(runs):
+    return finished(runs, "explicit_offline_run")
+
+
+@pytest.fixture(scope="module")
+def rerun_run(runs):
+    return finished(runs, "rerun_run")
+
+
+# ====================================================================== 1. composition
+ALL_OPTIONS = [(g, o) for g in GROUPS for o in options(g)]
+
+
+def test_every_group_has_options():
+    for group in GROUPS:
+        assert options(group), f"conf/{group}/ has no option"
+
+
+@pytest.mark.parametrize("group,option", ALL_OPTIONS, ids=[f"{g}={o}" for g, o in ALL_OPTIONS])
+def test_every_option_composes_and_validates(group, option):
+    cfg = compose_config([f"{group}={option}"])
+    node = cfg[group]
+    if group == "env":
+        assert node.id in gym.registry, f"conf/env/{option}.yaml: {node.id} is not a registered gymnasium id"
+        assert OmegaConf.get_type(node) is EnvConfig
+        if needs_box2d(node.id) and not BOX2D_INSTALLED:
+            pytest.skip("needs box2d (its error is tested in test_box2d_env_without_box2d_names_the_extra)")
+    else:
+        assert node.name == option, f"conf/{group}/{option}.yaml names {node.name!r}"
+        if group in REGISTRIES:
+            assert node.name in REGISTRIES[group]
+        # the yaml is backed by its option's schema, so Hydra refuses unknown keys and wrong types
+        assert OmegaConf.get_type(node) is SCHEMAS[group][option]
+    validate(cfg)  # raises ConfigError on a bad value
+
+
+@pytest.mark.parametrize("group", sorted(REGISTRIES))
+def test_every_registry_key_has_a_yaml(group):
+    assert group in GROUPS
+    assert set(REGISTRIES[group]) == set(options(group))
+
+
+@pytest.mark.parametrize("group", [g for g in GROUPS if g != "env"])
+def test_every_schema_option_has_a_yaml(group):
+    assert set(SCHEMAS[group]) == set(options(group))
+
+
+def test_box2d_env_without_box2d_names_the_extra():
+    box2d_options = [o for o in options("env") if needs_box2d(compose_config([f"env={o}"]).env.id)]
+    if not box2d_options:
+        pytest.skip("no box2d environment in conf/env")
+    if BOX2D_INSTALLED:
+        pytest.skip("box2d is installed")
+    for option in box2d_options:
+        cfg = compose_config([f"env={option}"])
+        with pytest.raises(ConfigError, match=re.escape("rlexp[box2d]")) as err:
+            validate(cfg)
+        assert err.value.key == "env.id"
+        assert cfg.env.id in str(err.value)
+
+
+def test_primary_config_lr_applies_to_every_optimizer():
+    """README: the primary config sets optimizer.lr for whichever optimizer is chosen."""
+    primary_lr = OmegaConf.load(CONF / "config.yaml").optimizer.lr
+    for option in options("optimizer"):
+        assert compose_config([f"optimizer={option}"]).optimizer.lr == primary_lr, option
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")))
+def test_experiment_preset_composes_and_applies(preset):
+    raw = OmegaConf.to_container(OmegaConf.load(CONF / "experiment" / f"{preset}.yaml"))
+    defaults = raw.pop("defaults", [])
+    cfg = compose_config([f"+experiment={preset}"])
+    validate(cfg)
+    for entry in defaults:
+        for key, option in entry.items():
+            group = key.replace("override", "").strip().lstrip("/")
+            if group == "env":
+                assert cfg.env.id == OmegaConf.load(CONF / "env" / f"{option}.yaml").id
+            else:
+                assert cfg[group].name == option
+    for key, value in flatten(raw).items():
+        assert OmegaConf.to_container(OmegaConf.create({"v": OmegaConf.select(cfg, key)}))["v"] == value, key
+
+
+@pytest.mark.parametrize("override", ["+optimizer.betaa=1", "+totl_steps=10"])
+def test_appended_unknown_key_is_refused(override):
+    key = override[1:].split("=")[0]
+    with pytest.raises((HydraException, OmegaConfBaseException, ConfigError)) as err:
+        validate(compose_config([override]))
+    assert key.split(".")[-1] in str(err.value)
+
+
+# ====================================================================== 2./3. bad input on the CLI
+@pytest.fixture(scope="module")
+def bad_runs(runs):
+    """Every bad-input invocation (started with the module): case -> (process, its run dir)."""
+    return {k: (future.result(), base / "run") for k, (future, base) in runs["bad"].items()}
+
+
+def assert_no_training(run_dir: Path) -> None:
+    assert not (run_dir / "seed_0" / "metrics.jsonl").exists()
+    assert not (run_dir / "summary.json").exists()
+    assert not (run_dir / "seed_0" / "wandb").exists()
+
+
+@pytest.mark.parametrize("case", sorted(HYDRA_REFUSALS))
+def test_hydra_refuses_unknown_key_and_wrong_type(bad_runs, case):
+    proc, run_dir = bad_runs[case]
+    key = HYDRA_REFUSALS[case][1]
+    assert proc.returncode != 0, describe(proc)
+    assert key in proc.stderr, describe(proc)
+    assert "Traceback" not in proc.stdout + proc.stderr, describe(proc)
+    assert_no_training(run_dir)
+
+
+@pytest.mark.parametrize("case", sorted(BAD_VALUES))
+def test_bad_value_is_one_line_naming_the_key(bad_runs, case):
+    if case == "cuda_without_cuda" and torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    proc, run_dir = bad_runs[case]
+    _, key, words = BAD_VALUES[case]
+    assert proc.returncode != 0, describe(proc)
+    assert "Traceback" not in proc.stdout + proc.stderr, describe(proc)
+    lines = message_lines(proc)
+    assert len(lines) == 1, describe(proc)
+    line = lines[0]
+    assert line in proc.stderr.splitlines()
+    assert line.startswith(f"config error: {key}: "), line
+    for word in words:
+        assert word in line, (word, line)
+    assert_no_training(run_dir)
+
+
+# ====================================================================== 4./7. a real run
+@pytest.fixture(scope="module")
+def single_run(runs):
+    proc, base = finished(runs, "single_run")
+    assert proc.returncode == 0, describe(proc)
+    run_dir = base / "run"
+    job = json.loads((run_dir / "summary.json").read_text())
+    return {"proc": proc, "dir": run_dir, "overrides": SINGLE_OVERRIDES, "job": job}
+
+
+def test_run_job_summary(single_run):
+    job, run_dir = single_run["job"], single_run["dir"]
+    assert job["status"] == "ok"
+    assert job["cell"] == expected_cell(single_run["overrides"])
+    assert "num_seeds" not in job["cell"] and "logger.mode" not in job["cell"]
+    assert [m["seed"] for m in job["members"]] == [0, 1]
+    assert [m["member"] for m in job["members"]] == [0, 1]
+    assert job["counts"] == {"ok": 2, "diverged": 0, "crashed": 0}
+    assert job["error"] is None
+    # the recorded config is Hydra's composed config, with the overrides applied
+    hydra_cfg = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml"), resolve=True)
+    assert job["config"] == hydra_cfg
+    assert job["config"]["optimizer"]["lr"] == SINGLE_LR
+    assert job["config"]["total_steps"] == TOTAL_STEPS
+    # one choice per config group, consistent with the config's names
+    assert set(job["choices"]) == set(GROUPS)
+    for group, option in job["choices"].items():
+        if group == "env":
+            assert job["config"]["env"]["id"] == OmegaConf.load(CONF / "env" / f"{option}.yaml").id
+        else:
+            assert job["config"][group]["name"] == option
+
+
+def test_run_member_files(single_run):
+    job, run_dir = single_run["job"], single_run["dir"]
+    for k, member in enumerate(job["members"]):
+        seed_dir = run_dir / f"seed_{k}"
+        summary = json.loads((seed_dir / "summary.json").read_text())
+        assert summary == member
+        assert summary["status"] == "ok"
+        assert summary["seed"] == k
+        assert summary["steps"] == TOTAL_STEPS
+        assert summary["diverged_at_step"] is None and summary["divergence"] is None
+        assert summary["wall_s"] > 0
+        rows = read_jsonl(seed_dir / "metrics.jsonl")
+        assert [r["step"] for r in rows] == list(range(LOG_EVERY, TOTAL_STEPS + 1, LOG_EVERY))
+        for name in ("episode/return_last10", "perf/steps_per_s", "train/updates"):
+            assert all(name in r for r in rows), name
+        assert all(r["perf/steps_per_s"] > 0 for r in rows)
+        # no update before learning_starts; updates afterwards, reported with their loss
+        assert all(r["train/updates"] == 0 for r in rows if r["step"] <= LEARNING_STARTS)
+        assert rows[-1]["train/updates"] > 0
+        assert all("train/loss" in r and math.isfinite(r["train/loss"]) for r in rows if r["step"] > LEARNING_STARTS)
+        assert rows[-1]["episode/return_last10"] == pytest.approx(summary["final_return"])
+        assert rows[-1]["episode/count"] == summary["episodes"]
+    # members are seeded differently: their metric streams differ
+    m0, m1 = (read_jsonl(run_dir / f"seed_{k}" / "metrics.jsonl") for k in (0, 1))
+    assert [r.get("train/loss") for r in m0] != [r.get("train/loss") for r in m1]
+
+
+def test_run_console_summary_table(single_run):
+    stdout, job = single_run["proc"].stdout, single_run["job"]
+    rows = table_rows(stdout)
+    assert sorted(rows) == [0, 1], stdout
+    for member in job["members"]:
+        row = rows[member["seed"]]
+        assert row[1] == member["status"]
+        assert str(member["steps"]) in row[2:]
+        assert str(member["episodes"]) in row[2:]
+    assert job["env"] in stdout
+
+
+def test_run_wandb_offline_runs_read_back(single_run):
+    job, run_dir = single_run["job"], single_run["dir"]
+    expected_tags = {f"{g}:{o}" for g, o in job["choices"].items()}
+    assert "activation:relu" in expected_tags
+    for k, member in enumerate(job["members"]):
+        seed_dir = run_dir / f"seed_{k}"
+        wb = read_wandb_run(seed_dir)
+        # config: the resolved config plus the member's own seed
+        config = {key: v for key, v in wb["config"].items() if key != "_wandb"}
+        assert config["optimizer"]["lr"] == SINGLE_LR
+        assert config["seed"] == member["seed"] == k
+        assert config["member"] == k
+        rest = {key: v for key, v in config.items() if key not in ("seed", "member")}
+        assert rest == {key: v for key, v in job["config"].items() if key != "seed"}
+        # group = the job's cell; tags = group:option per config group
+        assert wb["group"] == job["cell"]
+        assert set(wb["tags"]) == expected_tags
+        assert wb["project"] == job["config"]["logger"]["project"]
+        # history = metrics.jsonl, step for step
+        rows = read_jsonl(seed_dir / "metrics.jsonl")
+        assert len(wb["history"]) == len(rows)
+        for hist, row in zip(wb["history"], rows):
+            assert hist["_step"] == row["step"]
+            logged = {key: v for key, v in hist.items() if not key.startswith("_")}
+            assert set(logged) == set(row) - {"step"}
+            for key, value in logged.items():
+                assert same_value(value, row[key]), (k, row["step"], key, value, row[key])
+        # summary: the member's summary and the last metrics; the run ended cleanly
+        for key, value in member.items():
+            if value is not None:
+                assert same_value(wb["summary"][key], value), key
+        assert same_value(wb["summary"]["episode/return_last10"], rows[-1]["episode/return_last10"])
+        assert wb["exit_code"] == 0
+
+
+def test_non_tty_progress_is_plain_lines(single_run):
+    stdout, job = single_run["proc"].stdout, single_run["job"]
+    assert "\x1b" not in stdout and "\r" not in stdout, repr(stdout[:500])
+    progress = re.compile(r"^\[(?P<cell>.+)\] step (?P<step>\d+)/(?P<total>\d+)\b")
+    matches = [m for m in map(progress.match, stdout.splitlines()) if m]
+    assert len(matches) >= 2, stdout
+    assert {m["cell"] for m in matches} == {job["cell"]}
+    assert {int(m["total"]) for m in matches} == {TOTAL_STEPS}
+    steps = [int(m["step"]) for m in matches]
+    assert steps == sorted(set(steps)) and steps[-1] == TOTAL_STEPS
+
+
+# ====================================================================== 5. WANDB_MODE
+def test_wandb_mode_from_environment(env_disabled_run):
+    proc, base = env_disabled_run
+    assert proc.returncode == 0, describe(proc)
+    member = base / "run" / "seed_0"
+    assert not (member / "wandb").exists()
+    assert [r["step"] for r in read_jsonl(member / "metrics.jsonl")][-1] == TOTAL_STEPS
+    assert json.loads((base / "run" / "summary.json").read_text())["status"] == "ok"
+
+
+def test_explicit_logger_mode_beats_wandb_mode(explicit_offline_run):
+    proc, base = explicit_offline_run
+    assert proc.returncode == 0, describe(proc)
+    member = base / "run" / "seed_0"
+    wb = read_wandb_run(member)
+    assert len(wb["history"]) == len(read_jsonl(member / "metrics.jsonl")) == TOTAL_STEPS // LOG_EVERY
+    assert wb["exit_code"] == 0
+
+
+# ====================================================================== 6. multirun
+def test_multirun_sweeps_every_combination(multi_run):
+    proc, base = multi_run
+    assert proc.returncode == 0, describe(proc)
+    sweep_dir = base / "multi"
+    jobs = sorted(p.name for p in sweep_dir.iterdir() if p.is_dir())
+    assert jobs == ["0", "1", "2", "3"]
+    seen, cells = [], set()
+    for name in jobs:
+        job_dir = sweep_dir / name
+        job = json.loads((job_dir / "summary.json").read_text())
+        assert job["status"] == "ok"
+        combo = (job["choices"]["activation"], job["choices"]["init"])
+        seen.append(combo)
+        assert job["config"]["activation"]["name"] == combo[0]
+        assert job["config"]["init"]["name"] == combo[1]
+        assert job["cell"] == expected_cell([f"activation={combo[0]}", f"init={combo[1]}", *BUDGET])
+        cells.add(job["cell"])
+        member = json.loads((job_dir / "seed_0" / "summary.json").read_text())
+        assert member["steps"] == TOTAL_STEPS
+        # each job's W&B run is its own, grouped under that job's cell
+        wb = read_wandb_run(job_dir / "seed_0")
+        assert wb["group"] == job["cell"]
+        assert f"activation:{combo[0]}" in wb["tags"] and f"init:{combo[1]}" in wb["tags"]
+        assert wb["exit_code"] == 0
+    assert sorted(seen) == sorted(itertools.product(["relu", "tanh"], ["xavier", "he"]))
+    assert len(cells) == 4
+
+
+# ====================================================================== a run dir used twice
+def test_rerun_into_same_dir_rewrites_metrics(rerun_run):
+    first, base = rerun_run
+    assert first.returncode == 0, describe(first)
+    run_dir = base / "run"
+    second = run_cli([*RERUN_OVERRIDES, "seed=7", f"hydra.run.dir={run_dir}"], base)
+    assert second.returncode == 0, describe(second)
+    summary = json.loads((run_dir / "seed_0" / "summary.json").read_text())
+    assert summary["seed"] == 7  # the second run's
+    rows = read_jsonl(run_dir / "seed_0" / "metrics.jsonl")
+    # one record per log step, and they are the second run's: the last one gives its final return
+    assert [r["step"] for r in rows] == list(range(LOG_EVERY, TOTAL_STEPS + 1, LOG_EVERY))
+    assert rows[-1]["episode/return_last10"] == pytest.approx(summary["final_return"])
