@@ -2,7 +2,8 @@
 
 All P * E environments live in one gymnasium SyncVectorEnv (autoreset NEXT_STEP, gymnasium 1.x's
 default): the step after an episode ends only resets that environment, so it carries no real
-transition and is flagged ``valid = False``. Observations come back as [P, E, obs] tensors.
+transition and is flagged ``valid = False``. Everything stays on the host as numpy arrays
+([P, E, ...]): the per-step path does no tensor work, and the algorithm moves what it needs.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from typing import List
 
 import gymnasium as gym
 import numpy as np
-import torch
-
 from rlexp.config import ConfigError, EnvConfig
 
 EXTRAS = {"box2d": "box2d"}  # gymnasium dependency name -> rlexp extra that installs it
@@ -55,7 +54,7 @@ def env_seeds(member_seed: int, num_envs: int) -> List[int]:
 class EnvStep:
     """One step of every environment; arrays are [P, E]."""
 
-    obs: torch.Tensor  # [P, E, obs] observation after the step (the final one at a done)
+    obs: np.ndarray  # [P, E, obs] float32 observation after the step (the final one at a done)
     reward: np.ndarray
     terminated: np.ndarray
     truncated: np.ndarray
@@ -65,10 +64,9 @@ class EnvStep:
 class PopulationEnv:
     """P members x E environments; episode returns and lengths tracked per member."""
 
-    def __init__(self, cfg: EnvConfig, member_seeds: List[int], device: torch.device) -> None:
+    def __init__(self, cfg: EnvConfig, member_seeds: List[int]) -> None:
         self.members = len(member_seeds)
         self.num_envs = cfg.num_envs
-        self.device = device
         self.vec = make_vector_env(cfg, self.members * cfg.num_envs)
         self.observation_space = self.vec.single_observation_space
         self.action_space = self.vec.single_action_space
@@ -82,11 +80,11 @@ class PopulationEnv:
         self.last_returns = [deque(maxlen=10) for _ in range(self.members)]
         self.episode_count = np.zeros(self.members, dtype=np.int64)
 
-    def _obs(self, obs: np.ndarray) -> torch.Tensor:
-        obs = torch.tensor(obs, dtype=torch.float32).reshape(self.members, self.num_envs, self.obs_dim)
-        return obs.to(self.device, non_blocking=True)
+    def _obs(self, obs: np.ndarray) -> np.ndarray:
+        # a copy: the vector env reuses its observation array
+        return np.array(obs, dtype=np.float32).reshape(self.members, self.num_envs, self.obs_dim)
 
-    def reset(self) -> torch.Tensor:
+    def reset(self) -> np.ndarray:
         """Reset every environment with its own seed; returns observations [P, E, obs]."""
         obs, _ = self.vec.reset(seed=self.seeds)
         self._prev_done[:] = False
@@ -94,9 +92,9 @@ class PopulationEnv:
         self._ep_length[:] = 0
         return self._obs(obs)
 
-    def step(self, actions: torch.Tensor) -> EnvStep:
+    def step(self, actions: np.ndarray) -> EnvStep:
         """Step every environment with actions [P, E]; records finished episodes per member."""
-        obs, reward, terminated, truncated, _ = self.vec.step(actions.reshape(-1).cpu().numpy())
+        obs, reward, terminated, truncated, _ = self.vec.step(np.asarray(actions).reshape(-1))
         shape = (self.members, self.num_envs)
         reward = reward.reshape(shape)
         terminated, truncated = terminated.reshape(shape), truncated.reshape(shape)

@@ -21,9 +21,9 @@ class Batch:
 class ReplayBuffer:
     """Each member owns ``capacity`` rows, filled in order and overwritten oldest-first.
 
-    A row packs (obs, next_obs, action, reward, terminated) as float32, so one step is one
-    ``index_copy_`` and one minibatch one gather. Invalid rows (autoreset steps) go to a spare row
-    past the end that is never sampled, so adding never waits for the host.
+    A row packs (obs, next_obs, action, reward, terminated) as float32, so one step is one write and
+    one minibatch one gather. Invalid rows (autoreset steps) go to a spare row past the end that is
+    never sampled.
     """
 
     def __init__(self, members: int, capacity: int, obs_dim: int, device: torch.device) -> None:
@@ -37,37 +37,45 @@ class ReplayBuffer:
         self._size = np.zeros(members, dtype=np.int64)
         self.member = torch.arange(members, device=device).unsqueeze(1)  # [P, 1]
         self._row_base = np.arange(members)[:, None] * self.rows  # [P, 1]
+        self._member_np = np.arange(members)[:, None]  # [P, 1]
+        self._host = self.data.numpy() if self.data.device.type == "cpu" else None  # shares memory
 
     def add(
         self,
-        obs: torch.Tensor,
-        actions: torch.Tensor,
-        rewards: torch.Tensor,
-        next_obs: torch.Tensor,
-        terminated: torch.Tensor,
-        valid: Union[np.ndarray, torch.Tensor],
+        obs: np.ndarray,
+        actions: np.ndarray,
+        rewards: np.ndarray,
+        next_obs: np.ndarray,
+        terminated: np.ndarray,
+        valid: np.ndarray,
     ) -> None:
-        """Store one step of E environments per member: obs [P, E, obs], others [P, E].
+        """Store one step of E environments per member: obs [P, E, obs], the others [P, E].
 
-        ``valid`` [P, E] booleans mark real transitions (a numpy array from the environments
-        keeps this free of host synchronization).
+        Inputs are host arrays (CPU tensors work too); ``valid`` marks real transitions. On the
+        CPU the rows are written through a numpy view of the storage; on a GPU they go over in one
+        copy.
         """
-        if isinstance(valid, torch.Tensor):
-            valid = valid.cpu().numpy()
+        valid = np.asarray(valid, dtype=bool)
         valid_count = valid.cumsum(1)  # [P, E]
         pos = np.where(valid, (self.ptr[:, None] + valid_count - 1) % self.capacity, self.capacity)
-        flat = torch.from_numpy((self._row_base + pos).reshape(-1)).to(self.device)
-        rows = torch.cat([obs, next_obs, actions.unsqueeze(-1).float(), rewards.unsqueeze(-1),
-                          terminated.unsqueeze(-1)], dim=-1)  # [P, E, F]
-        self.data.view(-1, self.data.shape[-1]).index_copy_(0, flat, rows.reshape(flat.numel(), -1))
+        rows = np.concatenate([np.asarray(obs), np.asarray(next_obs), np.asarray(actions)[..., None],
+                               np.asarray(rewards)[..., None], np.asarray(terminated)[..., None]],
+                              axis=-1, dtype=np.float32)  # [P, E, F]
+        if self._host is not None:
+            self._host[self._member_np, pos] = rows
+        else:
+            flat = torch.from_numpy((self._row_base + pos).reshape(-1)).to(self.device)
+            rows = torch.from_numpy(rows.reshape(flat.numel(), -1)).to(self.device)
+            self.data.view(-1, self.data.shape[-1]).index_copy_(0, flat, rows)
         added = valid_count[:, -1]
         self.ptr = (self.ptr + added) % self.capacity
         if (self._size < self.capacity).any():  # the size stops changing once the memory is full
             self._size = np.minimum(self._size + added, self.capacity)
             self.size = torch.from_numpy(self._size).to(self.device)
 
-    def sample(self, uniform: torch.Tensor) -> Batch:
+    def sample(self, uniform: Union[np.ndarray, torch.Tensor]) -> Batch:
         """A minibatch per member from uniform numbers [P, B] in [0, 1): row = floor(u * size)."""
+        uniform = torch.as_tensor(uniform, device=self.device)
         idx = (uniform * self.size.unsqueeze(1)).long()  # [P, B]
         rows = self.data[self.member, idx]  # [P, B, F]
         o = self.obs_dim

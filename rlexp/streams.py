@@ -1,8 +1,9 @@
 """Per-member random streams for the hot path (exploration, replay sampling).
 
 Each member draws from its own torch.Generator, seeded from the member's seed, in blocks: one loop
-over members per block, one tensor slice per draw. Member k's numbers depend on its seed alone,
-never on the population around it.
+over members per block, one array slice per draw. Member k's numbers depend on its seed alone,
+never on the population around it. The pool lives on the host (numpy), where the per-step decisions
+are made; draws that feed the device are moved there by the caller.
 """
 
 from __future__ import annotations
@@ -22,19 +23,18 @@ def member_generator(member_seed: int, purpose: int) -> torch.Generator:
 class MemberStreams:
     """Uniform [0, 1) numbers, float64, one independent stream per member."""
 
-    def __init__(self, member_seeds: List[int], device: torch.device, block: int = 65_536) -> None:
+    def __init__(self, member_seeds: List[int], block: int = 65_536) -> None:
         self.generators = [member_generator(s, 2) for s in member_seeds]
-        self.device = device
         self.block = block
-        self.pool = torch.empty(len(member_seeds), 0, dtype=torch.float64, device=device)
+        self.pool = np.empty((len(member_seeds), 0))
         self.pos = 0
 
-    def uniform(self, n: int) -> torch.Tensor:
-        """The next ``n`` numbers of every member's stream: [P, n]."""
+    def uniform(self, n: int) -> np.ndarray:
+        """The next ``n`` numbers of every member's stream: [P, n] float64."""
         if self.pos + n > self.pool.shape[1]:
             size = max(self.block, n)
             rows = [torch.rand(size, generator=g, dtype=torch.float64) for g in self.generators]
-            self.pool = torch.stack(rows).to(self.device)
+            self.pool = torch.stack(rows).numpy()
             self.pos = 0
         out = self.pool[:, self.pos : self.pos + n]
         self.pos += n

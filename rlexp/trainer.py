@@ -45,8 +45,8 @@ class Trainer:
         self.seeds: List[int] = [cfg.seed + k for k in range(cfg.num_seeds)]
         self.members = len(self.seeds)
         torch.manual_seed(cfg.seed)
-        self.env = PopulationEnv(cfg.env, self.seeds, self.device)
-        self.streams = MemberStreams(self.seeds, self.device)
+        self.env = PopulationEnv(cfg.env, self.seeds)
+        self.streams = MemberStreams(self.seeds)
         self.health = Health(self.members, self.device)
         self._nets_made = 0
         # per-update statistics, summed (means) or maxed on the device, read once per log step

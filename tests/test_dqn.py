@@ -395,7 +395,7 @@ def test_replay_never_samples_invalid_rows():
     P, C, O, E = 2, 4, 2, 3
     buf = ReplayBuffer(P, C, O, CPU)
     g = np.random.default_rng(0)
-    streams = MemberStreams([0, 1], CPU)
+    streams = MemberStreams([0, 1])
     valid_ids = [set() for _ in range(P)]
     for step in range(6):
         valid = g.random((P, E)) < 0.5
@@ -424,8 +424,7 @@ def _fixed_actions(t: int, P: int, E: int) -> torch.Tensor:
 
 def test_population_env_autoreset_step_is_invalid_and_episode_stats_match_rewards():
     P, E = 2, 2
-    env = PopulationEnv(EnvConfig(id="CartPole-v1", num_envs=E, max_episode_steps=5), member_seeds=[0, 1],
-                        device=CPU)
+    env = PopulationEnv(EnvConfig(id="CartPole-v1", num_envs=E, max_episode_steps=5), member_seeds=[0, 1])
     obs = env.reset()
     assert obs.shape == (P, E, 4)
     prev_done = np.zeros((P, E), dtype=bool)
@@ -441,7 +440,7 @@ def test_population_env_autoreset_step_is_invalid_and_episode_stats_match_reward
                 if not res.valid[p, e]:
                     seen_invalid += 1
                     assert res.reward[p, e] == 0.0 and not res.terminated[p, e] and not res.truncated[p, e]
-                    assert (res.obs[p, e].abs() <= 0.05).all()  # a fresh CartPole start state
+                    assert (np.abs(res.obs[p, e]) <= 0.05).all()  # a fresh CartPole start state
                     ret[p, e], length[p, e] = 0.0, 0
                     continue
                 ret[p, e] += res.reward[p, e]
@@ -465,11 +464,10 @@ def test_population_env_member_seeds_are_independent_of_population():
     """Member with seed 7 sees the same episode in populations [3, 7] and [9, 7]."""
     runs = []
     for seeds in ([3, 7], [9, 7]):
-        env = PopulationEnv(EnvConfig(id="CartPole-v1", num_envs=2, max_episode_steps=6), member_seeds=seeds,
-                            device=CPU)
-        traj = [env.reset()[1].clone()]
+        env = PopulationEnv(EnvConfig(id="CartPole-v1", num_envs=2, max_episode_steps=6), member_seeds=seeds)
+        traj = [torch.as_tensor(env.reset()[1]).clone()]
         for t in range(10):
-            traj.append(env.step(_fixed_actions(t, 2, 2)).obs[1].clone())
+            traj.append(torch.as_tensor(env.step(_fixed_actions(t, 2, 2)).obs[1]).clone())
         first = env.vec.reset(seed=env.seeds)[0][0].copy()  # member 0's first env, for the contrast below
         env.close()
         runs.append((torch.stack(traj), first))
@@ -478,7 +476,7 @@ def test_population_env_member_seeds_are_independent_of_population():
 
 
 def test_population_env_reset_starts_episode_bookkeeping_afresh():
-    env = PopulationEnv(EnvConfig(id="CartPole-v1", num_envs=1, max_episode_steps=5), member_seeds=[0], device=CPU)
+    env = PopulationEnv(EnvConfig(id="CartPole-v1", num_envs=1, max_episode_steps=5), member_seeds=[0])
     env.reset()
     for _ in range(3):
         env.step(torch.zeros(1, 1, dtype=torch.long))
@@ -514,13 +512,15 @@ class _EnvRecorder:
 
         def reset(env):
             obs = real_reset(env)
-            rec.resets.append(obs.clone())
+            rec.resets.append(torch.as_tensor(obs).clone())
             return obs
 
         def step(env, actions):
-            rec.actions.append(actions.clone())
+            rec.actions.append(torch.as_tensor(actions).clone())
             res = real_step(env, actions)
-            rec.steps.append(copy.deepcopy(res))
+            recorded = copy.deepcopy(res)
+            recorded.obs = torch.as_tensor(recorded.obs)
+            rec.steps.append(recorded)
             return res
 
         monkeypatch.setattr(PopulationEnv, "reset", reset)
@@ -725,14 +725,14 @@ def test_population_member_equals_that_member_trained_alone():
 
 # ---------------------------------------------------------------- member streams
 def test_member_streams_depend_on_the_member_seed_only():
-    a = MemberStreams([5, 7], CPU, block=16)
-    b = MemberStreams([9, 7], CPU, block=16)
-    alone = MemberStreams([7], CPU, block=16)
+    a = MemberStreams([5, 7], block=16)
+    b = MemberStreams([9, 7], block=16)
+    alone = MemberStreams([7], block=16)
     draws_a, draws_b, draws_alone = [], [], []
     for n in (3, 5, 7, 1, 20, 2):  # crosses block refills, including one draw larger than a block
-        draws_a.append(a.uniform(n).clone())
-        draws_b.append(b.uniform(n).clone())
-        draws_alone.append(alone.uniform(n).clone())
+        draws_a.append(torch.as_tensor(a.uniform(n)).clone())
+        draws_b.append(torch.as_tensor(b.uniform(n)).clone())
+        draws_alone.append(torch.as_tensor(alone.uniform(n)).clone())
         assert draws_a[-1].shape == (2, n) and draws_a[-1].dtype == torch.float64
     xa, xb, x1 = torch.cat(draws_a, 1), torch.cat(draws_b, 1), torch.cat(draws_alone, 1)
     assert torch.equal(xa[1], xb[1])

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Dict, Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -98,26 +99,23 @@ def train(trainer: "Trainer") -> None:
     optimizer = make_optimizer(q_net.parameters(), trainer.cfg.optimizer)
     pipeline = trainer.make_pipeline(q_net, optimizer)
     buffer = ReplayBuffer(members, algo.buffer_size, env.obs_dim, device)
-    r_max = torch.full((members,), float(algo.r_max), device=device)
+    r_max = np.full(members, float(algo.r_max))  # [P]
 
-    obs = env.reset()  # [P, E, obs]
+    obs = env.reset()  # [P, E, obs] numpy, on the host
     prev_step = 0
     for step in trainer.steps():
-        # act: epsilon-greedy, each member from its own stream
+        # act: epsilon-greedy, each member from its own stream (decided on the host, where the envs are)
         eps = epsilon(step, algo, trainer.cfg.total_steps)
         u = trainer.streams.uniform(2 * num_envs)  # [P, 2E]
         with torch.no_grad():
-            greedy = q_net(obs).argmax(-1)  # [P, E]
-        random_action = (u[:, num_envs:] * n_actions).long()
-        actions = torch.where(u[:, :num_envs] < eps, random_action, greedy)  # [P, E]
+            greedy = q_net(torch.from_numpy(obs).to(device)).argmax(-1).cpu().numpy()  # [P, E]
+        random_action = (u[:, num_envs:] * n_actions).astype(np.int64)
+        actions = np.where(u[:, :num_envs] < eps, random_action, greedy)  # [P, E]
 
         result = env.step(actions)
-        reward = torch.as_tensor(result.reward, dtype=torch.float32, device=device)  # [P, E]
-        terminated = torch.as_tensor(result.terminated, dtype=torch.float32, device=device)
-        if algo.rescale_r:
-            valid = torch.as_tensor(result.valid, device=device)
-            r_max = torch.maximum(r_max, torch.where(valid, reward.abs(), 0.0).amax(1))
-        buffer.add(obs, actions, reward, result.obs, terminated, result.valid)
+        if algo.rescale_r:  # DQN 3.0: r_max is the largest |r| seen so far
+            r_max = np.maximum(r_max, np.where(result.valid, np.abs(result.reward), 0.0).max(1))
+        buffer.add(obs, actions, result.reward, result.obs, result.terminated, result.valid)
         obs = result.obs
         trainer.note(epsilon=eps)
 
@@ -125,7 +123,7 @@ def train(trainer: "Trainer") -> None:
         if step > algo.learning_starts and step // algo.train_frequency > prev_step // algo.train_frequency:
             for _ in range(algo.gradient_steps):
                 batch = buffer.sample(trainer.streams.uniform(algo.batch_size))
-                loss, stats = dqn_loss(q_net, target_net, batch, algo, r_max)
+                loss, stats = dqn_loss(q_net, target_net, batch, algo, torch.as_tensor(r_max, dtype=torch.float32, device=device))
                 update = pipeline.step(loss, step)
                 trainer.record_update(update, stats)
                 if target_net is not None and algo.target_update == "soft":
