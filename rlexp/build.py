@@ -30,6 +30,7 @@ REGISTRIES = {
     "clipping": CLIPPERS,
     "optimizer": OPTIMIZERS,
     "algo": ALGOS,
+    "divergence": ("on", "off"),  # explosion checks on or off (the non-finite checks always run)
 }
 
 
@@ -137,6 +138,17 @@ def validate(cfg: DictConfig) -> None:
     _require(log.log_every >= 1, "logger.log_every", log.log_every, "an integer >= 1 (env steps)")
 
     _require(cfg.env.num_envs >= 1, "env.num_envs", cfg.env.num_envs, "an integer >= 1")
+    diag, div, inject = cfg.diagnostics, cfg.divergence, cfg.debug.inject
+    _require(diag.every >= 0, "diagnostics.every", diag.every, "an integer >= 0 (0 = off)")
+    _require(diag.histogram_every >= 0, "diagnostics.histogram_every", diag.histogram_every, "an integer >= 0")
+    _require(0 <= diag.dormant_tau < 1, "diagnostics.dormant_tau", diag.dormant_tau, "a value in [0, 1)")
+    _positive(div, "divergence", ("q_bound_factor", "grad_norm_bound", "patience"))
+    _choice(inject.what, "debug.inject.what", ("none", "param", "grad", "obs"))
+    if inject.what != "none":
+        _require(0 <= inject.member < cfg.num_seeds, "debug.inject.member", inject.member,
+                 f"a member index in [0, {cfg.num_seeds})")
+        _require(0 <= inject.step < cfg.total_steps, "debug.inject.step", inject.step,
+                 f"an env step in [0, {cfg.total_steps})")
     check_env_id(cfg.env.id)
     if cfg.algo.name == "dqn":
         _validate_dqn(cfg)

@@ -190,6 +190,34 @@ class EnvConfig:
     kwargs: Dict[str, Any] = field(default_factory=dict)
 
 
+# ---------------------------------------------------------------- instruments, divergence, debugging
+@dataclass
+class DiagnosticsConfig:
+    every: int = 50  # updates between instrument records (per-layer statistics); 0 = off
+    histogram_every: int = 1_000  # updates between W&B histograms of gradients and activations; 0 = off
+    dormant_tau: float = 0.025  # a unit is tau-dormant when E|h_i| / mean_k E|h_k| <= tau
+
+
+@dataclass
+class DivergenceConfig:
+    name: str = MISSING
+    q_bound_factor: float = 10.0  # value_explosion: |Q| > factor * r_max / (1 - gamma) ...
+    grad_norm_bound: float = 1.0e4  # grad_explosion: a member's gradient norm > this ...
+    patience: int = 3  # ... on this many consecutive instrument records
+
+
+@dataclass
+class InjectConfig:
+    member: int = -1  # the member to poison (-1 = none)
+    step: int = -1  # env step at (or first update at/after) which to poison it
+    what: str = "none"  # none | param | grad | obs
+
+
+@dataclass
+class DebugConfig:
+    inject: InjectConfig = field(default_factory=InjectConfig)
+
+
 # ---------------------------------------------------------------- logging, top level
 @dataclass
 class LoggerConfig:
@@ -211,7 +239,10 @@ class Config:
     network: NetworkConfig = MISSING
     algo: AlgoConfig = MISSING
     env: EnvConfig = MISSING
+    divergence: DivergenceConfig = MISSING
     regularization: RegularizationConfig = field(default_factory=RegularizationConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     total_steps: int = 50_000  # environment steps per member
     seed: int = 0  # member k uses seed + k
@@ -265,6 +296,7 @@ SCHEMAS: Dict[str, Dict[str, type]] = {
     "network": {"mlp": NetworkConfig},
     "algo": {"dqn": DQNConfig},
     "env": {"base": EnvConfig},
+    "divergence": {"on": DivergenceConfig, "off": DivergenceConfig},
 }
 
 

@@ -13,13 +13,14 @@ diverged and frozen while the others go on bitwise unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
 from rlexp.config import ClippingConfig, RegularizationConfig
 
-CAUSES = ("none", "nonfinite_loss", "nonfinite_grad", "nonfinite_param")
+CAUSES = ("none", "nonfinite_loss", "nonfinite_grad", "nonfinite_param", "nonfinite_obs", "value_explosion",
+          "grad_explosion")
 
 
 def _member_view(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -27,11 +28,15 @@ def _member_view(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return x.view(-1, *([1] * (like.dim() - 1)))
 
 
+def tensor_norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """L2 norm of each [P, ...] tensor per member: [T, P], in float64 (finite for any finite float32
+    values, so only NaN/Inf elements make it non-finite)."""
+    return torch.stack([torch.linalg.vector_norm(t.flatten(1), dim=1, dtype=torch.float64) for t in tensors])
+
+
 def member_norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Joint L2 norm of a list of [P, ...] tensors, per member: [P], in float64 (finite for any
-    finite float32 values, so only NaN/Inf elements make it non-finite)."""
-    norms = [torch.linalg.vector_norm(t.flatten(1), dim=1, dtype=torch.float64) for t in tensors]
-    return torch.stack(norms).norm(dim=0)
+    """Joint L2 norm of a list of [P, ...] tensors, per member: [P] (float64)."""
+    return tensor_norms(tensors).norm(dim=0)
 
 
 # ---------------------------------------------------------------- processors (clipping)
@@ -103,21 +108,29 @@ class Health:
         self.diverged_at = torch.full((members,), -1, dtype=torch.long, device=device)
         self.cause = torch.zeros(members, dtype=torch.long, device=device)
 
-    def mark(self, ok: torch.Tensor, cause: torch.Tensor, step: int) -> None:
-        """Members alive but not ``ok`` [P] diverge now, at env step ``step``, for ``cause`` [P]."""
+    def mark(self, ok: torch.Tensor, cause: torch.Tensor | int, step: int) -> torch.Tensor:
+        """Members alive but not ``ok`` [P] diverge now, at env step ``step``, for ``cause`` ([P] or
+        an index into CAUSES); returns them ([P] bool)."""
         newly = self.alive & ~ok
         self.diverged_at = torch.where(newly, step, self.diverged_at)
         self.cause = torch.where(newly, cause, self.cause)
         self.alive = self.alive & ok
+        return newly
 
 
 @dataclass
 class UpdateStats:
-    """Per-member results of one update, all [P] tensors on the device."""
+    """Per-member results of one update, [P] tensors on the device; per-tensor ones [T, P]."""
 
     loss: torch.Tensor
     grad_norm_pre_clip: torch.Tensor
     grad_norm_post_clip: torch.Tensor
+    newly_diverged: Optional[torch.Tensor] = None  # [P] bool, when some member may have diverged
+    tensor_grad_pre: Optional[torch.Tensor] = None  # the rest only with diagnose=True
+    tensor_grad_post: Optional[torch.Tensor] = None
+    tensor_param: Optional[torch.Tensor] = None
+    tensor_update: Optional[torch.Tensor] = None  # ||p_after - p_before||
+    param_finite_after: Optional[torch.Tensor] = None  # [T, P] after the step (slow path only)
 
 
 class GradientPipeline:
@@ -139,6 +152,8 @@ class GradientPipeline:
         self.health = health
         self.l1, self.l2 = regularization.l1, regularization.l2
         self.penalized = weights if regularization.weights_only else params
+        # called with (grads, env_step) between backward and the processors (fault injection)
+        self.after_backward: Optional[Callable[[List[torch.Tensor], int], None]] = None
 
     def penalty(self) -> torch.Tensor:
         """L1/L2 penalty per member: l1 * sum|w| + l2 * sum w^2 over the penalized tensors -> [P]."""
@@ -150,12 +165,16 @@ class GradientPipeline:
         return total
 
     def _params_finite(self) -> torch.Tensor:
-        """[P] True where every parameter element of the member is finite."""
+        """[T, P] True where every element of the tensor is finite, per member."""
         sums = [p.flatten(1).sum(1, dtype=torch.float64) for p in self.params]  # no overflow in float64
-        return torch.isfinite(torch.stack(sums).sum(0))
+        return torch.isfinite(torch.stack(sums))
 
-    def step(self, loss: torch.Tensor, env_step: int) -> UpdateStats:
-        """Run one update from per-member losses ``loss`` [P] (without the penalty) at ``env_step``."""
+    def step(self, loss: torch.Tensor, env_step: int, diagnose: bool = False) -> UpdateStats:
+        """Run one update from per-member losses ``loss`` [P] (without the penalty) at ``env_step``.
+
+        ``diagnose`` also returns per-tensor gradient norms before and after the processors,
+        parameter norms and update norms (for the instruments).
+        """
         if self.l1 > 0 or self.l2 > 0:
             loss = loss + self.penalty()
         for p in self.params:
@@ -164,25 +183,34 @@ class GradientPipeline:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         for p, g in zip(self.params, grads):
             p.grad = g
-        grad_norm_pre = member_norms(grads)  # [P]
+        if self.after_backward is not None:
+            self.after_backward(grads, env_step)
+        tensor_pre = tensor_norms(grads)  # [T, P]
         self.clip(self.params, grads, self.clipping)
-        grad_norm_post = grad_norm_pre if self.clipping.name == "none" else member_norms(grads)
+        tensor_post = tensor_pre if self.clipping.name == "none" else tensor_norms(grads)
+        stats = UpdateStats(loss.detach(), tensor_pre.norm(dim=0), tensor_post.norm(dim=0))
+        if diagnose:
+            stats.tensor_grad_pre, stats.tensor_grad_post = tensor_pre, tensor_post
 
-        loss_ok = torch.isfinite(loss.detach())
-        grad_ok = torch.isfinite(grad_norm_pre)
+        loss_ok = torch.isfinite(stats.loss)
+        grad_ok = torch.isfinite(stats.grad_norm_pre_clip)
         ok = self.health.alive & loss_ok & grad_ok  # [P] members allowed to update
         with torch.no_grad():
             before = [p.clone() for p in self.params]  # to restore frozen or failing members
             self.optimizer.step()
+            if diagnose:
+                stats.tensor_param = tensor_norms(self.params)
+                stats.tensor_update = tensor_norms([p - old for p, old in zip(self.params, before)])
             # CPU fast path (a host check is free there): every member updated and stayed finite
             if (not self.params[0].is_cuda and bool(ok.all())
                     and bool(torch.stack(torch._foreach_norm(self.params)).isfinite().all())):
-                return UpdateStats(loss.detach(), grad_norm_pre, grad_norm_post)
+                return stats
             # otherwise (and always on a GPU, so the host is never asked): restore every member
             # that may not change, on the device, and mark the new divergences
-            keep = ok & self._params_finite()
+            stats.param_finite_after = self._params_finite()
+            keep = ok & stats.param_finite_after.all(0)
             for p, old in zip(self.params, before):
                 p.copy_(torch.where(_member_view(keep, p), p, old))
             cause = torch.where(~loss_ok, 1, torch.where(~grad_ok, 2, 3))
-            self.health.mark(keep | ~self.health.alive, cause, env_step)
-        return UpdateStats(loss.detach(), grad_norm_pre, grad_norm_post)
+            stats.newly_diverged = self.health.mark(keep | ~self.health.alive, cause, env_step)
+        return stats

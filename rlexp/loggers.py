@@ -157,22 +157,42 @@ class ConsoleProgress:
 
 def print_summary(console: Console, title: str, members: List[Dict[str, Any]]) -> None:
     """One table, a row per member: seed, status, final return (mean of the last 10 episodes),
-    episodes, steps, wall time, and the step and cause of a divergence."""
+    episodes, steps, wall time; for diverged members the step, cause, place and the instrument
+    that moved first, then a line each with the detail."""
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
-    for column in ("seed", "status", "return", "episodes", "steps", "wall s", "diverged at", "cause"):
-        table.add_column(column, justify="left" if column in ("status", "cause") else "right")
+    diverged = any(m.get("divergence") for m in members)
+    columns = ["seed", "status", "return", "episodes", "steps", "wall s"]
+    columns += ["diverged at", "cause", "where", "moved first"] if diverged else []
+    for column in columns:
+        table.add_column(column, justify="right" if column in ("seed", "return", "episodes", "steps", "wall s",
+                                                                  "diverged at") else "left")
     colors = {"ok": "green", "diverged": "yellow", "crashed": "red"}
     for m in members:
         final = m.get("final_return")
         div = m.get("divergence") or {}
-        table.add_row(
+        row = [
             str(m["seed"]),
             f"[{colors.get(m['status'], 'white')}]{m['status']}[/]",
             "-" if final is None else f"{final:.1f}",
             str(m.get("episodes", "-")),
             str(m.get("steps", "-")),
             f"{m.get('wall_s', 0.0):.1f}",
-            "-" if m.get("diverged_at_step") is None else str(m["diverged_at_step"]),
-            div.get("cause", "") or "",
-        )
+        ]
+        if diverged:
+            moved = div.get("first_moved") or {}
+            row += [
+                "-" if m.get("diverged_at_step") is None else str(m["diverged_at_step"]),
+                div.get("cause") or "",
+                div.get("where") or "",
+                moved.get("instrument", ""),
+            ]
+        table.add_row(*row)
     console.print(table)
+    for m in members:
+        div = m.get("divergence") or {}
+        if div.get("detail"):
+            moved = div.get("first_moved")
+            first = (f"; moved first: {moved['instrument']} ({moved['from']:.3g} -> {moved['to']:.3g} between steps "
+                     f"{moved['since_step']} and {moved['step']})" if moved else "")
+            console.print(f"seed {m['seed']}: {div['cause']} at step {m['diverged_at_step']} in {div['where']}: "
+                          f"{div['detail']}{first}", highlight=False)

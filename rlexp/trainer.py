@@ -23,6 +23,7 @@ from rlexp.algos import ALGOS
 from rlexp.build import resolve_device, validate
 from rlexp.config import Config
 from rlexp.envs import PopulationEnv
+from rlexp.diagnostics import Explosions, InstrumentHistory
 from rlexp.grad import CAUSES, GradientPipeline, Health, UpdateStats
 from rlexp.loggers import ConsoleProgress, MemberLog, open_member_logs, print_summary
 from rlexp.nets import PopMLP, weight_parameters
@@ -60,6 +61,12 @@ class Trainer:
         self.logs: List[MemberLog] = []
         self.member_done: List[bool] = [False] * self.members
         self.member_summaries: List[Optional[Dict[str, Any]]] = [None] * self.members
+        # instruments: the latest record ([P] tensors), each member's recent finite records (host)
+        self._instruments: Dict[str, torch.Tensor] = {}
+        self.histories = [InstrumentHistory() for _ in range(self.members)]
+        self.explosions = Explosions(self.members, cfg.divergence.patience, self.device)
+        self.divergence: Dict[int, Dict[str, Any]] = {}  # member -> {cause, where, detail}
+        self._injected = False
 
     # ------------------------------------------------------------ for algorithms
     def make_net(self, n_in: int, n_out: int) -> PopMLP:
@@ -74,8 +81,86 @@ class Trainer:
     def make_pipeline(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> GradientPipeline:
         """The gradient pipeline (clipping, penalties, divergence checks) for one network."""
         params = [p for p in net.parameters() if p.requires_grad]
-        return GradientPipeline(params, optimizer, self.cfg.clipping, self.cfg.regularization,
-                                weight_parameters(net), self.health)
+        pipeline = GradientPipeline(params, optimizer, self.cfg.clipping, self.cfg.regularization,
+                                    weight_parameters(net), self.health)
+        if self.cfg.debug.inject.what == "grad":
+            pipeline.after_backward = self._inject_grad
+        return pipeline
+
+    # ------------------------------------------------------------ fault injection, divergence
+    def _inject_now(self, what: str, step: int) -> bool:
+        inject = self.cfg.debug.inject
+        if self._injected or inject.what != what or step < inject.step:
+            return False
+        self._injected = True
+        return True
+
+    def _inject_grad(self, grads: List[torch.Tensor], step: int) -> None:
+        if self._inject_now("grad", step):
+            grads[0][self.cfg.debug.inject.member].view(-1)[0] = float("nan")
+
+    def inject_param(self, net: PopMLP, step: int) -> None:
+        """debug.inject.what=param: poison the member's first weight at the first update at/after the step."""
+        if self._inject_now("param", step):
+            with torch.no_grad():
+                net.layers[0].weight[self.cfg.debug.inject.member].view(-1)[0] = float("nan")
+
+    def check_observations(self, obs: np.ndarray, step: int) -> None:
+        """Mark members whose observations [P, E, obs] are non-finite (debug.inject.what=obs poisons one)."""
+        if self._inject_now("obs", step):
+            obs[self.cfg.debug.inject.member] = np.nan
+        finite = np.isfinite(obs.reshape(self.members, -1)).all(1)
+        if not finite.all():
+            newly = self.health.mark(torch.from_numpy(finite).to(self.device), CAUSES.index("nonfinite_obs"), step)
+            for member, _ in self.newly_diverged(newly):
+                bad = int((~np.isfinite(obs[member])).sum())
+                self.set_divergence(member, "nonfinite_obs", "env.obs", f"{bad} non-finite observation values")
+
+    def newly_diverged(self, newly: torch.Tensor) -> List[tuple[int, str]]:
+        """(member, cause) for each member in the [P] mask ``newly`` (one host read)."""
+        if not bool(newly.any()):
+            return []
+        causes = self.health.cause.tolist()
+        return [(k, CAUSES[causes[k]]) for k in newly.nonzero().flatten().tolist()]
+
+    def set_divergence(self, member: int, cause: str, where: str, detail: str) -> None:
+        """Record where a member's divergence was born (the cause as located, which may refine the
+        pipeline's: a non-finite loss whose origin is a non-finite parameter is nonfinite_param)."""
+        self.divergence[member] = {"cause": cause, "where": where, "detail": detail}
+
+    def record_instruments(self, record: Dict[str, torch.Tensor], step: int, grad_norm: torch.Tensor,
+                           q_abs_max: torch.Tensor, q_bound: torch.Tensor, output_layer: str) -> None:
+        """Keep the latest instrument record and run the explosion checks (divergence=on)."""
+        self._instruments = record
+        div = self.cfg.divergence
+        if div.name == "off":
+            return
+        value, gradient = self.explosions.check(q_abs_max, q_bound, grad_norm, div.grad_norm_bound)
+        cause = torch.where(value, CAUSES.index("value_explosion"), CAUSES.index("grad_explosion"))
+        newly = self.health.mark(~(value | gradient), cause, step)
+        for member, cause_name in self.newly_diverged(newly):
+            if cause_name == "value_explosion":
+                detail = (f"|Q| {q_abs_max[member].item():.4g} > bound {float(q_bound[member]):.4g} on "
+                          f"{div.patience} consecutive records")
+                self.set_divergence(member, cause_name, f"{output_layer}.output", detail)
+            else:
+                layers = {k.split("/", 1)[1]: v[member].item() for k, v in record.items() if k.startswith("grad_norm/")}
+                worst = max(layers, key=layers.get) if layers else "gradient"
+                detail = (f"gradient norm {grad_norm[member].item():.4g} > bound {div.grad_norm_bound:.4g} on "
+                          f"{div.patience} consecutive records; largest in {worst}")
+                self.set_divergence(member, cause_name, worst, detail)
+
+    def log_histograms(self, step: int, tensors: Dict[str, torch.Tensor]) -> None:
+        """W&B histograms of [P, ...] tensors (gradients, activations), per live member."""
+        runs = [(k, log.wandb_run) for k, log in enumerate(self.logs) if log.wandb_run is not None
+                and not self.member_done[k]]
+        if not runs:
+            return
+        import wandb
+
+        values = {name: t.detach().float().cpu().numpy() for name, t in tensors.items() if t is not None}
+        for k, run in runs:
+            run.log({f"hist/{name}": wandb.Histogram(v[k].ravel()) for name, v in values.items()}, step=step)
 
     def note(self, **scalars: float) -> None:
         """Remember the latest value of job-wide scalars (epsilon, ...) for the next log record."""
@@ -130,6 +215,11 @@ class Trainer:
         diverged_at = self.health.diverged_at.tolist()
         causes = self.health.cause.tolist()
         episodes = self.env.take_episodes()
+        instruments: Dict[str, List[float]] = {}
+        if self._instruments:
+            names = list(self._instruments)
+            rows = torch.stack([self._instruments[n] for n in names]).tolist()  # one host read
+            instruments = dict(zip(names, rows))
         for k, log in enumerate(self.logs):
             if self.member_done[k]:
                 continue
@@ -142,9 +232,13 @@ class Trainer:
             if self.env.last_returns[k]:
                 metrics["episode/return_last10"] = float(np.mean(self.env.last_returns[k]))
             metrics["episode/count"] = int(self.env.episode_count[k])
+            record = {name: values[k] for name, values in instruments.items()}
+            metrics.update(record)
             log.log(step, metrics)
             if diverged_at[k] >= 0:
                 self._finish_member(k, step, "diverged", diverged_at[k], CAUSES[causes[k]])
+            else:
+                self.histories[k].add(step, record)
         alive = self.members - sum(self.member_done)
         best = [np.mean(r) for r in self.env.last_returns if r]
         info = f"alive {alive}/{self.members}  return {np.mean(best):.1f}  {sps:.0f} steps/s" if best else f"{sps:.0f} steps/s"
@@ -169,7 +263,9 @@ class Trainer:
         summary = self._member_summary(k, step, status)
         if diverged_at is not None:
             summary["diverged_at_step"] = diverged_at
-            summary["divergence"] = {"cause": cause, "where": None, "detail": None}
+            located = self.divergence.get(k, {"cause": cause, "where": None, "detail": None})
+            summary["divergence"] = {**located, "last_finite": self.histories[k].last(),
+                                     "first_moved": self.histories[k].first_moved()}
         if error is not None:
             summary["error"] = error
         self.member_summaries[k] = summary

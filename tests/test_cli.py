@@ -37,7 +37,7 @@ from rlexp.config import SCHEMAS, ConfigError, EnvConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-GROUPS = ("activation", "init", "normalization", "clipping", "optimizer", "network", "algo", "env")
+GROUPS = ("activation", "init", "normalization", "clipping", "optimizer", "network", "algo", "env", "divergence")
 # Hydra excludes these from the job's override_dirname (the cell): conf/config.yaml
 CELL_EXCLUDED = ("seed", "num_seeds", "device", "threads", "logger.mode", "logger.progress")
 # A tiny budget (the rest of DQN's defaults are small too) whose cell stays short: rlexp cuts W&B
@@ -200,13 +200,16 @@ def read_wandb_run(member_dir: Path) -> Dict[str, Any]:
     """The run record (config, group, tags), history rows, merged summary and exit code of a member's run."""
     files = sorted(wandb_run_dir(member_dir).glob("run-*.wandb"))
     assert len(files) == 1, files
-    run, history, summary, exit_code = None, [], {}, None
+    run, history, histograms, summary, exit_code = None, [], [], {}, None
     for record in read_wandb_records(files[0]):
         kind = record.WhichOneof("record_type")
         if kind == "run":
             run = record.run
         elif kind == "history":
-            history.append(_items(record.history.item))
+            row = _items(record.history.item)
+            logged = [key for key in row if not key.startswith("_")]
+            # rows of W&B histograms only (hist/...) are W&B's alone: metrics.jsonl has no such rows
+            (histograms if logged and all(key.startswith("hist/") for key in logged) else history).append(row)
         elif kind == "summary":
             summary.update(_items(record.summary.update))
         elif kind == "exit":
@@ -218,6 +221,7 @@ def read_wandb_run(member_dir: Path) -> Dict[str, Any]:
         "tags": list(run.tags),
         "project": run.project,
         "history": history,
+        "histograms": histograms,
         "summary": summary,
         "exit_code": exit_code,
     }
@@ -566,6 +570,10 @@ def test_run_wandb_offline_runs_read_back(single_run):
                 assert same_value(wb["summary"][key], value), key
         assert same_value(wb["summary"]["episode/return_last10"], rows[-1]["episode/return_last10"])
         assert wb["exit_code"] == 0
+        # gradient and activation histograms went to W&B (the first update is one that records them)
+        hist_keys = {key for row in wb["histograms"] for key in row if key.startswith("hist/")}
+        for name in ("hist/grad/q.0.weight", "hist/activation/q.0"):
+            assert any(key.startswith(name) for key in hist_keys), (name, hist_keys)
 
 
 def test_non_tty_progress_is_plain_lines(single_run):

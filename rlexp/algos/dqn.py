@@ -23,6 +23,16 @@ import torch
 import torch.nn.functional as F
 
 from rlexp.config import DQNConfig
+from rlexp.diagnostics import (
+    activation_stats,
+    hidden_outputs,
+    locate_gradient,
+    locate_nonfinite,
+    parameter_names,
+    per_layer,
+    weight_norm_stats,
+)
+from rlexp.grad import UpdateStats
 from rlexp.nets import PopMLP, hard_update_, soft_update_
 from rlexp.optim import make_optimizer
 from rlexp.replay import Batch, ReplayBuffer
@@ -48,14 +58,10 @@ def td_loss(td: torch.Tensor, algo: DQNConfig) -> torch.Tensor:
     return elementwise.mean(1)
 
 
-def dqn_loss(
-    q_net: PopMLP,
-    target_net: Optional[PopMLP],
-    batch: Batch,
-    algo: DQNConfig,
-    r_max: torch.Tensor,
-) -> tuple[torch.Tensor, Dict[str, torch.Tensor]]:
-    """Per-member DQN loss [P] and per-member statistics (Q and TD error) for one batch."""
+def td_target(
+    q_net: PopMLP, target_net: Optional[PopMLP], batch: Batch, algo: DQNConfig, r_max: torch.Tensor
+) -> torch.Tensor:
+    """The bootstrap target y [P, B], computed without gradient."""
     with torch.no_grad():
         boot_net = target_net if target_net is not None else q_net
         if q_net.uses_batch_stats:
@@ -68,8 +74,18 @@ def dqn_loss(
             next_value = next_q.max(-1).values  # [P, B]
         rewards = batch.rewards / r_max.unsqueeze(1) if algo.rescale_r else batch.rewards
         not_done = 1.0 - batch.terminated if algo.terminal_masking else 1.0
-        target = rewards + algo.gamma * not_done * next_value  # [P, B]
+        return rewards + algo.gamma * not_done * next_value
 
+
+def dqn_loss(
+    q_net: PopMLP,
+    target_net: Optional[PopMLP],
+    batch: Batch,
+    algo: DQNConfig,
+    r_max: torch.Tensor,
+) -> tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+    """Per-member DQN loss [P] and per-member statistics (Q and TD error) for one batch."""
+    target = td_target(q_net, target_net, batch, algo, r_max)  # [P, B]
     if q_net.uses_batch_stats:
         q_net.train()
     q_all = q_net(batch.obs)  # [P, B, A]
@@ -81,6 +97,71 @@ def dqn_loss(
     stats = {"q_mean": q_value.mean(1), "q_max": q_value.amax(1), "td_abs_mean": td_abs.mean(1),
              "td_abs_max": td_abs.amax(1)}
     return td_loss(td, algo), stats
+
+
+def instruments(
+    q_net: PopMLP,
+    target_net: Optional[PopMLP],
+    batch: Batch,
+    algo: DQNConfig,
+    r_max: torch.Tensor,
+    update: UpdateStats,
+    names: list[str],
+    tau: float,
+) -> Dict[str, torch.Tensor]:
+    """Per-member, per-layer instrument record ([P] each) after a diagnosed update."""
+    with torch.no_grad():
+        q_all, hidden = hidden_outputs(q_net, batch.obs)  # [P, B, A], hidden [P, B, H] each
+        q = q_all.gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)  # [P, B]
+        td = q - td_target(q_net, target_net, batch, algo, r_max)
+        stats = {"q/mean": q.mean(1), "q/min": q.amin(1), "q/max": q.amax(1),
+                 "q/abs_max": q_all.abs().amax((1, 2)), "td/mean": td.mean(1), "td/std": td.std(1),
+                 "td/abs_max": td.abs().amax(1)}
+        if target_net is not None:
+            q_target = target_net(batch.obs).gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)
+            stats["q/online_target_gap"] = (q - q_target).mean(1)
+        grad_pre = per_layer(update.tensor_grad_pre, names)
+        params = per_layer(update.tensor_param, names)
+        updates = per_layer(update.tensor_update, names)
+        for layer, value in grad_pre.items():
+            stats[f"grad_norm/{layer}"] = value
+        for layer, value in per_layer(update.tensor_grad_post, names).items():
+            stats[f"grad_norm_post/{layer}"] = value
+        for layer, value in params.items():
+            stats[f"param_norm/{layer}"] = value
+            stats[f"update_ratio/{layer}"] = updates[layer] / value.clamp(min=1e-12)
+        stats.update(weight_norm_stats(q_net, "q"))
+        stats.update(activation_stats(hidden, "q", tau))
+    return {k: v.float() for k, v in stats.items()}
+
+
+def locate(
+    q_net: PopMLP, target_net: Optional[PopMLP], batch: Batch, member: int, cause: str, names: list[str],
+    update: UpdateStats,
+) -> tuple[str, str, str]:
+    """Where member ``member``'s non-finite update was born: its parameters and batch, then the
+    online and target forward passes layer by layer, then the loss, the gradients (nearest the
+    output first) and the parameters after the step. Returns (cause, where, detail)."""
+    found = locate_nonfinite(q_net, "q", member, batch.obs[member], "replay.obs")
+    if found is None and target_net is not None:
+        found = locate_nonfinite(target_net, "q_target", member, batch.next_obs[member], "replay.next_obs")
+    if found is not None:
+        return found
+    if not torch.isfinite(batch.rewards[member]).all():
+        return "nonfinite_obs", "replay.reward", "non-finite rewards in the batch"
+    if cause == "nonfinite_loss":
+        return cause, "loss", "every activation is finite; the loss itself overflows"
+    if cause == "nonfinite_grad":
+        grads = [p.grad for p in q_net.parameters()]
+        found_grad = locate_gradient(names, grads, member)
+        if found_grad is not None:
+            return cause, found_grad[0], found_grad[1]
+        return cause, "gradient", "the gradient norm is non-finite"
+    if update.param_finite_after is not None:
+        bad = (~update.param_finite_after[:, member]).nonzero().flatten().tolist()
+        if bad:
+            return "nonfinite_param", names[bad[0]], "the optimizer step made it non-finite"
+    return cause, "unknown", ""
 
 
 def train(trainer: "Trainer") -> None:
@@ -98,8 +179,11 @@ def train(trainer: "Trainer") -> None:
         target_net.requires_grad_(False)
     optimizer = make_optimizer(q_net.parameters(), trainer.cfg.optimizer)
     pipeline = trainer.make_pipeline(q_net, optimizer)
+    names = parameter_names(q_net, "q")  # q.0.weight, q.0.bias, ... aligned with the pipeline's tensors
     buffer = ReplayBuffer(members, algo.buffer_size, env.obs_dim, device)
-    r_max = np.full(members, float(algo.r_max))  # [P]
+    r_max = np.full(members, float(algo.r_max))  # [P] largest |r| seen so far, at least algo.r_max
+    diag = trainer.cfg.diagnostics
+    updates = 0
 
     obs = env.reset()  # [P, E, obs] numpy, on the host
     prev_step = 0
@@ -113,19 +197,37 @@ def train(trainer: "Trainer") -> None:
         actions = np.where(u[:, :num_envs] < eps, random_action, greedy)  # [P, E]
 
         result = env.step(actions)
-        if algo.rescale_r:  # DQN 3.0: r_max is the largest |r| seen so far
-            r_max = np.maximum(r_max, np.where(result.valid, np.abs(result.reward), 0.0).max(1))
+        trainer.check_observations(result.obs, step)  # fault injection, non-finite observations
+        r_max = np.maximum(r_max, np.where(result.valid, np.abs(result.reward), 0.0).max(1))
         buffer.add(obs, actions, result.reward, result.obs, result.terminated, result.valid)
         obs = result.obs
         trainer.note(epsilon=eps)
 
         # learn
         if step > algo.learning_starts and step // algo.train_frequency > prev_step // algo.train_frequency:
+            r_scale = torch.as_tensor(r_max, dtype=torch.float32, device=device)  # [P]
             for _ in range(algo.gradient_steps):
+                diagnose = diag.every > 0 and updates % diag.every == 0
                 batch = buffer.sample(trainer.streams.uniform(algo.batch_size))
-                loss, stats = dqn_loss(q_net, target_net, batch, algo, torch.as_tensor(r_max, dtype=torch.float32, device=device))
-                update = pipeline.step(loss, step)
+                trainer.inject_param(q_net, step)
+                loss, stats = dqn_loss(q_net, target_net, batch, algo, r_scale)
+                update = pipeline.step(loss, step, diagnose)
                 trainer.record_update(update, stats)
+                if update.newly_diverged is not None:
+                    for member, cause in trainer.newly_diverged(update.newly_diverged):
+                        trainer.set_divergence(member, *locate(q_net, target_net, batch, member, cause, names, update))
+                if diagnose:
+                    record = instruments(q_net, target_net, batch, algo, r_scale, update, names, diag.dormant_tau)
+                    q_bound = trainer.cfg.divergence.q_bound_factor * (1.0 if algo.rescale_r else r_scale)
+                    trainer.record_instruments(record, step, update.grad_norm_pre_clip, q_abs_max=record["q/abs_max"],
+                                               q_bound=q_bound / max(1.0 - algo.gamma, 1e-12),
+                                               output_layer=f"q.{len(q_net.layers) - 1}")
+                    if diag.histogram_every > 0 and updates % diag.histogram_every == 0:
+                        with torch.no_grad():
+                            hidden = hidden_outputs(q_net, batch.obs)[1]
+                        trainer.log_histograms(step, {f"grad/{n}": p.grad for n, p in zip(names, q_net.parameters())}
+                                               | {f"activation/q.{i}": h for i, h in enumerate(hidden)})
+                updates += 1
                 if target_net is not None and algo.target_update == "soft":
                     soft_update_(target_net, q_net, algo.tau)
         if (

@@ -1,0 +1,196 @@
+"""Instruments: per-member, per-layer statistics of population networks, and divergence location.
+
+Everything here reads parameters, gradients and activations and never writes them. Statistics are
+[P] tensors on the device; the trainer brings a whole record to the host once per log step.
+
+Names (stable, documented in the README) use the network's name and the layer index, e.g.
+``grad_norm/q.0`` for the first linear layer of the Q network; the output layer is the last index.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Deque, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from rlexp.nets import PopMLP, PopWeightNormLinear
+
+Stats = Dict[str, torch.Tensor]  # metric name -> [P]
+
+
+def parameter_names(net: PopMLP, prefix: str) -> List[str]:
+    """Names of ``net.parameters()`` in order: ``q.1.weight``, ``q.1.g``, ``q.0.norm.weight``, ..."""
+    names = []
+    for name, _ in net.named_parameters():
+        kind, index, tensor = name.split(".", 2)
+        names.append(f"{prefix}.{index}.norm.{tensor}" if kind == "norms" else f"{prefix}.{index}.{tensor}")
+    return names
+
+
+def layer_of(parameter_name: str) -> str:
+    """``q.1.weight`` -> ``q.1``."""
+    return ".".join(parameter_name.split(".")[:2])
+
+
+def per_layer(values: torch.Tensor, names: Sequence[str]) -> Dict[str, torch.Tensor]:
+    """Combine per-tensor L2 norms [T, P] into per-layer norms {layer: [P]} (sqrt of sum of squares)."""
+    layers: Dict[str, List[int]] = {}
+    for i, name in enumerate(names):
+        layers.setdefault(layer_of(name), []).append(i)
+    return {layer: values[idx].square().sum(0).sqrt() for layer, idx in layers.items()}
+
+
+def activation_stats(hidden: Sequence[torch.Tensor], prefix: str, tau: float) -> Stats:
+    """Per hidden layer output h [P, B, H]: mean, std, dead fraction (units exactly 0 on the whole
+    batch) and tau-dormant fraction (Sokar et al. 2023: score_i = E|h_i| / mean_k E|h_k| <= tau)."""
+    stats: Stats = {}
+    for i, h in enumerate(hidden):
+        h = h.detach()
+        name = f"{prefix}.{i}"
+        stats[f"act_mean/{name}"] = h.mean((1, 2))
+        stats[f"act_std/{name}"] = h.std((1, 2))
+        stats[f"dead/{name}"] = (h == 0).all(1).float().mean(1)
+        score = h.abs().mean(1)  # [P, H]
+        score = score / score.mean(1, keepdim=True).clamp(min=1e-12)
+        stats[f"dormant/{name}"] = (score <= tau).float().mean(1)
+    return stats
+
+
+def weight_norm_stats(net: PopMLP, prefix: str) -> Stats:
+    """Smallest and largest per-unit ||v|| of each weight-normalized layer (g/||v|| divides by it)."""
+    stats: Stats = {}
+    for i, layer in enumerate(net.layers):
+        if isinstance(layer, PopWeightNormLinear):
+            v_norm = layer.weight.detach().norm(dim=-1)  # [P, out]
+            stats[f"wn_v_min/{prefix}.{i}"] = v_norm.amin(1)
+            stats[f"wn_v_max/{prefix}.{i}"] = v_norm.amax(1)
+    return stats
+
+
+def hidden_outputs(net: PopMLP, x: torch.Tensor) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+    """Forward pass that also returns each hidden layer's output [P, B, H] (after the activation)."""
+    hidden = []
+    for layer, norm, residual in net._hidden:
+        h = layer(x)
+        h = net.act(norm(h) if net.has_norm else h)
+        x = x + h if residual else h
+        hidden.append(x)
+    out = net._output(x)
+    return (out * net.output_scale if net.output_scale != 1.0 else out), hidden
+
+
+class Explosions:
+    """Counts consecutive instrument records on which a member's |Q| or gradient norm is beyond its
+    bound; ``patience`` in a row is an explosion."""
+
+    def __init__(self, members: int, patience: int, device: torch.device) -> None:
+        self.q_strikes = torch.zeros(members, dtype=torch.long, device=device)
+        self.grad_strikes = torch.zeros(members, dtype=torch.long, device=device)
+        self.patience = patience
+
+    def check(self, q_abs_max: torch.Tensor, q_bound: torch.Tensor, grad_norm: torch.Tensor,
+              grad_bound: float) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Update the counts; returns ([P] value explosion, [P] gradient explosion)."""
+        self.q_strikes = torch.where(q_abs_max > q_bound, self.q_strikes + 1, 0)
+        self.grad_strikes = torch.where(grad_norm > grad_bound, self.grad_strikes + 1, 0)
+        return self.q_strikes >= self.patience, self.grad_strikes >= self.patience
+
+
+def locate_nonfinite(
+    net: PopMLP,
+    prefix: str,
+    member: int,
+    x: torch.Tensor,
+    input_name: str,
+) -> Optional[Tuple[str, str, str]]:
+    """Re-run member ``member``'s batch x [B, in] through ``net`` layer by layer.
+
+    Returns (cause, where, detail) for the first non-finite parameter, input, effective weight,
+    linear output, norm output or activation, in forward order; None when everything is finite.
+    """
+    with torch.no_grad():
+        for name, p in zip(parameter_names(net, prefix), net.parameters()):
+            bad = ~torch.isfinite(p[member])
+            if bad.any():
+                return "nonfinite_param", name, f"{int(bad.sum())} of {bad.numel()} values non-finite"
+        if not torch.isfinite(x).all():
+            return "nonfinite_obs", input_name, f"{int((~torch.isfinite(x)).sum())} non-finite input values"
+        h = x.unsqueeze(0)  # [1, B, in]
+        layers = list(net.layers)
+        for i, layer in enumerate(layers):
+            name = f"{prefix}.{i}"
+            weight = layer.effective_weight()[member : member + 1]  # [1, out, in]
+            if not torch.isfinite(weight).all():
+                v_norm = layer.weight[member].norm(dim=-1)
+                return ("nonfinite_loss", f"{name}.weight_norm",
+                        f"g/||v|| is non-finite: smallest per-unit ||v|| = {v_norm.min().item():.3g}")
+            bias = layer.bias[member : member + 1].unsqueeze(1)
+            pre = torch.baddbmm(bias, h, weight.mT)
+            largest = h.abs().max().item()
+            if not torch.isfinite(pre).all():
+                return "nonfinite_loss", f"{name}.linear", f"linear output overflows (largest |input| {largest:.3g})"
+            if i == len(layers) - 1:
+                out = pre * net.output_scale
+                if not torch.isfinite(out).all():
+                    return "nonfinite_loss", f"{name}.output", "output scaling overflows"
+                return None
+            if net.has_norm:
+                norm = net.norms[i]
+                pre = _member_norm(norm, pre, member)
+                if not torch.isfinite(pre).all():
+                    return "nonfinite_loss", f"{name}.norm", "normalization output is non-finite"
+            out = net.act(pre)
+            if not torch.isfinite(out).all():
+                return "nonfinite_loss", f"{name}.activation", "activation output is non-finite"
+            h = h + out if net.residual[i] else out
+    return None
+
+
+def _member_norm(norm: torch.nn.Module, x: torch.Tensor, member: int) -> torch.Tensor:
+    """Apply a population norm layer to one member's activations x [1, B, H], without side effects."""
+    weight, bias = norm.weight[member : member + 1].unsqueeze(1), norm.bias[member : member + 1].unsqueeze(1)
+    if hasattr(norm, "running_mean"):  # batch norm, with the batch's statistics, running ones untouched
+        mean, var = x.mean(1, keepdim=True), x.var(1, unbiased=False, keepdim=True)
+        return (x - mean) * torch.rsqrt(var + norm.eps) * weight + bias
+    return torch.nn.functional.layer_norm(x, x.shape[-1:], eps=norm.eps) * weight + bias
+
+
+def locate_gradient(names: Sequence[str], grads: Sequence[torch.Tensor], member: int) -> Optional[Tuple[str, str]]:
+    """The non-finite gradient closest to the output (where backpropagation produced it first)."""
+    for name, g in reversed(list(zip(names, grads))):
+        bad = ~torch.isfinite(g[member])
+        if bad.any():
+            return name, f"{int(bad.sum())} of {bad.numel()} gradient values non-finite"
+    return None
+
+
+class InstrumentHistory:
+    """The last records of one member's instruments on the host, to say which one moved first."""
+
+    def __init__(self, length: int = 20) -> None:
+        self.records: Deque[Tuple[int, Dict[str, float]]] = deque(maxlen=length)
+
+    def add(self, step: int, record: Dict[str, float]) -> None:
+        """Keep a record only while all its values are finite (the last finite values)."""
+        if record and all(math.isfinite(v) for v in record.values()):
+            self.records.append((step, record))
+
+    def last(self) -> Optional[Dict[str, float]]:
+        return self.records[-1][1] if self.records else None
+
+    def first_moved(self, factor: float = 10.0) -> Optional[Dict[str, object]]:
+        """The instrument whose magnitude first grew ``factor``-fold over its earliest kept value."""
+        if len(self.records) < 2:
+            return None
+        first_step, first = self.records[0]
+        for step, record in list(self.records)[1:]:
+            moved = [(abs(v) / max(abs(first[k]), 1e-12), k) for k, v in record.items()
+                     if k in first and not k.startswith("grad_norm_post/")  # the same as grad_norm/ unclipped
+                     and abs(v) >= factor * max(abs(first[k]), 1e-12) and abs(v) > 1e-6]
+            if moved:
+                ratio, name = max(moved)
+                return {"instrument": name, "step": step, "from": first[name], "to": record[name],
+                        "since_step": first_step}
+        return None
