@@ -1,0 +1,112 @@
+"""The experiment presets and scripts: nan_hunt really diverges and its single changes change one
+thing each; the benchmark script's smoke run writes consistent figures."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+import rlexp.config  # noqa: F401  (registers the schemas)
+from rlexp.build import validate
+from rlexp.trainer import run_job
+
+ROOT = Path(__file__).resolve().parents[1]
+CHANGES = sorted(p.stem for p in (ROOT / "conf" / "nan_hunt_change").glob("*.yaml"))
+# what each single change is expected to alter in the composed config (dotted key -> value)
+EXPECTED = {
+    "none": {},
+    "tanh": {"activation.name": "tanh"},
+    "elu": {"activation.name": "elu", "activation.alpha": 1.0},
+    "clip_global_norm": {"clipping.name": "global_norm", "clipping.max_norm": 1.0},
+    "clip_per_tensor": {"clipping.name": "per_tensor", "clipping.max_norm": 5.0},
+    # (from init=default, whose bias is PyTorch's own (null), to a scheme with a constant bias 0)
+    "init_he": {"init.name": "he", "init.gain": None, "init.bias": 0.0},
+    "init_xavier": {"init.name": "xavier", "init.gain": 1.0, "init.bias": 0.0},
+    "init_orthogonal": {"init.name": "orthogonal", "init.gain": None, "init.bias": 0.0},
+    "wn_eps": {"normalization.eps": 1e-8},
+    "target_network": {"algo.target_network": True},
+    "lr_1e-3": {"optimizer.lr": 1e-3},
+    # (weight norm's own keys go with it)
+    "layer_norm": {"normalization.name": "layer", "normalization.eps": 1e-5, "normalization.g_init": None,
+                   "normalization.output_layer": None},
+}
+
+
+def compose_config(overrides):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def flat(cfg) -> dict:
+    out = {}
+
+    def walk(node, prefix):
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{key}.")
+            else:
+                out[f"{prefix}{key}"] = value
+    walk(OmegaConf.to_container(cfg), "")
+    return out
+
+
+def test_every_change_is_documented_here():
+    assert set(CHANGES) == set(EXPECTED)
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_nan_hunt_change_alters_exactly_its_key(change):
+    base = flat(compose_config(["+experiment=nan_hunt"]))
+    cfg = compose_config(["+experiment=nan_hunt", f"+nan_hunt_change={change}"])
+    validate(cfg)
+    changed = flat(cfg)
+    keys = set(base) | set(changed)
+    diff = {k: changed.get(k) for k in keys if base.get(k, "<absent>") != changed.get(k, "<absent>")}
+    assert diff == EXPECTED[change]
+
+
+def test_nan_hunt_baseline_is_the_documented_setting():
+    cfg = flat(compose_config(["+experiment=nan_hunt"]))
+    assert cfg["normalization.name"] == "weight" and cfg["normalization.eps"] == 0.0
+    assert cfg["regularization.l1"] == 0.005 and cfg["optimizer.name"] == "sgd" and cfg["optimizer.lr"] == 0.01
+    assert cfg["algo.target_network"] is False and cfg["activation.name"] == "relu"
+
+
+def _short(overrides, tmp_path):
+    cfg = compose_config(["+experiment=nan_hunt", *overrides, "total_steps=3000", "num_seeds=2",
+                          "logger.mode=disabled", "logger.progress=off"])
+    return run_job(cfg, tmp_path)
+
+
+def test_nan_hunt_really_diverges_and_is_located(tmp_path):
+    job = _short([], tmp_path)
+    assert job["counts"]["diverged"] == 2
+    for member in job["members"]:
+        div = member["divergence"]
+        assert member["diverged_at_step"] > 1000  # after learning starts (algo.learning_starts)
+        assert div["cause"] in ("nonfinite_loss", "nonfinite_grad", "nonfinite_param")
+        assert div["where"] and div["where"] != "unknown" and div["detail"]
+    assert job["members"][0]["steps"] < 3000  # every member diverged: the job ended early
+
+
+def test_nan_hunt_with_tanh_does_not_diverge(tmp_path):
+    job = _short(["+nan_hunt_change=tanh"], tmp_path)
+    assert job["counts"] == {"ok": 2, "diverged": 0, "crashed": 0}
+
+
+def test_bench_smoke_writes_consistent_figures(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--steps", "1200", "--repeats", "1",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    bench = json.loads(out.read_text())
+    medians = bench["medians_s"]
+    assert set(medians) == {"diagnostics_default", "diagnostics_off"}
+    assert all(v > 0 for v in medians.values())
+    assert bench["ratios"]["diagnostics_overhead"] == pytest.approx(
+        medians["diagnostics_default"] / medians["diagnostics_off"] - 1.0)
+    assert bench["versions"]["torch"] and bench["machine"]["cpus"] >= 1
