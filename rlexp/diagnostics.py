@@ -29,6 +29,15 @@ def parameter_names(net: PopMLP, prefix: str) -> List[str]:
     return names
 
 
+_STAGE = {"weight": 0, "g": 1, "bias": 2, "norm.weight": 3, "norm.bias": 4}
+
+
+def forward_order(name: str) -> tuple[int, int]:
+    """Sort key of a parameter name in the order the forward pass uses it (layer, then stage)."""
+    _, index, tensor = name.split(".", 2)
+    return int(index), _STAGE.get(tensor, 5)
+
+
 def layer_of(parameter_name: str) -> str:
     """``q.1.weight`` -> ``q.1``."""
     return ".".join(parameter_name.split(".")[:2])
@@ -111,7 +120,8 @@ def locate_nonfinite(
     linear output, norm output or activation, in forward order; None when everything is finite.
     """
     with torch.no_grad():
-        for name, p in zip(parameter_names(net, prefix), net.parameters()):
+        named = sorted(zip(parameter_names(net, prefix), net.parameters()), key=lambda item: forward_order(item[0]))
+        for name, p in named:
             bad = ~torch.isfinite(p[member])
             if bad.any():
                 return "nonfinite_param", name, f"{int(bad.sum())} of {bad.numel()} values non-finite"
@@ -159,7 +169,7 @@ def _member_norm(norm: torch.nn.Module, x: torch.Tensor, member: int) -> torch.T
 
 def locate_gradient(names: Sequence[str], grads: Sequence[torch.Tensor], member: int) -> Optional[Tuple[str, str]]:
     """The non-finite gradient closest to the output (where backpropagation produced it first)."""
-    for name, g in reversed(list(zip(names, grads))):
+    for name, g in sorted(zip(names, grads), key=lambda item: forward_order(item[0]), reverse=True):
         bad = ~torch.isfinite(g[member])
         if bad.any():
             return name, f"{int(bad.sum())} of {bad.numel()} gradient values non-finite"

@@ -392,8 +392,6 @@ def test_locate_nonfinite_overflowing_linear_output():
     assert locate_nonfinite(net, "q", 1, x[1], "replay.obs") is None
 
 
-@pytest.mark.xfail(reason="BUG: locate_nonfinite checks parameters in named_parameters order (all linear "
-                          "layers, then all norms), not in forward order as documented", strict=True)
 def test_locate_nonfinite_parameters_in_forward_order_with_layer_norm():
     net = make_net(1, norm=LayerNormConfig(name="layer"))
     with torch.no_grad():
@@ -418,9 +416,6 @@ def test_locate_gradient_returns_the_nonfinite_gradient_nearest_the_output():
     assert locate_gradient(names, grads, 1)[0] == "q.2.bias"
 
 
-@pytest.mark.xfail(reason="BUG: locate_gradient walks named_parameters in reverse, where the norm parameters "
-                          "come after every linear layer, so with layer/batch norm a NaN born at the output "
-                          "layer is reported at the last hidden norm (q.1.norm.bias)", strict=True)
 def test_locate_gradient_nearest_the_output_with_layer_norm():
     net = make_net(2, hidden=(5, 4), norm=LayerNormConfig(name="layer"))
     x = torch.randn(2, 4, OBS, generator=torch.Generator().manual_seed(0))
