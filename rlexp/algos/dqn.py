@@ -218,7 +218,8 @@ def train(trainer: "Trainer") -> None:
                         trainer.set_divergence(member, *locate(q_net, target_net, batch, member, cause, names, update))
                 if diagnose:
                     record = instruments(q_net, target_net, batch, algo, r_scale, update, names, diag.dormant_tau)
-                    q_bound = trainer.cfg.divergence.q_bound_factor * (1.0 if algo.rescale_r else r_scale)
+                    reward_scale = torch.ones_like(r_scale) if algo.rescale_r else r_scale  # [P]
+                    q_bound = trainer.cfg.divergence.q_bound_factor * reward_scale
                     trainer.record_instruments(record, step, update.grad_norm_pre_clip, q_abs_max=record["q/abs_max"],
                                                q_bound=q_bound / max(1.0 - algo.gamma, 1e-12),
                                                output_layer=f"q.{len(q_net.layers) - 1}")
