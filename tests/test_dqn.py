@@ -579,7 +579,7 @@ def _expected_transitions(envrec, P, E):
 def test_training_loop_stores_exactly_the_valid_transitions(recorded_dqn_run):
     job, buf, envrec = recorded_dqn_run
     assert job["status"] == "ok"
-    P, E, O = 2, 2, 4
+    P, E = 2, 2
     assert len(envrec.steps) == 400 // E
     expected = _expected_transitions(envrec, P, E)
     n_invalid = sum(int((~s.valid).sum()) for s in envrec.steps)
