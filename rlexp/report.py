@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import argparse
 import csv
-import io
 import json
 import math
-import os
 import sys
 import time
 from collections import Counter
@@ -26,13 +24,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import yaml
 
+from rlexp.loggers import WANDB_MODES
+
 # settings that never make a cell: seeds and machine/logging knobs (the trainer's own exclusions),
 # Hydra's own keys, and the env (an env id is a task, not a cell)
 IGNORED_KEYS = ("seed", "num_seeds", "device", "threads", "env", "env.id", "schema")
-IGNORED_PREFIXES = ("hydra", "logger.", "logger")
+IGNORED_PREFIXES = ("hydra", "logger")
 GRID_TAIL = ["env", "seed", "member", "status", "final_return", "steps", "episodes", "wall_s",
              "diverged_at_step", "cause", "where", "detail"]
-WANDB_MODES = ("offline", "online", "disabled")
 FIGURES = {
     "heatmap_divergence": "heatmap_divergence.png",
     "heatmap_iqm": "heatmap_iqm.png",
@@ -174,7 +173,7 @@ def load_job(job_dir: Path, root: Path) -> Job:
         members = [s for s in (read_json(d / "summary.json") for d in _member_dirs(job_dir)) if s is not None]
     if summary is None:
         status = "crashed"
-        error = "no summary.json: the job died before writing it (or is still running)"
+        error = "no readable summary.json: the job died before writing it (or is still running)"
         if (job_dir / "error.txt").exists():
             lines = (job_dir / "error.txt").read_text(errors="replace").strip().splitlines()
             error = lines[-1] if lines else error
@@ -456,9 +455,11 @@ def plot_profiles(profiles: Dict[str, np.ndarray], bands: Dict[str, np.ndarray],
     """Performance profiles: fraction of runs with score > tau per cell, with 95% bands."""
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for cell, profile in profiles.items():
-        (line,) = ax.plot(taus, profile, lw=1.5, label=cell)
-        ax.fill_between(taus, bands[cell][0], bands[cell][1], color=line.get_color(), alpha=0.15)
+    colors = plt.get_cmap("tab10" if len(profiles) <= 10 else "tab20").colors
+    for k, (cell, profile) in enumerate(profiles.items()):
+        color = colors[k % len(colors)]
+        ax.plot(taus, profile, lw=1.5, color=color, ls="-" if k < len(colors) else "--", label=cell)
+        ax.fill_between(taus, bands[cell][0], bands[cell][1], color=color, alpha=0.15 if len(profiles) <= 4 else 0.06)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("fraction of runs with score > τ")
     ax.set_ylim(-0.02, 1.02)

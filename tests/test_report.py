@@ -127,7 +127,7 @@ def test_crashed_jobs_and_damage_are_reported(damaged, damaged_report):
     html = (damaged / "report.html").read_text()
     crashed = html.split("<h2>Crashed jobs</h2>")[1]
     assert "RuntimeError: injected crash for the report test" in crashed
-    assert "no summary.json" in crashed and "<td>5</td>" in crashed
+    assert "no readable summary.json" in crashed and "<td>5</td>" in crashed
     assert "<b>6</b> jobs (2 crashed)" in html and "ok 10, diverged 2, crashed 6" in html
     assert "nonfinite_param@q.0.weight" in html
     for name in ("heatmap_divergence", "heatmap_iqm", "performance_profile", "learning_curves"):
