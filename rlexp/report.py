@@ -133,7 +133,6 @@ class Job:
     env: str
     settings: Dict[str, str]  # group choices and overrides, without the ignored keys
     members: List[Dict[str, Any]]
-    has_summary: bool
     cell: str = ""
     project: str = "rlexp"
     entity: Optional[str] = None
@@ -187,7 +186,7 @@ def load_job(job_dir: Path, root: Path) -> Job:
                    for k in range(n)]
         error = error or "status crashed without an error message"
     return Job(job_dir, name, status, None if error is None else str(error), env, settings,
-               [m for m in members if isinstance(m, dict)], summary is not None,
+               [m for m in members if isinstance(m, dict)],
                project=str(logger_cfg.get("project") or "rlexp"), entity=logger_cfg.get("entity"))
 
 
@@ -734,7 +733,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"crashed {c['crashed']}), {len(report.cells)} cells; {report.seconds:.1f} s")
     print(f"wrote {html}, {report.root / 'grid.csv'}" + "".join(f", {p.name}" for p in report.figures.values()))
     if run_dir is not None:
-        print(f"W&B {mode} run: {run_dir}")
+        print(f"W&B run: {run_dir}")
     return 0
 
 
