@@ -149,6 +149,9 @@ def validate(cfg: DictConfig) -> None:
                  f"a member index in [0, {cfg.num_seeds})")
         _require(0 <= inject.step < cfg.total_steps, "debug.inject.step", inject.step,
                  f"an env step in [0, {cfg.total_steps})")
+    crash_at = cfg.debug.crash_at_step
+    _require(crash_at == -1 or 0 <= crash_at < cfg.total_steps, "debug.crash_at_step", crash_at,
+             f"-1 (never) or an env step in [0, {cfg.total_steps})")
     check_env_id(cfg.env.id)
     if cfg.algo.name == "dqn":
         _validate_dqn(cfg)

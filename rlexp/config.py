@@ -216,6 +216,7 @@ class InjectConfig:
 @dataclass
 class DebugConfig:
     inject: InjectConfig = field(default_factory=InjectConfig)
+    crash_at_step: int = -1  # raise a RuntimeError at this env step: tests failure isolation (-1 = never)
 
 
 # ---------------------------------------------------------------- logging, top level
@@ -249,6 +250,7 @@ class Config:
     num_seeds: int = 1  # population size P
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int = 1  # torch intra-op threads; 0 = leave torch's default
+    resume: bool = False  # skip jobs whose dir holds a finished job (else starting there is refused)
 
 
 SCHEMAS: Dict[str, Dict[str, type]] = {

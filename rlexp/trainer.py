@@ -9,7 +9,6 @@ An algorithm (``rlexp.algos``) receives the trainer and reads top to bottom.
 from __future__ import annotations
 
 import gc
-import json
 import time
 import traceback
 from pathlib import Path
@@ -21,10 +20,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlexp.algos import ALGOS
 from rlexp.build import resolve_device, validate
-from rlexp.config import Config
+from rlexp.config import Config, ConfigError
 from rlexp.envs import PopulationEnv
 from rlexp.diagnostics import Explosions, InstrumentHistory
 from rlexp.grad import CAUSES, GradientPipeline, Health, UpdateStats
+from rlexp.jobs import job_summary, record_crash, start_job, write_json
 from rlexp.loggers import ConsoleProgress, MemberLog, open_member_logs, print_summary
 from rlexp.nets import PopMLP, weight_parameters
 from rlexp.streams import MemberStreams, member_generator
@@ -189,9 +189,12 @@ class Trainer:
         """
         per_step = self.env.num_envs
         log_every = self.cfg.logger.log_every
+        crash_at = self.cfg.debug.crash_at_step
         step = 0
         while step < self.cfg.total_steps:
             step += per_step
+            if 0 <= crash_at <= step:  # tests of failure isolation
+                raise RuntimeError(f"debug.crash_at_step={crash_at}: a forced crash at env step {step}")
             yield step
             if step // log_every > (step - per_step) // log_every or step >= self.cfg.total_steps:
                 self._log(step)
@@ -305,28 +308,26 @@ class Trainer:
 
     def _write_job_summary(self, config: Dict[str, Any], error: Optional[str]) -> Dict[str, Any]:
         members = [s for s in self.member_summaries if s is not None]
-        statuses = [m["status"] for m in members]
-        status = "crashed" if error else ("diverged" if "diverged" in statuses else "ok")
-        job = {
-            "status": status,
-            "cell": self.cell,
-            "choices": self.choices,
-            "algo": self.cfg.algo.name,
-            "env": self.cfg.env.id,
-            "seed": self.cfg.seed,
-            "num_seeds": self.members,
-            "total_steps": self.cfg.total_steps,
-            "wall_s": round(time.perf_counter() - self.start_time, 3),
-            "counts": {s: statuses.count(s) for s in ("ok", "diverged", "crashed")},
-            "members": members,
-            "error": error,
-            "config": config,
-        }
-        (self.out_dir / "summary.json").write_text(json.dumps(job, indent=2, default=str) + "\n")
+        job = job_summary(config, self.cell, self.choices, members, time.perf_counter() - self.start_time, error)
+        write_json(self.out_dir / "summary.json", job)
         return job
 
 
 def run_job(cfg: DictConfig, out_dir: Path, cell: str = "default", choices: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-    """Validate the config (ConfigError on a bad value), then train and write the job's outputs."""
-    validate(cfg)
-    return Trainer(cfg, out_dir, cell, choices).fit()
+    """Run one job in ``out_dir`` and return its summary: skip it when it is finished and
+    ``resume`` is set, refuse (ConfigError) when it is finished and ``resume`` is not; validate the
+    config (ConfigError on a bad value), then train. A job that raises leaves a crashed summary."""
+    config = OmegaConf.to_container(cfg, resolve=True)
+    recorded = start_job(out_dir, config, cfg.resume)
+    if recorded is not None:
+        return recorded
+    start = time.perf_counter()
+    try:
+        validate(cfg)
+        trainer = Trainer(cfg, out_dir, cell, choices)
+    except ConfigError:
+        raise  # bad input: refused before any work, nothing recorded
+    except BaseException as exc:
+        record_crash(out_dir, config, cell, choices or {}, exc, time.perf_counter() - start)
+        raise
+    return trainer.fit()

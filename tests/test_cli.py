@@ -413,6 +413,8 @@ def test_experiment_preset_composes_and_applies(preset):
             else:
                 assert cfg[group].name == option
     for key, value in flatten(raw).items():
+        if key.startswith("hydra."):  # the launcher's and sweeper's settings are not in the job's config
+            continue
         assert OmegaConf.to_container(OmegaConf.create({"v": OmegaConf.select(cfg, key)}))["v"] == value, key
 
 
@@ -641,8 +643,11 @@ def test_rerun_into_same_dir_rewrites_metrics(rerun_run):
     first, base = rerun_run
     assert first.returncode == 0, describe(first)
     run_dir = base / "run"
+    (run_dir / "summary.json").unlink()  # as if the first run had been killed before its end
     second = run_cli([*RERUN_OVERRIDES, "seed=7", f"hydra.run.dir={run_dir}"], base)
     assert second.returncode == 0, describe(second)
+    # the first attempt's files are kept aside (a finished run dir is refused: tests/test_grid.py)
+    assert json.loads((run_dir / "attempt_1" / "seed_0" / "summary.json").read_text())["seed"] == 0
     summary = json.loads((run_dir / "seed_0" / "summary.json").read_text())
     assert summary["seed"] == 7  # the second run's
     rows = read_jsonl(run_dir / "seed_0" / "metrics.jsonl")
