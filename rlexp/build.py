@@ -152,24 +152,57 @@ def validate(cfg: DictConfig) -> None:
     crash_at = cfg.debug.crash_at_step
     _require(crash_at == -1 or 0 <= crash_at < cfg.total_steps, "debug.crash_at_step", crash_at,
              f"-1 (never) or an env step in [0, {cfg.total_steps})")
+    for key in ("obs_norm", "reward_norm"):
+        _positive(cfg[key], key, ("clip",))
+    _validate_networks(cfg)
     check_env_id(cfg.env.id)
-    if cfg.algo.name == "dqn":
-        _validate_dqn(cfg)
+    {"dqn": _validate_dqn, "ppo": _validate_actor_critic, "a2c": _validate_actor_critic, "ddpg": _validate_td3,
+     "td3": _validate_td3}[cfg.algo.name](cfg)
     _validate_action_space(cfg)
 
 
-def _validate_dqn(cfg: DictConfig) -> None:
+def _validate_networks(cfg: DictConfig) -> None:
+    """The actor's and critic's overrides name known options and sensible sizes."""
+    for role in ("actor", "critic"):
+        node = cfg[role]
+        for group in ("activation", "init", "normalization"):
+            if node[group] is not None:
+                _choice(node[group], f"{role}.{group}", REGISTRIES[group])
+        if node.hidden is not None:
+            _require(all(h >= 1 for h in node.hidden), f"{role}.hidden", list(node.hidden),
+                     "a list of widths >= 1 (or null for network.hidden)")
+        if node.last_layer_gain is not None:
+            _require(node.last_layer_gain > 0, f"{role}.last_layer_gain", node.last_layer_gain, "a value > 0 (or null)")
+    depth = len(cfg.critic.hidden if cfg.critic.hidden is not None else cfg.network.hidden)
+    _require(0 <= cfg.critic.action_layer <= depth, "critic.action_layer", cfg.critic.action_layer,
+             f"an index in [0, {depth}]: 0 joins the action to the input, k to the k-th hidden layer's output")
+
+
+def _validate_actor_critic(cfg: DictConfig) -> None:
     algo = cfg.algo
-    for k in ("buffer_size", "batch_size", "train_frequency", "gradient_steps", "target_update_period"):
+    for k in ("num_steps", "update_epochs", "num_minibatches"):
         _require(algo[k] >= 1, f"algo.{k}", algo[k], "an integer >= 1")
-    _fraction(algo, "algo", ("gamma", "start_e", "end_e"), closed_high=True)
-    _require(0 < algo.exploration_fraction <= 1, "algo.exploration_fraction", algo.exploration_fraction,
-             "a value in (0, 1]")
+    batch = algo.num_steps * cfg.env.num_envs
+    if algo.num_minibatches > batch:
+        raise ConfigError("algo.num_minibatches", f"{algo.num_minibatches} exceeds the rollout of "
+                          f"{batch} samples (algo.num_steps x env.num_envs)", "lower algo.num_minibatches")
+    _fraction(algo, "algo", ("gamma", "gae_lambda"), closed_high=True)
+    if algo.anneal_steps is not None:
+        _require(algo.anneal_steps >= 1, "algo.anneal_steps", algo.anneal_steps, "an integer >= 1 (or null)")
+    _positive(algo, "algo", ("clip_coef",))
+    _non_negative(algo, "algo", ("ent_coef", "vf_coef"))
+    if batch > cfg.total_steps:
+        raise ConfigError("total_steps", f"{cfg.total_steps} is shorter than one rollout of {batch} steps",
+                          "raise total_steps or lower algo.num_steps")
+
+
+def _validate_replay(cfg: DictConfig, counts: Iterable[str]) -> None:
+    """Checks every replay-based algorithm shares: counts >= 1, gamma, tau, the batch, learning_starts."""
+    algo = cfg.algo
+    for k in ("buffer_size", "batch_size", "train_frequency", "gradient_steps", *counts):
+        _require(algo[k] >= 1, f"algo.{k}", algo[k], "an integer >= 1")
+    _fraction(algo, "algo", ("gamma",), closed_high=True)
     _require(0 < algo.tau <= 1, "algo.tau", algo.tau, "a value in (0, 1]")
-    _choice(algo.target_update, "algo.target_update", ("hard", "soft"))
-    _choice(algo.loss, "algo.loss", ("mse", "huber"))
-    _positive(algo, "algo", ("huber_delta", "r_max"))
-    _non_negative(algo, "algo", ("clip_delta",))
     _require(algo.learning_starts >= 0, "algo.learning_starts", algo.learning_starts, "an integer >= 0")
     if algo.batch_size > algo.buffer_size:
         raise ConfigError("algo.batch_size", f"{algo.batch_size} exceeds algo.buffer_size={algo.buffer_size}",
@@ -178,6 +211,22 @@ def _validate_dqn(cfg: DictConfig) -> None:
         raise ConfigError("algo.learning_starts", f"{algo.learning_starts} >= total_steps={cfg.total_steps}",
                           "lower algo.learning_starts or raise total_steps, or nothing is ever learned")
 
+
+def _validate_td3(cfg: DictConfig) -> None:
+    _validate_replay(cfg, ("policy_delay",))
+    _non_negative(cfg.algo, "algo", ("exploration_noise", "target_noise", "target_noise_clip"))
+
+
+def _validate_dqn(cfg: DictConfig) -> None:
+    _validate_replay(cfg, ("target_update_period",))
+    algo = cfg.algo
+    _fraction(algo, "algo", ("start_e", "end_e"), closed_high=True)
+    _require(0 < algo.exploration_fraction <= 1, "algo.exploration_fraction", algo.exploration_fraction,
+             "a value in (0, 1]")
+    _choice(algo.target_update, "algo.target_update", ("hard", "soft"))
+    _choice(algo.loss, "algo.loss", ("mse", "huber"))
+    _positive(algo, "algo", ("huber_delta", "r_max"))
+    _non_negative(algo, "algo", ("clip_delta",))
 
 def action_kind(space: gym.Space) -> str:
     """'discrete' for Discrete, 'continuous' for Box, else the space's class name."""

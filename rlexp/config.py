@@ -143,6 +143,7 @@ class NetworkConfig:
     hidden: List[int] = field(default_factory=lambda: [64, 64])
     residual: bool = False  # hidden layers of equal width become x + act(norm(fc(x)))
     output_scale: float = 1.0  # the output layer's result is multiplied by this
+    linear_last_hidden: bool = False  # the last hidden layer has no activation (the seed critic's "32 (linear)")
 
 
 @dataclass
@@ -180,6 +181,71 @@ class DQNConfig(AlgoConfig):
     rescale_r: bool = False  # divide rewards by r_max (max |r| seen so far, at least r_max)
     r_max: float = 1.0
     terminal_masking: bool = True  # false: bootstrap through terminations too
+
+
+@dataclass
+class ActorCriticConfig(AlgoConfig):
+    """PPO and A2C (A2C = one epoch over one minibatch, where the clipped ratio is always 1)."""
+
+    num_steps: int = 128  # env steps per environment between updates (the rollout length)
+    gamma: float = 0.99
+    gae_lambda: float = 0.95  # 1.0 = discounted returns bootstrapped at the rollout's end
+    update_epochs: int = 4
+    num_minibatches: int = 4
+    clip_coef: float = 0.2  # surrogate clipping: ratio kept in [1 - clip, 1 + clip]
+    clip_vloss: bool = True  # value loss clipped around the old values by clip_coef
+    norm_adv: bool = True  # advantages normalized per minibatch (per member)
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    anneal_lr: bool = True  # learning rate decays linearly to 0 ...
+    anneal_steps: Optional[int] = None  # ... over this many env steps per member (null = total_steps)
+
+
+@dataclass
+class TD3Config(AlgoConfig):
+    """DDPG and TD3 (DDPG = one critic, no target smoothing, actor updated every step)."""
+
+    buffer_size: int = 200_000  # transitions per member
+    batch_size: int = 256
+    gamma: float = 0.98
+    learning_starts: int = 10_000  # env steps per member of uniform random actions before learning
+    train_frequency: int = 1  # env steps between update phases
+    gradient_steps: int = 1  # critic updates per phase
+    tau: float = 0.005  # EMA target update: target <- (1 - tau) target + tau online (0.001 = the seed's DDPG)
+    exploration_noise: float = 0.1  # Gaussian action noise std, as a fraction of the half action range
+    twin: bool = True  # TD3: two critics, the target takes their minimum
+    policy_delay: int = 2  # TD3: actor and target updates every policy_delay critic updates
+    target_noise: float = 0.2  # TD3 target policy smoothing std (fraction of the half range); 0 = off
+    target_noise_clip: float = 0.5  # ... clipped to +- this (fraction of the half range)
+
+
+@dataclass
+class NetOverrideConfig:
+    """One network of an actor-critic algorithm; every null field falls back to the shared group."""
+
+    activation: Optional[str] = None  # an option of the activation group, with its default parameters
+    init: Optional[str] = None  # an option of the init group
+    normalization: Optional[str] = None  # an option of the normalization group
+    hidden: Optional[List[int]] = None  # network.hidden
+    linear_last_hidden: Optional[bool] = None  # network.linear_last_hidden
+    last_layer_gain: Optional[float] = None  # the output layer's init gain (init.last_layer_gain)
+
+
+@dataclass
+class CriticConfig(NetOverrideConfig):
+    action_layer: int = 0  # DDPG/TD3: the action joins the input (0) or the k-th hidden layer's output (k)
+
+
+@dataclass
+class ObsNormConfig:
+    enabled: bool = False  # (x - mean) / (std + 1e-8) with running statistics per member
+    clip: float = 10.0  # normalized observations are clipped to +- clip
+
+
+@dataclass
+class RewardNormConfig:
+    enabled: bool = False  # rewards divided by the running std of the discounted return, per member
+    clip: float = 10.0  # scaled rewards are clipped to +- clip
 
 
 @dataclass
@@ -242,6 +308,10 @@ class Config:
     env: EnvConfig = MISSING
     divergence: DivergenceConfig = MISSING
     regularization: RegularizationConfig = field(default_factory=RegularizationConfig)
+    actor: NetOverrideConfig = field(default_factory=lambda: NetOverrideConfig(last_layer_gain=0.01))
+    critic: CriticConfig = field(default_factory=lambda: CriticConfig(last_layer_gain=1.0))
+    obs_norm: ObsNormConfig = field(default_factory=ObsNormConfig)
+    reward_norm: RewardNormConfig = field(default_factory=RewardNormConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -296,7 +366,8 @@ SCHEMAS: Dict[str, Dict[str, type]] = {
         "sgd": SGDConfig,
     },
     "network": {"mlp": NetworkConfig},
-    "algo": {"dqn": DQNConfig},
+    "algo": {"dqn": DQNConfig, "ppo": ActorCriticConfig, "a2c": ActorCriticConfig, "ddpg": TD3Config,
+             "td3": TD3Config},
     "env": {"base": EnvConfig},
     "divergence": {"on": DivergenceConfig, "off": DivergenceConfig},
 }

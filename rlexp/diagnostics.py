@@ -15,6 +15,7 @@ from typing import Deque, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from rlexp.grad import UpdateStats
 from rlexp.nets import PopMLP, PopWeightNormLinear
 
 Stats = Dict[str, torch.Tensor]  # metric name -> [P]
@@ -33,9 +34,12 @@ _STAGE = {"weight": 0, "g": 1, "bias": 2, "norm.weight": 3, "norm.bias": 4}
 
 
 def forward_order(name: str) -> tuple[int, int]:
-    """Sort key of a parameter name in the order the forward pass uses it (layer, then stage)."""
-    _, index, tensor = name.split(".", 2)
-    return int(index), _STAGE.get(tensor, 5)
+    """Sort key of a parameter name in the order the forward pass uses it (layer, then stage);
+    a tensor outside the layers (``actor.log_std``) comes after them."""
+    parts = name.split(".", 2)
+    if len(parts) < 3 or not parts[1].isdigit():
+        return 1 << 30, 0
+    return int(parts[1]), _STAGE.get(parts[2], 5)
 
 
 def layer_of(parameter_name: str) -> str:
@@ -78,14 +82,47 @@ def weight_norm_stats(net: PopMLP, prefix: str) -> Stats:
     return stats
 
 
-def hidden_outputs(net: PopMLP, x: torch.Tensor) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+def update_instruments(update: UpdateStats, names: Sequence[str]) -> Stats:
+    """Per-layer gradient norms before and after the processors, parameter norms and update ratios
+    ||delta w|| / ||w|| from a diagnosed update of a pipeline whose tensors are named ``names``."""
+    stats: Stats = {}
+    params = per_layer(update.tensor_param, names)
+    updates = per_layer(update.tensor_update, names)
+    for layer, value in per_layer(update.tensor_grad_pre, names).items():
+        stats[f"grad_norm/{layer}"] = value
+    for layer, value in per_layer(update.tensor_grad_post, names).items():
+        stats[f"grad_norm_post/{layer}"] = value
+    for layer, value in params.items():
+        stats[f"param_norm/{layer}"] = value
+        stats[f"update_ratio/{layer}"] = updates[layer] / value.clamp(min=1e-12)
+    return stats
+
+
+def activity_instruments(
+    net: PopMLP, prefix: str, x: torch.Tensor, tau: float, extra: Optional[torch.Tensor] = None
+) -> Tuple[torch.Tensor, Stats]:
+    """A forward pass of x [P, B, in] that returns the output and the hidden layers' activation
+    statistics with the weight-norm ||v|| extremes (no gradient)."""
+    with torch.no_grad():
+        out, hidden = hidden_outputs(net, x, extra)
+        return out, {**weight_norm_stats(net, prefix), **activation_stats(hidden, prefix, tau)}
+
+
+def hidden_outputs(
+    net: PopMLP, x: torch.Tensor, extra: Optional[torch.Tensor] = None
+) -> Tuple[torch.Tensor, List[torch.Tensor]]:
     """Forward pass that also returns each hidden layer's output [P, B, H] (after the activation)."""
     hidden = []
-    for layer, norm, residual in net._hidden:
+    for i, (layer, norm, residual, activated) in enumerate(net._hidden):
+        if extra is not None and i == net.extra_at:
+            x = torch.cat([x, extra], -1)
         h = layer(x)
-        h = net.act(norm(h) if net.has_norm else h)
+        h = norm(h) if net.has_norm else h
+        h = net.act(h) if activated else h
         x = x + h if residual else h
         hidden.append(x)
+    if extra is not None and net.extra_at == len(net._hidden):
+        x = torch.cat([x, extra], -1)
     out = net._output(x)
     return (out * net.output_scale if net.output_scale != 1.0 else out), hidden
 
@@ -113,8 +150,9 @@ def locate_nonfinite(
     member: int,
     x: torch.Tensor,
     input_name: str,
+    extra: Optional[torch.Tensor] = None,
 ) -> Optional[Tuple[str, str, str]]:
-    """Re-run member ``member``'s batch x [B, in] through ``net`` layer by layer.
+    """Re-run member ``member``'s batch x [B, in] (and extra [B, extra_in]) through ``net`` layer by layer.
 
     Returns (cause, where, detail) for the first non-finite parameter, input, effective weight,
     linear output, norm output or activation, in forward order; None when everything is finite.
@@ -125,12 +163,15 @@ def locate_nonfinite(
             bad = ~torch.isfinite(p[member])
             if bad.any():
                 return "nonfinite_param", name, f"{int(bad.sum())} of {bad.numel()} values non-finite"
-        if not torch.isfinite(x).all():
-            return "nonfinite_obs", input_name, f"{int((~torch.isfinite(x)).sum())} non-finite input values"
+        for value, label in ((x, input_name), (extra, "action")):
+            if value is not None and not torch.isfinite(value).all():
+                return "nonfinite_obs", label, f"{int((~torch.isfinite(value)).sum())} non-finite input values"
         h = x.unsqueeze(0)  # [1, B, in]
         layers = list(net.layers)
         for i, layer in enumerate(layers):
             name = f"{prefix}.{i}"
+            if extra is not None and i == net.extra_at:
+                h = torch.cat([h, extra.unsqueeze(0)], -1)
             weight = layer.effective_weight()[member : member + 1]  # [1, out, in]
             if not torch.isfinite(weight).all():
                 v_norm = layer.weight[member].norm(dim=-1)
@@ -151,7 +192,7 @@ def locate_nonfinite(
                 pre = _member_norm(norm, pre, member)
                 if not torch.isfinite(pre).all():
                     return "nonfinite_loss", f"{name}.norm", "normalization output is non-finite"
-            out = net.act(pre)
+            out = net.act(pre) if net.activated[i] else pre
             if not torch.isfinite(out).all():
                 return "nonfinite_loss", f"{name}.activation", "activation output is non-finite"
             h = h + out if net.residual[i] else out
@@ -174,6 +215,23 @@ def locate_gradient(names: Sequence[str], grads: Sequence[torch.Tensor], member:
         if bad.any():
             return name, f"{int(bad.sum())} of {bad.numel()} gradient values non-finite"
     return None
+
+
+def locate_in_update(
+    cause: str, names: Sequence[str], params: Sequence[torch.Tensor], member: int, update: UpdateStats
+) -> Tuple[str, str, str]:
+    """Where a non-finite update was born once every input and activation is finite: the loss,
+    the gradients (nearest the output first) or the parameters after the optimizer step."""
+    if cause == "nonfinite_loss":
+        return cause, "loss", "every activation is finite; the loss itself overflows"
+    if cause == "nonfinite_grad":
+        found = locate_gradient(names, [p.grad for p in params], member)
+        return (cause, *found) if found is not None else (cause, "gradient", "the gradient norm is non-finite")
+    if update.param_finite_after is not None:
+        bad = (~update.param_finite_after[:, member]).nonzero().flatten().tolist()
+        if bad:
+            return "nonfinite_param", names[bad[0]], "the optimizer step made it non-finite"
+    return cause, "unknown", ""
 
 
 class InstrumentHistory:

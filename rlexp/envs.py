@@ -93,8 +93,10 @@ class PopulationEnv:
         return self._obs(obs)
 
     def step(self, actions: np.ndarray) -> EnvStep:
-        """Step every environment with actions [P, E]; records finished episodes per member."""
-        obs, reward, terminated, truncated, _ = self.vec.step(np.asarray(actions).reshape(-1))
+        """Step every environment with actions [P, E] (or [P, E, A] for Box actions); records
+        finished episodes per member."""
+        actions = np.asarray(actions).reshape(self.members * self.num_envs, *self.action_space.shape)
+        obs, reward, terminated, truncated, _ = self.vec.step(actions)
         shape = (self.members, self.num_envs)
         reward = reward.reshape(shape)
         terminated, truncated = terminated.reshape(shape), truncated.reshape(shape)

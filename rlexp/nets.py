@@ -8,7 +8,7 @@ member k's parameters and inputs alone.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -154,8 +154,10 @@ def scale_gradient(x: torch.Tensor, scale: float) -> torch.Tensor:
 class PopMLP(nn.Module):
     """Population MLP: [P, B, n_in] -> [P, B, n_out].
 
-    Hidden layer: linear (weight-normalized if normalization=weight) -> layer/batch norm -> activation,
-    plus x + (...) when ``network.residual`` and the widths match. Output: linear, times output_scale.
+    Hidden layer: linear (weight-normalized if normalization=weight) -> layer/batch norm -> activation
+    (none on the last hidden layer with ``network.linear_last_hidden``), plus x + (...) when
+    ``network.residual`` and the widths match. Output: linear, times output_scale. A critic's action
+    (``extra``) is concatenated to the input of layer ``extra_at`` (0 = with the observation).
     """
 
     def __init__(
@@ -168,6 +170,8 @@ class PopMLP(nn.Module):
         normalization: NormalizationConfig,
         init: InitConfig,
         generators: List[torch.Generator],
+        extra_in: int = 0,
+        extra_at: int = 0,
     ) -> None:
         super().__init__()
         sizes = [n_in, *network.hidden, n_out]
@@ -175,8 +179,10 @@ class PopMLP(nn.Module):
         self.layers = nn.ModuleList()
         self.norms = nn.ModuleList()
         self.residual: List[bool] = []
+        self.extra_in, self.extra_at = extra_in, extra_at  # a second input joins layer extra_at's input
         for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
             last = i == len(sizes) - 2
+            a = a + extra_in if i == extra_at else a
             if weight_norm and (not last or normalization.output_layer):
                 layer: PopLinear = PopWeightNormLinear(members, a, b, normalization.eps, normalization.g_init)
             else:
@@ -185,9 +191,11 @@ class PopMLP(nn.Module):
             if not last:
                 self.norms.append(NORMALIZATIONS[normalization.name](normalization, members, b))
                 self.residual.append(network.residual and a == b)
+        hidden = len(network.hidden)
+        self.activated = [not (network.linear_last_hidden and i == hidden - 1) for i in range(hidden)]
         self.has_norm = normalization.name in ("layer", "batch")
         # plain lists for the forward pass (slicing a ModuleList on every call is slow)
-        self._hidden = list(zip(self.layers[:-1], self.norms, self.residual))
+        self._hidden = list(zip(self.layers[:-1], self.norms, self.residual, self.activated))
         self._output = self.layers[-1]
         self.act = make_activation(activation)
         self.uses_batch_stats = normalization.name == "batch"  # acting must then run in eval mode
@@ -196,11 +204,17 @@ class PopMLP(nn.Module):
         for i, layer in enumerate(self.layers):
             init_linear(layer.weight, layer.bias, init, gain, generators, last=i == len(self.layers) - 1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer, norm, residual in self._hidden:
+    def forward(self, x: torch.Tensor, extra: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x [P, B, n_in] (and extra [P, B, extra_in] when the network takes one) -> [P, B, n_out]."""
+        for i, (layer, norm, residual, activated) in enumerate(self._hidden):
+            if extra is not None and i == self.extra_at:
+                x = torch.cat([x, extra], -1)
             h = layer.forward(x)
-            h = self.act(norm(h) if self.has_norm else h)
+            h = norm(h) if self.has_norm else h
+            h = self.act(h) if activated else h
             x = x + h if residual else h
+        if extra is not None and self.extra_at == len(self._hidden):
+            x = torch.cat([x, extra], -1)
         out = self._output.forward(x)
         return out * self.output_scale if self.output_scale != 1.0 else out
 

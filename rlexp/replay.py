@@ -12,7 +12,7 @@ import torch
 @dataclass
 class Batch:
     obs: torch.Tensor  # [P, B, obs]
-    actions: torch.Tensor  # [P, B] long
+    actions: torch.Tensor  # [P, B] long (discrete) or [P, B, A] float (continuous)
     rewards: torch.Tensor  # [P, B]
     next_obs: torch.Tensor  # [P, B, obs]
     terminated: torch.Tensor  # [P, B] 1.0 where the episode ended by termination
@@ -22,16 +22,18 @@ class ReplayBuffer:
     """Each member owns ``capacity`` rows, filled in order and overwritten oldest-first.
 
     A row packs (obs, next_obs, action, reward, terminated) as float32, so one step is one write and
-    one minibatch one gather. Invalid rows (autoreset steps) go to a spare row past the end that is
+    one minibatch one gather. ``action_dim`` 0 stores a discrete action index, A > 0 a vector. Invalid rows (autoreset steps) go to a spare row past the end that is
     never sampled.
     """
 
-    def __init__(self, members: int, capacity: int, obs_dim: int, device: torch.device) -> None:
+    def __init__(self, members: int, capacity: int, obs_dim: int, device: torch.device, action_dim: int = 0) -> None:
         self.capacity = capacity
         self.rows = capacity + 1  # + the spare row for invalid transitions
         self.obs_dim = obs_dim
+        self.action_dim = action_dim
+        self._action_width = max(action_dim, 1)
         self.device = device
-        self.data = torch.zeros(members, self.rows, 2 * obs_dim + 3, device=device)  # [P, C+1, F]
+        self.data = torch.zeros(members, self.rows, 2 * obs_dim + self._action_width + 2, device=device)  # [P, C+1, F]
         self.ptr = np.zeros(members, dtype=np.int64)  # next row to write, per member (host)
         self.size = torch.zeros(members, dtype=torch.long, device=device)  # valid rows held
         self._size = np.zeros(members, dtype=np.int64)
@@ -49,7 +51,8 @@ class ReplayBuffer:
         terminated: np.ndarray,
         valid: np.ndarray,
     ) -> None:
-        """Store one step of E environments per member: obs [P, E, obs], the others [P, E].
+        """Store one step of E environments per member: obs [P, E, obs], actions [P, E] or [P, E, A],
+        the others [P, E].
 
         Inputs are host arrays (CPU tensors work too); ``valid`` marks real transitions. On the
         CPU the rows are written through a numpy view of the storage; on a GPU they go over in one
@@ -58,7 +61,8 @@ class ReplayBuffer:
         valid = np.asarray(valid, dtype=bool)
         valid_count = valid.cumsum(1)  # [P, E]
         pos = np.where(valid, (self.ptr[:, None] + valid_count - 1) % self.capacity, self.capacity)
-        rows = np.concatenate([np.asarray(obs), np.asarray(next_obs), np.asarray(actions)[..., None],
+        actions = np.asarray(actions).reshape(*valid.shape, self._action_width)
+        rows = np.concatenate([np.asarray(obs), np.asarray(next_obs), actions,
                                np.asarray(rewards)[..., None], np.asarray(terminated)[..., None]],
                               axis=-1, dtype=np.float32)  # [P, E, F]
         if self._host is not None:
@@ -78,5 +82,6 @@ class ReplayBuffer:
         uniform = torch.as_tensor(uniform, device=self.device)
         idx = (uniform * self.size.unsqueeze(1)).long()  # [P, B]
         rows = self.data[self.member, idx]  # [P, B, F]
-        o = self.obs_dim
-        return Batch(rows[..., :o], rows[..., 2 * o].long(), rows[..., 2 * o + 1], rows[..., o : 2 * o], rows[..., 2 * o + 2])
+        o, a = self.obs_dim, 2 * self.obs_dim + self._action_width
+        actions = rows[..., 2 * o : a] if self.action_dim else rows[..., 2 * o].long()
+        return Batch(rows[..., :o], actions, rows[..., a], rows[..., o : 2 * o], rows[..., a + 1])

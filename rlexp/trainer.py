@@ -8,11 +8,13 @@ An algorithm (``rlexp.algos``) receives the trainer and reads top to bottom.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
+import json
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -20,14 +22,35 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlexp.algos import ALGOS
 from rlexp.build import resolve_device, validate
-from rlexp.config import Config, ConfigError
+from rlexp.config import SCHEMAS, Config, ConfigError
 from rlexp.envs import PopulationEnv
 from rlexp.diagnostics import Explosions, InstrumentHistory
 from rlexp.grad import CAUSES, GradientPipeline, Health, UpdateStats
 from rlexp.jobs import job_summary, record_crash, start_job, write_json
 from rlexp.loggers import ConsoleProgress, MemberLog, open_member_logs, print_summary
 from rlexp.nets import PopMLP, weight_parameters
+from rlexp.normalize import ObsNormalizer, RewardScaler
 from rlexp.streams import MemberStreams, member_generator
+
+
+def network_groups(cfg: Config, role: Optional[str]) -> Tuple[Any, Any, Any, Any]:
+    """(activation, init, normalization, network) configs for a network: the shared groups, with
+    the actor's or critic's overrides (an overriding option takes its default parameters)."""
+    groups = {"activation": cfg.activation, "init": cfg.init, "normalization": cfg.normalization}
+    network = cfg.network
+    if role is not None:
+        override = getattr(cfg, role)
+        for group, shared in groups.items():
+            name = getattr(override, group)
+            if name is not None and name != shared.name:
+                groups[group] = SCHEMAS[group][name](name=name)
+        if override.last_layer_gain is not None:
+            groups["init"] = dataclasses.replace(groups["init"], last_layer_gain=override.last_layer_gain)
+        if override.hidden is not None:
+            network = dataclasses.replace(network, hidden=list(override.hidden))
+        if override.linear_last_hidden is not None:
+            network = dataclasses.replace(network, linear_last_hidden=override.linear_last_hidden)
+    return groups["activation"], groups["init"], groups["normalization"], network
 
 
 class Trainer:
@@ -48,6 +71,8 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.env = PopulationEnv(cfg.env, self.seeds)
         self.streams = MemberStreams(self.seeds)
+        self.obs_norm = ObsNormalizer(cfg.obs_norm, self.members, self.env.obs_dim)
+        self.reward_norm = RewardScaler(cfg.reward_norm, self.members, self.env.num_envs, cfg.algo.gamma)
         self.health = Health(self.members, self.device)
         self._nets_made = 0
         # per-update statistics, summed (means) or maxed on the device, read once per log step
@@ -69,17 +94,24 @@ class Trainer:
         self._injected = False
 
     # ------------------------------------------------------------ for algorithms
-    def make_net(self, n_in: int, n_out: int) -> PopMLP:
-        """A population MLP from the config groups; each member's weights from its own generator."""
+    def make_net(self, n_in: int, n_out: int, role: Optional[str] = None, extra_in: int = 0) -> PopMLP:
+        """A population MLP from the config groups; each member's weights from its own generator.
+
+        ``role`` "actor" or "critic" applies that network's overrides (``actor.activation=...``);
+        a critic takes ``extra_in`` action inputs at layer ``critic.action_layer``.
+        """
         purpose = 10 + self._nets_made  # a distinct stream per network built
         self._nets_made += 1
         generators = [member_generator(s, purpose) for s in self.seeds]
-        c = self.cfg
-        net = PopMLP(self.members, n_in, n_out, c.network, c.activation, c.normalization, c.init, generators)
+        activation, init, normalization, network = network_groups(self.cfg, role)
+        extra_at = self.cfg.critic.action_layer if role == "critic" else 0
+        net = PopMLP(self.members, n_in, n_out, network, activation, normalization, init, generators,
+                     extra_in=extra_in, extra_at=extra_at)
         return net.to(self.device)
 
     def make_pipeline(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> GradientPipeline:
-        """The gradient pipeline (clipping, penalties, divergence checks) for one network."""
+        """The gradient pipeline (clipping, penalties, divergence checks) for one network (or a
+        ModuleList of networks trained by one loss, such as TD3's twin critics)."""
         params = [p for p in net.parameters() if p.requires_grad]
         pipeline = GradientPipeline(params, optimizer, self.cfg.clipping, self.cfg.regularization,
                                     weight_parameters(net), self.health)
@@ -122,6 +154,10 @@ class Trainer:
             return []
         causes = self.health.cause.tolist()
         return [(k, CAUSES[causes[k]]) for k in newly.nonzero().flatten().tolist()]
+
+    def newly_diverged_in(self, update: UpdateStats) -> List[tuple[int, str]]:
+        """(member, cause) for each member a pipeline update just marked diverged."""
+        return [] if update.newly_diverged is None else self.newly_diverged(update.newly_diverged)
 
     def set_divergence(self, member: int, cause: str, where: str, detail: str) -> None:
         """Record where a member's divergence was born (the cause as located, which may refine the
@@ -166,12 +202,22 @@ class Trainer:
         """Remember the latest value of job-wide scalars (epsilon, ...) for the next log record."""
         self._notes.update(scalars)
 
-    def record_update(self, update: UpdateStats, stats: Dict[str, torch.Tensor]) -> None:
-        """Accumulate one update's per-member statistics (all [P]) without leaving the device."""
-        means = {"loss": update.loss, "grad_norm": update.grad_norm_pre_clip,
-                 "grad_norm_post_clip": update.grad_norm_post_clip, **stats}
-        maxes = {"grad_norm_max": update.grad_norm_pre_clip,
-                 **{k: v for k, v in stats.items() if k.endswith("_max")}}
+    def record_update(self, updates: UpdateStats | Dict[str, UpdateStats], stats: Dict[str, torch.Tensor]) -> None:
+        """Accumulate one update's per-member statistics (all [P]) without leaving the device.
+
+        ``updates``: one pipeline's results, or several keyed by a name prefix ({"actor_": ...,
+        "critic_": ...} gives train/actor_loss, train/critic_grad_norm, ...).
+        """
+        if isinstance(updates, UpdateStats):
+            updates = {"": updates}
+        means: Dict[str, torch.Tensor] = {}
+        maxes: Dict[str, torch.Tensor] = {}
+        for prefix, update in updates.items():
+            means.update({f"{prefix}loss": update.loss, f"{prefix}grad_norm": update.grad_norm_pre_clip,
+                          f"{prefix}grad_norm_post_clip": update.grad_norm_post_clip})
+            maxes[f"{prefix}grad_norm_max"] = update.grad_norm_pre_clip
+        means.update(stats)
+        maxes.update({k: v for k, v in stats.items() if k.endswith("_max")})
         mean_values = torch.stack(list(means.values()))  # [K, P]
         max_values = torch.stack(list(maxes.values()))
         if self._sums is None or self._updates == 0:
@@ -273,6 +319,9 @@ class Trainer:
             summary["error"] = error
         self.member_summaries[k] = summary
         self.member_done[k] = True
+        normalization = {"obs": self.obs_norm.state(k), "reward": self.reward_norm.state(k)}
+        if any(normalization.values()):
+            (self.logs[k].dir / "normalization.json").write_text(json.dumps(normalization) + "\n")
         self.logs[k].finish(summary, failed=status == "crashed")
 
     # ------------------------------------------------------------ the job

@@ -32,6 +32,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rlexp.algos import ALGOS
 from rlexp.build import REGISTRIES, validate
 from rlexp.config import SCHEMAS, ConfigError, EnvConfig
 
@@ -352,6 +353,11 @@ def test_every_group_has_options():
 @pytest.mark.parametrize("group,option", ALL_OPTIONS, ids=[f"{g}={o}" for g, o in ALL_OPTIONS])
 def test_every_option_composes_and_validates(group, option):
     cfg = compose_config([f"{group}={option}"])
+    # pair a continuous-action algorithm with a continuous environment, and the other way round
+    if group == "algo" and "discrete" not in ALGOS[option].action_spaces:
+        cfg = compose_config([f"{group}={option}", "env=pendulum"])
+    if group == "env" and not needs_box2d(cfg.env.id) and isinstance(gym.make(cfg.env.id).action_space, gym.spaces.Box):
+        cfg = compose_config([f"{group}={option}", "algo=td3"])
     node = cfg[group]
     if group == "env":
         assert node.id in gym.registry, f"conf/env/{option}.yaml: {node.id} is not a registered gymnasium id"
@@ -392,11 +398,13 @@ def test_box2d_env_without_box2d_names_the_extra():
         assert cfg.env.id in str(err.value)
 
 
-def test_primary_config_lr_applies_to_every_optimizer():
-    """README: the primary config sets optimizer.lr for whichever optimizer is chosen."""
-    primary_lr = OmegaConf.load(CONF / "config.yaml").optimizer.lr
+@pytest.mark.parametrize("algo", options("algo"))
+def test_the_algorithms_lr_applies_to_every_optimizer(algo):
+    """README: each algorithm sets optimizer.lr for whichever optimizer is chosen; the command line wins."""
+    algo_lr = OmegaConf.load(CONF / "algo" / f"{algo}.yaml").optimizer.lr
     for option in options("optimizer"):
-        assert compose_config([f"optimizer={option}"]).optimizer.lr == primary_lr, option
+        assert compose_config([f"algo={algo}", f"optimizer={option}"]).optimizer.lr == algo_lr, option
+    assert compose_config([f"algo={algo}", "optimizer.lr=0.123"]).optimizer.lr == 0.123
 
 
 @pytest.mark.parametrize("preset", sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")))

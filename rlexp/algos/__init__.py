@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Dict, Tuple
 
-from rlexp.algos import dqn
+from rlexp.algos import dqn, ppo, td3
 
 if TYPE_CHECKING:
     from rlexp.trainer import Trainer
@@ -19,4 +19,8 @@ class AlgoSpec:
 
 ALGOS: Dict[str, AlgoSpec] = {
     "dqn": AlgoSpec(dqn.train, ("discrete",)),
+    "ppo": AlgoSpec(ppo.train, ("discrete", "continuous")),
+    "a2c": AlgoSpec(ppo.train, ("discrete", "continuous")),
+    "ddpg": AlgoSpec(td3.train, ("continuous",)),
+    "td3": AlgoSpec(td3.train, ("continuous",)),
 }

@@ -16,6 +16,7 @@ The update (DeepMind's DQN 3.0, per member):
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import TYPE_CHECKING, Dict, Optional
 
 import numpy as np
@@ -24,13 +25,12 @@ import torch.nn.functional as F
 
 from rlexp.config import DQNConfig
 from rlexp.diagnostics import (
-    activation_stats,
+    activity_instruments,
     hidden_outputs,
-    locate_gradient,
+    locate_in_update,
     locate_nonfinite,
     parameter_names,
-    per_layer,
-    weight_norm_stats,
+    update_instruments,
 )
 from rlexp.grad import UpdateStats
 from rlexp.nets import PopMLP, hard_update_, soft_update_
@@ -110,28 +110,17 @@ def instruments(
     tau: float,
 ) -> Dict[str, torch.Tensor]:
     """Per-member, per-layer instrument record ([P] each) after a diagnosed update."""
+    q_all, stats = activity_instruments(q_net, "q", batch.obs, tau)  # [P, B, A]
     with torch.no_grad():
-        q_all, hidden = hidden_outputs(q_net, batch.obs)  # [P, B, A], hidden [P, B, H] each
         q = q_all.gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)  # [P, B]
         td = q - td_target(q_net, target_net, batch, algo, r_max)
-        stats = {"q/mean": q.mean(1), "q/min": q.amin(1), "q/max": q.amax(1),
-                 "q/abs_max": q_all.abs().amax((1, 2)), "td/mean": td.mean(1), "td/std": td.std(1),
-                 "td/abs_max": td.abs().amax(1)}
+        stats.update({"q/mean": q.mean(1), "q/min": q.amin(1), "q/max": q.amax(1),
+                      "q/abs_max": q_all.abs().amax((1, 2)), "td/mean": td.mean(1), "td/std": td.std(1),
+                      "td/abs_max": td.abs().amax(1)})
         if target_net is not None:
             q_target = target_net(batch.obs).gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)
             stats["q/online_target_gap"] = (q - q_target).mean(1)
-        grad_pre = per_layer(update.tensor_grad_pre, names)
-        params = per_layer(update.tensor_param, names)
-        updates = per_layer(update.tensor_update, names)
-        for layer, value in grad_pre.items():
-            stats[f"grad_norm/{layer}"] = value
-        for layer, value in per_layer(update.tensor_grad_post, names).items():
-            stats[f"grad_norm_post/{layer}"] = value
-        for layer, value in params.items():
-            stats[f"param_norm/{layer}"] = value
-            stats[f"update_ratio/{layer}"] = updates[layer] / value.clamp(min=1e-12)
-        stats.update(weight_norm_stats(q_net, "q"))
-        stats.update(activation_stats(hidden, "q", tau))
+    stats.update(update_instruments(update, names))
     return {k: v.float() for k, v in stats.items()}
 
 
@@ -149,19 +138,7 @@ def locate(
         return found
     if not torch.isfinite(batch.rewards[member]).all():
         return "nonfinite_obs", "replay.reward", "non-finite rewards in the batch"
-    if cause == "nonfinite_loss":
-        return cause, "loss", "every activation is finite; the loss itself overflows"
-    if cause == "nonfinite_grad":
-        grads = [p.grad for p in q_net.parameters()]
-        found_grad = locate_gradient(names, grads, member)
-        if found_grad is not None:
-            return cause, found_grad[0], found_grad[1]
-        return cause, "gradient", "the gradient norm is non-finite"
-    if update.param_finite_after is not None:
-        bad = (~update.param_finite_after[:, member]).nonzero().flatten().tolist()
-        if bad:
-            return "nonfinite_param", names[bad[0]], "the optimizer step made it non-finite"
-    return cause, "unknown", ""
+    return locate_in_update(cause, names, list(q_net.parameters()), member, update)
 
 
 def train(trainer: "Trainer") -> None:
@@ -185,21 +162,24 @@ def train(trainer: "Trainer") -> None:
     diag = trainer.cfg.diagnostics
     updates = 0
 
-    obs = env.reset()  # [P, E, obs] numpy, on the host
+    obs = env.reset()  # [P, E, obs] numpy, on the host (raw; obs_norm applies when the network reads it)
+    trainer.obs_norm.update(obs)
     prev_step = 0
     for step in trainer.steps():
         # act: epsilon-greedy, each member from its own stream (decided on the host, where the envs are)
         eps = epsilon(step, algo, trainer.cfg.total_steps)
         u = trainer.streams.uniform(2 * num_envs)  # [P, 2E]
         with torch.no_grad():
-            greedy = q_net(torch.from_numpy(obs).to(device)).argmax(-1).cpu().numpy()  # [P, E]
+            greedy = q_net(torch.from_numpy(trainer.obs_norm(obs)).to(device)).argmax(-1).cpu().numpy()  # [P, E]
         random_action = (u[:, num_envs:] * n_actions).astype(np.int64)
         actions = np.where(u[:, :num_envs] < eps, random_action, greedy)  # [P, E]
 
         result = env.step(actions)
         trainer.check_observations(result.obs, step)  # fault injection, non-finite observations
-        r_max = np.maximum(r_max, np.where(result.valid, np.abs(result.reward), 0.0).max(1))
-        buffer.add(obs, actions, result.reward, result.obs, result.terminated, result.valid)
+        trainer.obs_norm.update(result.obs)
+        reward = trainer.reward_norm(result.reward, result.terminated | result.truncated, result.valid)
+        r_max = np.maximum(r_max, np.where(result.valid, np.abs(reward), 0.0).max(1))
+        buffer.add(obs, actions, reward, result.obs, result.terminated, result.valid)
         obs = result.obs
         trainer.note(epsilon=eps)
 
@@ -209,6 +189,9 @@ def train(trainer: "Trainer") -> None:
             for _ in range(algo.gradient_steps):
                 diagnose = diag.every > 0 and updates % diag.every == 0
                 batch = buffer.sample(trainer.streams.uniform(algo.batch_size))
+                if trainer.obs_norm.enabled:  # stored raw, normalized with the current statistics
+                    batch = dataclasses.replace(batch, obs=trainer.obs_norm.tensor(batch.obs),
+                                                next_obs=trainer.obs_norm.tensor(batch.next_obs))
                 trainer.inject_param(q_net, step)
                 loss, stats = dqn_loss(q_net, target_net, batch, algo, r_scale)
                 update = pipeline.step(loss, step, diagnose)

@@ -1,0 +1,315 @@
+"""PPO and A2C for a population of members, discrete or continuous (Gaussian) actions.
+
+Reads top to bottom: actor and critic networks (separate, each through its own gradient pipeline)
+-> per rollout: ``num_steps`` vector steps of acting (observations normalized and rewards scaled
+when enabled) -> GAE advantages -> ``update_epochs`` passes over ``num_minibatches`` shuffled
+minibatches (each member shuffles with its own stream) -> actor loss (clipped surrogate minus
+entropy bonus) and critic loss (value MSE, optionally clipped). A2C is the same code with one
+epoch over one minibatch: the policy ratio is then 1 and the surrogate's gradient is the plain
+policy gradient.
+
+The losses, per member, over the valid samples of a minibatch (w = 1 for real transitions):
+    ratio = exp(log pi(a|s) - log pi_old(a|s));  A normalized per member when norm_adv
+    policy loss = mean max(-A ratio, -A clip(ratio, 1 - clip_coef, 1 + clip_coef))
+    value loss  = 0.5 mean max((V - R)^2, (V_old + clip(V - V_old, +-clip_coef) - R)^2)  (clip_vloss)
+    actor loss  = policy loss - ent_coef * entropy;  critic loss = vf_coef * value loss
+GAE: delta_t = r_t + gamma (1 - terminated_t) V(s_t+1) - V(s_t);
+     A_t = delta_t + gamma lambda (1 - done_t) A_t+1;  R_t = A_t + V(s_t).
+A truncated episode bootstraps from V(final observation), a terminated one from 0, and the sum
+never crosses an episode's end. gymnasium's NEXT_STEP autoreset makes the step after an episode's
+end a reset with no transition: it is masked out of every loss (and of the statistics).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rlexp.config import ActorCriticConfig
+from rlexp.diagnostics import (
+    activity_instruments,
+    locate_in_update,
+    locate_nonfinite,
+    parameter_names,
+    update_instruments,
+)
+from rlexp.nets import PopMLP
+from rlexp.optim import make_optimizer
+
+if TYPE_CHECKING:
+    from rlexp.trainer import Trainer
+
+LOG_2PI = math.log(2 * math.pi)
+
+
+class Actor(nn.Module):
+    """A population policy: logits [P, B, A] (discrete) or a Gaussian mean [P, B, A] with a
+    state-independent log-std [P, A] (continuous, ``continuous=True``)."""
+
+    def __init__(self, net: PopMLP, members: int, action_dim: int, continuous: bool) -> None:
+        super().__init__()
+        self.net = net
+        self.continuous = continuous
+        self.log_std = nn.Parameter(torch.zeros(members, action_dim, device=net.layers[0].weight.device)) \
+            if continuous else None
+
+    def log_prob_entropy(self, obs: torch.Tensor, actions: torch.Tensor,
+                         out: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """log pi(a|s) and the policy entropy, both [P, B]; ``out`` reuses a forward pass's output."""
+        out = self.net(obs) if out is None else out
+        if self.continuous:
+            log_std = self.log_std.unsqueeze(1)  # [P, 1, A]
+            z = (actions - out) * torch.exp(-log_std)
+            log_prob = (-0.5 * z.square() - log_std - 0.5 * LOG_2PI).sum(-1)
+            entropy = (0.5 + 0.5 * LOG_2PI + log_std).sum(-1).expand_as(log_prob)
+            return log_prob, entropy
+        log_p = F.log_softmax(out, -1)  # [P, B, A]
+        log_prob = log_p.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+        entropy = -(log_p.exp() * log_p).sum(-1)
+        return log_prob, entropy
+
+    def sample(self, out: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+        """Actions from the policy output [P, E, A] and uniform numbers [P, E, A] in [0, 1) (each
+        member's own stream): inverse-CDF sampling, so no global random state is touched."""
+        if self.continuous:
+            normal = torch.special.ndtri(uniform.clamp(1e-7, 1 - 1e-7))
+            return out + torch.exp(self.log_std).unsqueeze(1) * normal
+        cdf = F.softmax(out, -1).cumsum(-1)  # [P, E, A]
+        index = (cdf < uniform[..., :1]).sum(-1)
+        return index.clamp(max=out.shape[-1] - 1)
+
+
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_values: torch.Tensor,
+    terminated: torch.Tensor,
+    dones: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Generalized advantage estimates and returns, all [T, P, E] (see the module docstring)."""
+    advantages = torch.zeros_like(rewards)
+    last = torch.zeros_like(rewards[0])
+    for t in reversed(range(rewards.shape[0])):
+        delta = rewards[t] + gamma * (1.0 - terminated[t]) * next_values[t] - values[t]
+        last = delta + gamma * lam * (1.0 - dones[t]) * last
+        advantages[t] = last
+    return advantages, advantages + values
+
+
+def masked_mean(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Mean over dim 1 of x [P, B] where w [P, B] is 1 -> [P] (0 for a member with no valid sample)."""
+    return (x * w).sum(1) / w.sum(1).clamp(min=1.0)
+
+
+@dataclass
+class Minibatch:
+    obs: torch.Tensor  # [P, M, obs]
+    actions: torch.Tensor  # [P, M] or [P, M, A]
+    log_probs: torch.Tensor  # [P, M] under the policy that acted
+    advantages: torch.Tensor  # [P, M]
+    returns: torch.Tensor  # [P, M]
+    values: torch.Tensor  # [P, M] V(s) when acting
+    valid: torch.Tensor  # [P, M] 1.0 for real transitions
+
+
+def ppo_losses(
+    new_log_prob: torch.Tensor, entropy: torch.Tensor, new_values: torch.Tensor, mb: Minibatch,
+    algo: ActorCriticConfig,
+) -> Dict[str, torch.Tensor]:
+    """Per-member losses and statistics ([P] each) of one minibatch: actor_loss, critic_loss,
+    policy_loss, value_loss, entropy, approx_kl, clipfrac."""
+    w = mb.valid
+    log_ratio = new_log_prob - mb.log_probs
+    ratio = log_ratio.exp()
+    adv = mb.advantages
+    if algo.norm_adv:
+        mean = masked_mean(adv, w).unsqueeze(1)
+        var = masked_mean((adv - mean).square(), w) * (w.sum(1) / (w.sum(1) - 1).clamp(min=1.0))  # unbiased
+        adv = (adv - mean) / (var.sqrt().unsqueeze(1) + 1e-8)
+    clipped_ratio = ratio.clamp(1 - algo.clip_coef, 1 + algo.clip_coef)
+    policy_loss = masked_mean(torch.maximum(-adv * ratio, -adv * clipped_ratio), w)
+    value_error = (new_values - mb.returns).square()
+    if algo.clip_vloss:
+        clipped_values = mb.values + (new_values - mb.values).clamp(-algo.clip_coef, algo.clip_coef)
+        value_error = torch.maximum(value_error, (clipped_values - mb.returns).square())
+    value_loss = 0.5 * masked_mean(value_error, w)
+    mean_entropy = masked_mean(entropy, w)
+    with torch.no_grad():
+        approx_kl = masked_mean((ratio - 1) - log_ratio, w)
+        clipfrac = masked_mean(((ratio - 1).abs() > algo.clip_coef).float(), w)
+    return {"actor_loss": policy_loss - algo.ent_coef * mean_entropy, "critic_loss": algo.vf_coef * value_loss,
+            "policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(),
+            "entropy": mean_entropy.detach(), "approx_kl": approx_kl, "clipfrac": clipfrac}
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """1 - Var(R - V) / Var(R) per member over the valid samples of [P, N] tensors."""
+    def var(x: torch.Tensor) -> torch.Tensor:
+        return masked_mean((x - masked_mean(x, w).unsqueeze(1)).square(), w)
+    return 1.0 - var(returns - values) / var(returns).clamp(min=1e-12)
+
+
+def train(trainer: "Trainer") -> None:
+    """Train a PPO (or A2C) population; the trainer provides envs, streams, pipelines, logging."""
+    algo: ActorCriticConfig = trainer.cfg.algo
+    env, device = trainer.env, trainer.device
+    members, num_envs, obs_dim = env.members, env.num_envs, env.obs_dim
+    continuous = isinstance(env.action_space, gym.spaces.Box)
+    action_dim = int(np.prod(env.action_space.shape)) if continuous else int(env.action_space.n)
+    if continuous:
+        low, high = env.action_space.low.astype(np.float32), env.action_space.high.astype(np.float32)
+
+    actor = Actor(trainer.make_net(obs_dim, action_dim, role="actor"), members, action_dim, continuous)
+    critic = trainer.make_net(obs_dim, 1, role="critic")
+    actor.eval(), critic.eval()  # acting uses running statistics when a network has batch norm
+    actor_opt = make_optimizer(actor.parameters(), trainer.cfg.optimizer)
+    critic_opt = make_optimizer(critic.parameters(), trainer.cfg.optimizer)
+    actor_pipe, critic_pipe = trainer.make_pipeline(actor, actor_opt), trainer.make_pipeline(critic, critic_opt)
+    actor_names = parameter_names(actor.net, "actor") + (["actor.log_std"] if continuous else [])
+    critic_names = parameter_names(critic, "critic")
+    lr = trainer.cfg.optimizer.lr
+    diag = trainer.cfg.diagnostics
+
+    T, E = algo.num_steps, num_envs
+    shape = (T, members, E)
+    store_obs = torch.zeros(*shape, obs_dim, device=device)  # [T, P, E, obs] (normalized, as the nets saw them)
+    store_actions = torch.zeros(*shape, action_dim, device=device) if continuous else \
+        torch.zeros(shape, dtype=torch.long, device=device)
+    log_probs, values, rewards, terminated, dones, valid = (torch.zeros(shape, device=device) for _ in range(6))
+
+    steps_per_rollout = T * E
+    num_updates = max(1, (algo.anneal_steps or trainer.cfg.total_steps) // steps_per_rollout)  # lr schedule
+    r_max = np.ones(members)  # [P] largest |r| seen (after scaling), at least 1: the value bound's scale
+    updates = 0
+    obs = env.reset()  # [P, E, obs] raw, on the host
+    trainer.obs_norm.update(obs)
+    t = 0
+    rollout = 0
+    for step in trainer.steps():
+        # act: sample from the policy, each member from its own stream
+        obs_t = torch.from_numpy(trainer.obs_norm(obs)).to(device)  # [P, E, obs]
+        u = torch.from_numpy(trainer.streams.uniform(E * action_dim).reshape(members, E, action_dim)).float()
+        with torch.no_grad():
+            out = actor.net(obs_t)  # [P, E, A]
+            action = actor.sample(out, u.to(device))
+            log_prob, _ = actor.log_prob_entropy(obs_t, action, out)
+            value = critic(obs_t).squeeze(-1)  # [P, E]
+        env_action = action.cpu().numpy()
+        if continuous:
+            env_action = np.clip(env_action, low, high)
+        result = env.step(env_action)
+        trainer.check_observations(result.obs, step)
+        trainer.obs_norm.update(result.obs)
+        done = result.terminated | result.truncated
+        reward = trainer.reward_norm(result.reward, done, result.valid)
+        r_max = np.maximum(r_max, np.where(result.valid, np.abs(reward), 0.0).max(1))
+        store_obs[t], store_actions[t], log_probs[t], values[t] = obs_t, action, log_prob, value
+        rewards[t] = torch.as_tensor(reward, dtype=torch.float32, device=device)
+        terminated[t] = torch.as_tensor(result.terminated, dtype=torch.float32, device=device)
+        dones[t] = torch.as_tensor(done, dtype=torch.float32, device=device)
+        valid[t] = torch.as_tensor(result.valid, dtype=torch.float32, device=device)
+        obs = result.obs
+        t += 1
+        if t < T:
+            continue
+
+        # learn from the rollout
+        t = 0
+        rollout += 1
+        if algo.anneal_lr:
+            for opt in (actor_opt, critic_opt):
+                for group in opt.param_groups:
+                    group["lr"] = lr * max(0.0, 1.0 - (rollout - 1) / num_updates)
+            trainer.note(lr=lr * max(0.0, 1.0 - (rollout - 1) / num_updates))
+        with torch.no_grad():
+            last_value = critic(torch.from_numpy(trainer.obs_norm(obs)).to(device)).squeeze(-1)  # [P, E]
+            next_values = torch.cat([values[1:], last_value.unsqueeze(0)])
+            advantages, returns = gae(rewards, values, next_values, terminated, dones, algo.gamma, algo.gae_lambda)
+
+        def flat(x: torch.Tensor) -> torch.Tensor:  # [T, P, E, ...] -> [P, T*E, ...]
+            return x.transpose(0, 1).reshape(members, T * E, *x.shape[3:])
+
+        data = Minibatch(flat(store_obs), flat(store_actions), flat(log_probs), flat(advantages), flat(returns),
+                         flat(values), flat(valid))
+        rollout_stats = {"explained_variance": explained_variance(data.values, data.returns, data.valid)}
+        n = T * E
+        size = n // algo.num_minibatches
+        member_index = torch.arange(members, device=device).unsqueeze(1)  # [P, 1]
+        for _ in range(algo.update_epochs):
+            order = torch.from_numpy(np.argsort(trainer.streams.uniform(n), axis=1)).to(device)  # [P, N] per member
+            for start in range(0, size * algo.num_minibatches, size):
+                idx = order[:, start:start + size]
+                mb = Minibatch(*(getattr(data, f)[member_index, idx] for f in Minibatch.__dataclass_fields__))
+                diagnose = diag.every > 0 and updates % diag.every == 0
+                trainer.inject_param(critic, step)  # debug.inject.what=param poisons the critic
+                actor.train(), critic.train()
+                out = actor.net(mb.obs)
+                new_log_prob, entropy = actor.log_prob_entropy(mb.obs, mb.actions, out)
+                new_values = critic(mb.obs).squeeze(-1)
+                actor.eval(), critic.eval()
+                losses = ppo_losses(new_log_prob, entropy, new_values, mb, algo)
+                actor_update = actor_pipe.step(losses["actor_loss"], step, diagnose)
+                critic_update = critic_pipe.step(losses["critic_loss"], step, diagnose)
+                stats = {k: losses[k] for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")}
+                stats.update(rollout_stats)
+                trainer.record_update({"actor_": actor_update, "critic_": critic_update}, stats)
+                for net, names, update, prefix in ((actor, actor_names, actor_update, "actor"),
+                                                   (critic, critic_names, critic_update, "critic")):
+                    for member, cause in trainer.newly_diverged_in(update):
+                        mlp = net.net if net is actor else net
+                        found = locate_nonfinite(mlp, prefix, member, mb.obs[member], "rollout.obs")
+                        trainer.set_divergence(member, *(found or locate_in_update(
+                            cause, names, list(net.parameters()), member, update)))
+                if diagnose:
+                    record = instruments(actor, critic, mb, actor_update, critic_update, actor_names,
+                                         critic_names, diag.dormant_tau, low if continuous else None,
+                                         high if continuous else None)
+                    bound = trainer.cfg.divergence.q_bound_factor * torch.as_tensor(r_max, dtype=torch.float32) \
+                        / max(1.0 - algo.gamma, 1e-12)
+                    trainer.record_instruments(record, step, torch.maximum(actor_update.grad_norm_pre_clip,
+                                                                           critic_update.grad_norm_pre_clip),
+                                               q_abs_max=record["v/abs_max"], q_bound=bound.to(device),
+                                               output_layer=f"critic.{len(critic.layers) - 1}")
+                    if diag.histogram_every > 0 and updates % diag.histogram_every == 0:
+                        trainer.log_histograms(step, {"policy/action": mb.actions.float(), "policy/output": out.detach()}
+                                               | {f"grad/{k}": p.grad for k, p in zip(actor_names, actor.parameters())}
+                                               | {f"grad/{k}": p.grad for k, p in zip(critic_names, critic.parameters())})
+                updates += 1
+
+
+def instruments(
+    actor: Actor, critic: PopMLP, mb: Minibatch, actor_update, critic_update, actor_names: List[str],
+    critic_names: List[str], tau: float, low: Optional[np.ndarray], high: Optional[np.ndarray],
+) -> Dict[str, torch.Tensor]:
+    """Per-member instrument record ([P] each): both networks' layers, the value and the policy's
+    output distribution (entropy, action mean and std; for Box actions the fraction of sampled
+    actions beyond the bounds, which the environment clips)."""
+    out, stats = activity_instruments(actor.net, "actor", mb.obs, tau)
+    v, critic_stats = activity_instruments(critic, "critic", mb.obs, tau)
+    stats.update(critic_stats)
+    stats.update(update_instruments(actor_update, actor_names))
+    stats.update(update_instruments(critic_update, critic_names))
+    with torch.no_grad():
+        v = v.squeeze(-1)
+        stats.update({"v/mean": v.mean(1), "v/min": v.amin(1), "v/max": v.amax(1), "v/abs_max": v.abs().amax(1)})
+        _, entropy = actor.log_prob_entropy(mb.obs, mb.actions, out)
+        stats["policy/entropy"] = entropy.mean(1)
+        if actor.continuous:
+            stats["policy/mean"] = out.mean((1, 2))
+            stats["policy/mean_abs_max"] = out.abs().amax((1, 2))
+            stats["policy/std"] = actor.log_std.exp().mean(1)
+            lo, hi = (torch.as_tensor(b, device=out.device) for b in (low, high))
+            beyond = (mb.actions <= lo) | (mb.actions >= hi)  # [P, M, A]
+            stats["policy/saturated"] = beyond.float().mean((1, 2))
+        else:
+            stats["policy/max_prob"] = F.softmax(out, -1).amax(-1).mean(1)
+    return {k: v.float() for k, v in stats.items()}

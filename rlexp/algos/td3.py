@@ -1,0 +1,220 @@
+"""TD3 and DDPG for a population of members (continuous actions).
+
+Reads top to bottom: actor, critic(s) and their EMA targets -> per step: uniform random actions
+until ``learning_starts``, then the actor's action plus Gaussian noise -> replay -> every
+``train_frequency`` steps ``gradient_steps`` critic updates, and every ``policy_delay``-th of
+them an actor update followed by the EMA target updates.
+
+The actor's output is squashed and scaled to the action bounds (the output scaling layer):
+    mu(s) = center + half_range * tanh(net(s))
+The critic update, per member (no gradient through y):
+    a' = clip(mu_target(s') + clip(noise, +-target_noise_clip), low, high),  noise ~ N(0, target_noise)
+    y  = r + gamma (1 - terminated) min_i Q_target_i(s', a')      (TD3; DDPG: the one critic, no noise)
+    critic loss = sum_i mean (Q_i(s, a) - y)^2
+The actor update: actor loss = -mean Q_1(s, mu(s)) (the critic's parameters get no gradient).
+Targets: theta' <- (1 - tau) theta' + tau theta (tau = 0.001 is the seed's DDPG). Noise scales are
+fractions of the half action range. A truncated episode bootstraps, a terminated one does not.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import TYPE_CHECKING, Dict, List
+
+import numpy as np
+import torch
+from torch import nn
+
+from rlexp.config import TD3Config
+from rlexp.diagnostics import (
+    activity_instruments,
+    locate_in_update,
+    locate_nonfinite,
+    parameter_names,
+    update_instruments,
+)
+from rlexp.grad import UpdateStats
+from rlexp.nets import PopMLP, soft_update_
+from rlexp.optim import make_optimizer
+from rlexp.replay import Batch, ReplayBuffer
+
+if TYPE_CHECKING:
+    from rlexp.trainer import Trainer
+
+
+class ScaledTanh(nn.Module):
+    """Maps network outputs [P, B, A] to the action box: center + half_range * tanh(x)."""
+
+    def __init__(self, low: np.ndarray, high: np.ndarray, device: torch.device) -> None:
+        super().__init__()
+        self.register_buffer("center", torch.as_tensor((high + low) / 2, dtype=torch.float32, device=device))
+        self.register_buffer("half_range", torch.as_tensor((high - low) / 2, dtype=torch.float32, device=device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.center + self.half_range * torch.tanh(x)
+
+
+def normal(uniform: np.ndarray, shape: tuple, device: torch.device) -> torch.Tensor:
+    """Standard normal numbers of ``shape`` from a member's uniform stream [P, n] (inverse CDF)."""
+    u = torch.from_numpy(uniform).float().reshape(shape).clamp(1e-7, 1 - 1e-7)
+    return torch.special.ndtri(u).to(device)
+
+
+def td3_target(
+    actor_target: PopMLP, critic_targets: List[PopMLP], squash: ScaledTanh, batch: Batch, algo: TD3Config,
+    noise: torch.Tensor,
+) -> torch.Tensor:
+    """The bootstrap target y [P, B] from standard normal ``noise`` [P, B, A] (no gradient)."""
+    with torch.no_grad():
+        next_action = squash(actor_target(batch.next_obs))  # [P, B, A]
+        if algo.target_noise > 0:
+            smoothing = (noise * algo.target_noise).clamp(-algo.target_noise_clip, algo.target_noise_clip)
+            low, high = squash.center - squash.half_range, squash.center + squash.half_range
+            next_action = torch.minimum(torch.maximum(next_action + smoothing * squash.half_range, low), high)
+        next_q = torch.stack([c(batch.next_obs, next_action).squeeze(-1) for c in critic_targets]).amin(0)  # [P, B]
+        return batch.rewards + algo.gamma * (1.0 - batch.terminated) * next_q
+
+
+def train(trainer: "Trainer") -> None:
+    """Train a TD3 (or DDPG) population; the trainer provides envs, streams, pipelines, logging."""
+    algo: TD3Config = trainer.cfg.algo
+    env, device = trainer.env, trainer.device
+    members, num_envs, obs_dim = env.members, env.num_envs, env.obs_dim
+    action_dim = int(np.prod(env.action_space.shape))
+    low, high = env.action_space.low.astype(np.float32), env.action_space.high.astype(np.float32)
+    squash = ScaledTanh(low, high, device)
+
+    actor = trainer.make_net(obs_dim, action_dim, role="actor")
+    critics = nn.ModuleList(trainer.make_net(obs_dim, 1, role="critic", extra_in=action_dim)
+                            for _ in range(2 if algo.twin else 1))
+    actor_target, critic_targets = copy.deepcopy(actor), copy.deepcopy(critics)
+    actor_target.requires_grad_(False), critic_targets.requires_grad_(False)
+    for net in (actor, critics, actor_target, critic_targets):
+        net.eval()  # acting and targets use running statistics when a network has batch norm
+    actor_opt = make_optimizer(actor.parameters(), trainer.cfg.optimizer)
+    critic_opt = make_optimizer(critics.parameters(), trainer.cfg.optimizer)
+    actor_pipe, critic_pipe = trainer.make_pipeline(actor, actor_opt), trainer.make_pipeline(critics, critic_opt)
+    critic_prefixes = ["critic", "critic2"][: len(critics)]
+    actor_names = parameter_names(actor, "actor")
+    critic_names = [n for c, prefix in zip(critics, critic_prefixes) for n in parameter_names(c, prefix)]
+    buffer = ReplayBuffer(members, algo.buffer_size, obs_dim, device, action_dim)
+    r_max = np.ones(members)  # [P] largest |r| seen (after scaling), at least 1: the value bound's scale
+    diag = trainer.cfg.diagnostics
+    critic_updates = actor_updates = 0
+    actor_update = None
+
+    obs = env.reset()  # [P, E, obs] raw, on the host
+    trainer.obs_norm.update(obs)
+    prev_step = 0
+    for step in trainer.steps():
+        # act: uniform random actions until learning starts, then mu(s) + Gaussian noise
+        u = trainer.streams.uniform(num_envs * action_dim).reshape(members, num_envs, action_dim)
+        if step <= algo.learning_starts:
+            actions = low + u * (high - low)
+        else:
+            with torch.no_grad():
+                mu = squash(actor(torch.from_numpy(trainer.obs_norm(obs)).to(device))).cpu().numpy()  # [P, E, A]
+            noise = normal(u, u.shape, torch.device("cpu")).numpy() * algo.exploration_noise * (high - low) / 2
+            actions = np.clip(mu + noise, low, high)
+        result = env.step(actions)
+        trainer.check_observations(result.obs, step)
+        trainer.obs_norm.update(result.obs)
+        reward = trainer.reward_norm(result.reward, result.terminated | result.truncated, result.valid)
+        r_max = np.maximum(r_max, np.where(result.valid, np.abs(reward), 0.0).max(1))
+        buffer.add(obs, actions, reward, result.obs, result.terminated, result.valid)
+        obs = result.obs
+
+        # learn
+        if step <= algo.learning_starts or step // algo.train_frequency == prev_step // algo.train_frequency:
+            prev_step = step
+            continue
+        prev_step = step
+        for _ in range(algo.gradient_steps):
+            batch = buffer.sample(trainer.streams.uniform(algo.batch_size))  # [P, B, ...]
+            if trainer.obs_norm.enabled:  # stored raw, normalized with the current statistics
+                batch = dataclasses.replace(batch, obs=trainer.obs_norm.tensor(batch.obs),
+                                            next_obs=trainer.obs_norm.tensor(batch.next_obs))
+            update_actor = (critic_updates + 1) % algo.policy_delay == 0
+            diagnose = update_actor and diag.every > 0 and actor_updates % diag.every == 0
+            trainer.inject_param(critics[0], step)  # debug.inject.what=param poisons the critic
+            noise = normal(trainer.streams.uniform(algo.batch_size * action_dim),
+                           (members, algo.batch_size, action_dim), device)
+            target = td3_target(actor_target, list(critic_targets), squash, batch, algo, noise)  # [P, B]
+            critics.train()
+            q_pred = [c(batch.obs, batch.actions).squeeze(-1) for c in critics]  # each [P, B]
+            critics.eval()
+            critic_loss = sum((q - target).square().mean(1) for q in q_pred)  # [P]
+            critic_update = critic_pipe.step(critic_loss, step, diagnose)
+            critic_updates += 1
+            for member, cause in trainer.newly_diverged_in(critic_update):
+                found = next(filter(None, (locate_nonfinite(c, prefix, member, batch.obs[member], "replay.obs",
+                                                            batch.actions[member])
+                                           for c, prefix in zip(critics, critic_prefixes))), None)
+                trainer.set_divergence(member, *(found or locate_in_update(
+                    cause, critic_names, list(critics.parameters()), member, critic_update)))
+            if not update_actor:
+                continue
+
+            critics.requires_grad_(False)  # the actor's loss moves the actor only
+            actor.train()
+            actor_loss = -critics[0](batch.obs, squash(actor(batch.obs))).squeeze(-1).mean(1)  # [P]
+            actor.eval()
+            critics.requires_grad_(True)
+            actor_update = actor_pipe.step(actor_loss, step, diagnose)
+            histogram = diagnose and diag.histogram_every > 0 and actor_updates % diag.histogram_every == 0
+            actor_updates += 1
+            for member, cause in trainer.newly_diverged_in(actor_update):
+                found = locate_nonfinite(actor, "actor", member, batch.obs[member], "replay.obs")
+                trainer.set_divergence(member, *(found or locate_in_update(
+                    cause, actor_names, list(actor.parameters()), member, actor_update)))
+            soft_update_(actor_target, actor, algo.tau)
+            soft_update_(critic_targets, critics, algo.tau)
+            q_detached = q_pred[0].detach()
+            trainer.record_update({"actor_": actor_update, "critic_": critic_update},
+                                  {"q_mean": q_detached.mean(1), "q_max": q_detached.amax(1),
+                                   "td_abs_mean": (q_detached - target).abs().mean(1)})
+            if diagnose:
+                record = instruments(actor, critics, critic_targets, squash, batch, target, actor_update,
+                                     critic_update, actor_names, critic_names, critic_prefixes, diag.dormant_tau)
+                bound = trainer.cfg.divergence.q_bound_factor * torch.as_tensor(r_max, dtype=torch.float32) \
+                    / max(1.0 - algo.gamma, 1e-12)
+                trainer.record_instruments(record, step, torch.maximum(actor_update.grad_norm_pre_clip,
+                                                                       critic_update.grad_norm_pre_clip),
+                                           q_abs_max=record["q/abs_max"], q_bound=bound.to(device),
+                                           output_layer=f"critic.{len(critics[0].layers) - 1}")
+                if histogram:
+                    with torch.no_grad():
+                        trainer.log_histograms(step, {"policy/action": squash(actor(batch.obs)),
+                                                      "policy/pre_tanh": actor(batch.obs)}
+                                               | {f"grad/{k}": p.grad for k, p in zip(actor_names, actor.parameters())})
+
+
+def instruments(
+    actor: PopMLP, critics: nn.ModuleList, critic_targets: nn.ModuleList, squash: ScaledTanh, batch: Batch,
+    target: torch.Tensor, actor_update: UpdateStats, critic_update: UpdateStats, actor_names: List[str],
+    critic_names: List[str], critic_prefixes: List[str], tau: float,
+) -> Dict[str, torch.Tensor]:
+    """Per-member instrument record ([P] each): actor and critic layers, Q and TD-error statistics,
+    the online - target gap, and the actor's output distribution (mean, std, and the fraction
+    saturated: |tanh| > 0.99, where the squashing's gradient has all but vanished)."""
+    pre_tanh, stats = activity_instruments(actor, "actor", batch.obs, tau)
+    q_all = []
+    for critic, prefix in zip(critics, critic_prefixes):
+        q, critic_stats = activity_instruments(critic, prefix, batch.obs, tau, batch.actions)
+        stats.update(critic_stats)
+        q_all.append(q.squeeze(-1))
+    stats.update(update_instruments(actor_update, actor_names))
+    stats.update(update_instruments(critic_update, critic_names))
+    with torch.no_grad():
+        q = q_all[0]  # [P, B]
+        td = q - target
+        stats.update({"q/mean": q.mean(1), "q/min": q.amin(1), "q/max": q.amax(1),
+                      "q/abs_max": torch.stack(q_all).abs().amax((0, 2)), "td/mean": td.mean(1),
+                      "td/std": td.std(1), "td/abs_max": td.abs().amax(1)})
+        stats["q/online_target_gap"] = (q - critic_targets[0](batch.obs, batch.actions).squeeze(-1)).mean(1)
+        squashed = torch.tanh(pre_tanh)  # [P, B, A]
+        stats["policy/mean"] = squashed.mean((1, 2))
+        stats["policy/std"] = squashed.std(1).mean(1)
+        stats["policy/saturated"] = (squashed.abs() > 0.99).float().mean((1, 2))
+    return {k: v.float() for k, v in stats.items()}
