@@ -2,6 +2,8 @@
 
     python scripts/learning_check.py                       # defaults: DQN CartPole 50k, 10 seeds
     python scripts/learning_check.py --preset cleanrl_dqn  # CleanRL's settings, 500k steps
+    python scripts/learning_check.py --preset cleanrl_ppo  # PPO, CleanRL's settings, 100k steps
+    python scripts/learning_check.py --preset td3_pendulum # TD3 on Pendulum-v1, 20k steps, >= -250
     python scripts/learning_check.py --overrides activation=tanh init=he
 
 Two criteria, both reported: "reach" — the mean return of the member's last 10 episodes is
@@ -21,9 +23,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PRESETS = {  # name -> (overrides, deciding criterion)
-    "default": ([], "reach"),
-    "cleanrl_dqn": (["+experiment=cleanrl_dqn"], "final"),
+PRESETS = {  # name -> (overrides, deciding criterion, threshold)
+    "default": ([], "reach", 475.0),
+    "cleanrl_dqn": (["+experiment=cleanrl_dqn"], "final", 475.0),
+    "cleanrl_ppo": (["+experiment=cleanrl_ppo"], "reach", 475.0),
+    "zoo_ppo": (["+experiment=zoo_ppo"], "reach", 475.0),
+    "td3_pendulum": (["+experiment=td3_pendulum"], "final", -250.0),
 }
 
 
@@ -41,7 +46,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
     parser.add_argument("--seeds", type=int, default=10, help="population size (seeds 0..N-1)")
-    parser.add_argument("--threshold", type=float, default=475.0, help="final return a member must reach")
+    parser.add_argument("--threshold", type=float, help="return a member must reach (default: the preset's)")
     parser.add_argument("--min-pass", type=int, default=8, help="members that must pass")
     parser.add_argument("--criterion", choices=["reach", "final"], help="default: the preset's")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "learning_check")
@@ -49,8 +54,9 @@ def main() -> int:
     args = parser.parse_args()
 
     run_dir = args.out / f"{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
-    overrides, criterion = PRESETS[args.preset]
+    overrides, criterion, threshold = PRESETS[args.preset]
     criterion = args.criterion or criterion
+    args.threshold = threshold if args.threshold is None else args.threshold
     command = [sys.executable, "-m", "rlexp.train", *overrides, *args.overrides,
                f"num_seeds={args.seeds}", "logger.mode=disabled", f"hydra.run.dir={run_dir}"]
     print(" ".join(command), flush=True)

@@ -1,4 +1,4 @@
-"""Learning checks (slow): populations of 10 seeds must learn CartPole-v1.
+"""Learning checks (slow): populations of 10 seeds must learn CartPole-v1 (DQN, PPO) and Pendulum-v1 (TD3).
 
 Run with ``python -m pytest -m slow``; each test drives scripts/learning_check.py, which exits
 non-zero when fewer than 8 of 10 members pass.
@@ -34,4 +34,17 @@ def test_default_dqn_reaches_475_within_50k_steps(tmp_path):
 @pytest.mark.slow
 def test_cleanrl_settings_reach_475_at_500k_steps(tmp_path):
     result = _check(tmp_path, "cleanrl_dqn")
+    assert result["passed_final"] >= 8
+
+
+@pytest.mark.slow
+def test_ppo_reaches_475_within_100k_steps(tmp_path):
+    result = _check(tmp_path, "zoo_ppo")
+    assert result["passed_reach"] >= 8
+    assert all(s is None or s <= 100_000 for s in result["first_reach_step"])
+
+
+@pytest.mark.slow
+def test_td3_pendulum_ends_above_minus_250_within_20k_steps(tmp_path):
+    result = _check(tmp_path, "td3_pendulum")
     assert result["passed_final"] >= 8
