@@ -92,6 +92,7 @@ class Trainer:
         self.explosions = Explosions(self.members, cfg.divergence.patience, self.device)
         self.divergence: Dict[int, Dict[str, Any]] = {}  # member -> {cause, where, detail}
         self._injected = False
+        self.first_step_time: Optional[float] = None
 
     # ------------------------------------------------------------ for algorithms
     def make_net(self, n_in: int, n_out: int, role: Optional[str] = None, extra_in: int = 0) -> PopMLP:
@@ -237,6 +238,7 @@ class Trainer:
         log_every = self.cfg.logger.log_every
         crash_at = self.cfg.debug.crash_at_step
         step = 0
+        self.first_step_time = time.time()
         while step < self.cfg.total_steps:
             step += per_step
             if 0 <= crash_at <= step:  # tests of failure isolation
@@ -358,6 +360,7 @@ class Trainer:
     def _write_job_summary(self, config: Dict[str, Any], error: Optional[str]) -> Dict[str, Any]:
         members = [s for s in self.member_summaries if s is not None]
         job = job_summary(config, self.cell, self.choices, members, time.perf_counter() - self.start_time, error)
+        job["first_step_time"] = self.first_step_time  # unix time of the first env step (start-up benchmarks)
         write_json(self.out_dir / "summary.json", job)
         return job
 

@@ -937,6 +937,24 @@ def test_stacked_optimizer_equals_one_torch_optimizer_per_member(case):
             torch.testing.assert_close(s[p], members[p][i])
 
 
+@pytest.mark.parametrize("name", ["adam", "adamw"])
+def test_fused_adam_is_bitwise_torchs_fused_adam_and_follows_lr_changes(name):
+    gen = torch.Generator().manual_seed(1)
+    ours = [torch.nn.Parameter(torch.randn(3, 4, 5, generator=gen)), torch.nn.Parameter(torch.randn(3, 4, generator=gen))]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    opt = make_optimizer(ours, AdamConfig(name=name, lr=0.01, weight_decay=0.01))
+    ref = (torch.optim.AdamW if name == "adamw" else torch.optim.Adam)(theirs, lr=0.01, weight_decay=0.01, fused=True)
+    for i in range(4):
+        for a, b in zip(ours, theirs):
+            a.grad = torch.randn(a.shape, generator=gen)
+            b.grad = a.grad.clone()
+        if i == 2:  # a schedule changes the learning rate between steps
+            opt.param_groups[0]["lr"] = ref.param_groups[0]["lr"] = 0.002
+        opt.step()
+        ref.step()
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
 def tf1_rmsprop(p0, grads, lr, decay, momentum, epsilon, weight_decay=0.0):
     """tf.compat.v1.train.RMSPropOptimizer (non-centered), written out."""
     p = p0.clone()

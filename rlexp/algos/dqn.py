@@ -169,10 +169,12 @@ def train(trainer: "Trainer") -> None:
         # act: epsilon-greedy, each member from its own stream (decided on the host, where the envs are)
         eps = epsilon(step, algo, trainer.cfg.total_steps)
         u = trainer.streams.uniform(2 * num_envs)  # [P, 2E]
-        with torch.no_grad():
-            greedy = q_net(torch.from_numpy(trainer.obs_norm(obs)).to(device)).argmax(-1).cpu().numpy()  # [P, E]
-        random_action = (u[:, num_envs:] * n_actions).astype(np.int64)
-        actions = np.where(u[:, :num_envs] < eps, random_action, greedy)  # [P, E]
+        explore = u[:, :num_envs] < eps
+        actions = (u[:, num_envs:] * n_actions).astype(np.int64)  # [P, E] the random actions
+        if not explore.all():  # the greedy actions, unless no environment uses one this step
+            with torch.no_grad():
+                greedy = q_net(torch.from_numpy(trainer.obs_norm(obs)).to(device)).argmax(-1).cpu().numpy()
+            actions = np.where(explore, actions, greedy)  # [P, E]
 
         result = env.step(actions)
         trainer.check_observations(result.obs, step)  # fault injection, non-finite observations
