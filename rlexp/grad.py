@@ -35,34 +35,40 @@ def tensor_norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def member_norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Joint L2 norm of a list of [P, ...] tensors, per member: [P] (float64)."""
-    return tensor_norms(tensors).norm(dim=0)
+    """Joint L2 norm of a list of [P, ...] tensors, per member: [P] (float64), in one reduction."""
+    flat = torch.cat([t.reshape(t.shape[0], -1) for t in tensors], 1)  # [P, N]
+    return torch.linalg.vector_norm(flat, dim=1, dtype=torch.float64)
 
 
 # ---------------------------------------------------------------- processors (clipping)
-# Each takes (params, grads, cfg) and rewrites grads in place.
-Processor = Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor], ClippingConfig], None]
+# Each takes (params, grads, cfg, norm) and rewrites grads in place; ``norm`` is the members' joint
+# gradient norm [P] when the caller has it already (None: computed where needed).
+Processor = Callable[..., None]
 
 
-def clip_none(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig) -> None:
+def clip_none(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig,
+              norm: Optional[torch.Tensor] = None) -> None:
     """Leave gradients as they are."""
 
 
-def clip_global_norm(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig) -> None:
+def clip_global_norm(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig,
+                     norm: Optional[torch.Tensor] = None) -> None:
     """Scale each member's gradients by min(1, max_norm / (||g||_member + 1e-6)) (clip_grad_norm_)."""
-    scale = (cfg.max_norm / (member_norms(grads) + 1e-6)).clamp(max=1.0)  # [P]
-    for g in grads:
-        g.mul_(_member_view(scale, g))
+    norm = member_norms(grads) if norm is None else norm
+    scale = (cfg.max_norm / (norm + 1e-6)).clamp(max=1.0).to(grads[0].dtype)  # [P]
+    torch._foreach_mul_(grads, [_member_view(scale, g) for g in grads])
 
 
-def clip_per_tensor(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig) -> None:
+def clip_per_tensor(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig,
+                    norm: Optional[torch.Tensor] = None) -> None:
     """TF clip_by_norm on each tensor and member: g * max_norm / max(||g||, max_norm)."""
     for g in grads:
         norm = g.flatten(1).norm(dim=1)  # [P]
         g.mul_(_member_view(cfg.max_norm / torch.clamp(norm, min=cfg.max_norm), g))
 
 
-def clip_value(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig) -> None:
+def clip_value(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig,
+               norm: Optional[torch.Tensor] = None) -> None:
     """Clamp every gradient element to +-clip_value."""
     for g in grads:
         g.clamp_(-cfg.clip_value, cfg.clip_value)
@@ -76,7 +82,8 @@ def unitwise_norm(x: torch.Tensor) -> torch.Tensor:
     return x.norm(dim=-1, keepdim=True)
 
 
-def clip_agc(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig) -> None:
+def clip_agc(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig,
+             norm: Optional[torch.Tensor] = None) -> None:
     """Adaptive gradient clipping (Brock et al. 2021): where ||G_i|| > lambda * max(||W_i||, eps),
     scale G_i to that norm; unit-wise, per member."""
     for p, g in zip(params, grads):
@@ -154,6 +161,8 @@ class GradientPipeline:
         self.penalized = weights if regularization.weights_only else params
         # called with (grads, env_step) between backward and the processors (fault injection)
         self.after_backward: Optional[Callable[[List[torch.Tensor], int], None]] = None
+        self._before = [torch.empty_like(p) for p in params]  # the parameters before a step
+        self._on_cpu = not params[0].is_cuda
 
     def penalty(self) -> torch.Tensor:
         """L1/L2 penalty per member: l1 * sum|w| + l2 * sum w^2 over the penalized tensors -> [P]."""
@@ -185,25 +194,31 @@ class GradientPipeline:
             p.grad = g
         if self.after_backward is not None:
             self.after_backward(grads, env_step)
-        tensor_pre = tensor_norms(grads)  # [T, P]
-        self.clip(self.params, grads, self.clipping)
-        tensor_post = tensor_pre if self.clipping.name == "none" else tensor_norms(grads)
-        stats = UpdateStats(loss.detach(), tensor_pre.norm(dim=0), tensor_post.norm(dim=0))
-        if diagnose:
-            stats.tensor_grad_pre, stats.tensor_grad_post = tensor_pre, tensor_post
+        clipped = self.clipping.name != "none"
+        if diagnose:  # per-tensor norms [T, P] for the instruments
+            tensor_pre = tensor_norms(grads)
+            self.clip(self.params, grads, self.clipping, tensor_pre.norm(dim=0))
+            tensor_post = tensor_norms(grads) if clipped else tensor_pre
+            stats = UpdateStats(loss.detach(), tensor_pre.norm(dim=0), tensor_post.norm(dim=0),
+                                tensor_grad_pre=tensor_pre, tensor_grad_post=tensor_post)
+        else:  # the members' joint norms [P] only
+            norm_pre = member_norms(grads)
+            self.clip(self.params, grads, self.clipping, norm_pre)
+            stats = UpdateStats(loss.detach(), norm_pre, member_norms(grads) if clipped else norm_pre)
 
         loss_ok = torch.isfinite(stats.loss)
         grad_ok = torch.isfinite(stats.grad_norm_pre_clip)
         ok = self.health.alive & loss_ok & grad_ok  # [P] members allowed to update
         with torch.no_grad():
-            before = [p.clone() for p in self.params]  # to restore frozen or failing members
+            before = self._before  # to restore frozen or failing members
+            torch._foreach_copy_(before, self.params)
             self.optimizer.step()
             if diagnose:
                 stats.tensor_param = tensor_norms(self.params)
                 stats.tensor_update = tensor_norms([p - old for p, old in zip(self.params, before)])
             # CPU fast path (a host check is free there): every member updated and stayed finite
-            if (not self.params[0].is_cuda and bool(ok.all())
-                    and bool(torch.stack(torch._foreach_norm(self.params)).isfinite().all())):
+            if (self._on_cpu and bool(ok.all())
+                    and bool(torch.cat([p.view(-1) for p in self.params]).isfinite().all())):
                 return stats
             # otherwise (and always on a GPU, so the host is never asked): restore every member
             # that may not change, on the device, and mark the new divergences

@@ -35,9 +35,7 @@ class ReplayBuffer:
         self.device = device
         self.data = torch.zeros(members, self.rows, 2 * obs_dim + self._action_width + 2, device=device)  # [P, C+1, F]
         self.ptr = np.zeros(members, dtype=np.int64)  # next row to write, per member (host)
-        self.size = torch.zeros(members, dtype=torch.long, device=device)  # valid rows held
-        self._size = np.zeros(members, dtype=np.int64)
-        self.member = torch.arange(members, device=device).unsqueeze(1)  # [P, 1]
+        self.size = np.zeros(members, dtype=np.int64)  # valid rows held, per member (host)
         self._row_base = np.arange(members)[:, None] * self.rows  # [P, 1]
         self._member_np = np.arange(members)[:, None]  # [P, 1]
         self._host = self.data.numpy() if self.data.device.type == "cpu" else None  # shares memory
@@ -73,15 +71,16 @@ class ReplayBuffer:
             self.data.view(-1, self.data.shape[-1]).index_copy_(0, flat, rows)
         added = valid_count[:, -1]
         self.ptr = (self.ptr + added) % self.capacity
-        if (self._size < self.capacity).any():  # the size stops changing once the memory is full
-            self._size = np.minimum(self._size + added, self.capacity)
-            self.size = torch.from_numpy(self._size).to(self.device)
+        if (self.size < self.capacity).any():  # the size stops changing once the memory is full
+            self.size = np.minimum(self.size + added, self.capacity)
 
     def sample(self, uniform: Union[np.ndarray, torch.Tensor]) -> Batch:
         """A minibatch per member from uniform numbers [P, B] in [0, 1): row = floor(u * size)."""
-        uniform = torch.as_tensor(uniform, device=self.device)
-        idx = (uniform * self.size.unsqueeze(1)).long()  # [P, B]
-        rows = self.data[self.member, idx]  # [P, B, F]
+        if isinstance(uniform, torch.Tensor):
+            uniform = uniform.cpu().numpy()
+        idx = (uniform * self.size[:, None]).astype(np.int64)  # [P, B] row within each member's memory
+        flat = torch.from_numpy((self._row_base + idx).reshape(-1)).to(self.device)  # [P * B] row of data
+        rows = self.data.view(-1, self.data.shape[-1]).index_select(0, flat).view(*idx.shape, -1)  # [P, B, F]
         o, a = self.obs_dim, 2 * self.obs_dim + self._action_width
         actions = rows[..., 2 * o : a] if self.action_dim else rows[..., 2 * o].long()
         return Batch(rows[..., :o], actions, rows[..., a], rows[..., o : 2 * o], rows[..., a + 1])

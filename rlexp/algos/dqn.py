@@ -150,6 +150,7 @@ def train(trainer: "Trainer") -> None:
 
     q_net = trainer.make_net(env.obs_dim, n_actions)
     q_net.eval()  # acting uses running statistics when the network has batch norm
+    q_values = q_net.inference()  # acting: the same forward, no gradient, less overhead per call
     target_net = None
     if algo.target_network:
         target_net = copy.deepcopy(q_net)
@@ -172,8 +173,7 @@ def train(trainer: "Trainer") -> None:
         explore = u[:, :num_envs] < eps
         actions = (u[:, num_envs:] * n_actions).astype(np.int64)  # [P, E] the random actions
         if not explore.all():  # the greedy actions, unless no environment uses one this step
-            with torch.no_grad():
-                greedy = q_net(torch.from_numpy(trainer.obs_norm(obs)).to(device)).argmax(-1).cpu().numpy()
+            greedy = q_values(torch.from_numpy(trainer.obs_norm(obs)).to(device)).argmax(-1).cpu().numpy()
             actions = np.where(explore, actions, greedy)  # [P, E]
 
         result = env.step(actions)
