@@ -1,7 +1,10 @@
 """Loggers: one W&B run per member, a metrics.jsonl per member, and the console.
 
 W&B runs offline unless told otherwise: ``logger.mode`` if set, else $WANDB_MODE, else offline.
-A run that cannot reach the W&B server falls back to offline instead of blocking the job.
+A run that cannot reach the W&B server falls back to offline instead of blocking the job. The
+members' runs open in a background thread while training starts (W&B's start-up, ~1 s for the
+first run of a process, is not on the path to the first env step); what a member logs before its
+run is open waits in order and goes to W&B once it is.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import math
 import os
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -42,27 +46,62 @@ def _json_value(v: Any) -> Any:
 
 
 class MemberLog:
-    """metrics.jsonl (always) and a W&B run (unless disabled) for one population member."""
+    """metrics.jsonl (always) and a W&B run (unless disabled) for one population member.
+
+    ``wandb_run`` is a run, a Future of one (opening in the background) or None (disabled).
+    """
 
     def __init__(self, run_dir: Path, wandb_run: Any) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.dir = run_dir
         self.file = open(run_dir / "metrics.jsonl", "w", buffering=1)  # a rerun into this dir starts afresh
-        self.wandb_run = wandb_run
+        self._run: Any = None
+        self._opening: Optional[Future] = None
+        if isinstance(wandb_run, Future):
+            self._opening = wandb_run
+        else:
+            self._run = wandb_run
+        self._waiting: List[tuple[Dict[str, Any], int]] = []  # logged before the run was open
+
+    @property
+    def logs_to_wandb(self) -> bool:
+        return self._run is not None or self._opening is not None
+
+    def _wandb(self, wait: bool) -> Any:
+        """The open run (flushing what waited), or None while it is still opening and not ``wait``."""
+        if self._opening is not None and (wait or self._opening.done()):
+            future, self._opening = self._opening, None
+            self._run = future.result()  # an init that failed raises here, in the job's thread
+            for payload, step in self._waiting:
+                self._run.log(payload, step=step)
+            self._waiting = []
+        return self._run
+
+    def log_wandb(self, payload: Dict[str, Any], step: int) -> None:
+        """Send a record to the member's W&B run (queued while the run opens); nothing when disabled."""
+        run = self._wandb(wait=False)
+        if run is not None:
+            run.log(payload, step=step)
+        elif self._opening is not None:
+            self._waiting.append((payload, step))
 
     def log(self, step: int, metrics: Dict[str, Any]) -> None:
         record = {"step": step, **{k: _json_value(v) for k, v in metrics.items()}}
         self.file.write(json.dumps(record) + "\n")
-        if self.wandb_run is not None:
-            self.wandb_run.log(metrics, step=step)
+        self.log_wandb(metrics, step)
 
     def finish(self, summary: Dict[str, Any], failed: bool = False) -> None:
         """Write summary.json, put the summary into the W&B run and end it (exit code 1 if failed)."""
         (self.dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         if not self.file.closed:
             self.file.close()
-        if self.wandb_run is not None:
-            run, self.wandb_run = self.wandb_run, None
+        if self.logs_to_wandb:
+            try:
+                run = self._wandb(wait=True)
+            except Exception as err:  # the run never opened: the local files hold everything
+                print(f"W&B run of {self.dir.name} did not open ({type(err).__name__}: {err})", file=sys.stderr)
+                return
+            self._run = None
             try:
                 run.summary.update({k: v for k, v in summary.items() if v is not None})
             finally:
@@ -77,14 +116,20 @@ def open_member_logs(
     tags: List[str],
     config: Dict[str, Any],
 ) -> List[MemberLog]:
-    """One MemberLog per seed under ``out_dir/seed_<k>``; W&B files in ``seed_<k>/wandb``."""
+    """One MemberLog per seed under ``out_dir/seed_<k>``; W&B files in ``seed_<k>/wandb``. The W&B
+    runs open one after another in a background thread (each log holds a Future of its run)."""
     mode = resolve_wandb_mode(cfg)
     logs: List[MemberLog] = []
+    opener = None if mode == "disabled" else ThreadPoolExecutor(max_workers=1, thread_name_prefix="wandb-init")
     for member, seed in enumerate(seeds):
         run_dir = out_dir / f"seed_{member}"
         run_dir.mkdir(parents=True, exist_ok=True)
-        run = None if mode == "disabled" else _init_wandb(cfg, mode, run_dir, seed, member, group, tags, config)
+        run = None
+        if opener is not None:
+            run = opener.submit(_init_wandb, cfg, mode, run_dir, seed, member, group, tags, config)
         logs.append(MemberLog(run_dir, run))
+    if opener is not None:
+        opener.shutdown(wait=False)  # the thread ends once every run is open
     return logs
 
 

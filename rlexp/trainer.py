@@ -92,6 +92,7 @@ class Trainer:
         self.explosions = Explosions(self.members, cfg.divergence.patience, self.device)
         self.divergence: Dict[int, Dict[str, Any]] = {}  # member -> {cause, where, detail}
         self._injected = False
+        self._inject_obs = cfg.debug.inject.what == "obs"
         self.first_step_time: Optional[float] = None
 
     # ------------------------------------------------------------ for algorithms
@@ -140,8 +141,10 @@ class Trainer:
 
     def check_observations(self, obs: np.ndarray, step: int) -> None:
         """Mark members whose observations [P, E, obs] are non-finite (debug.inject.what=obs poisons one)."""
-        if self._inject_now("obs", step):
+        if self._inject_obs and self._inject_now("obs", step):
             obs[self.cfg.debug.inject.member] = np.nan
+        if np.isfinite(obs).all():  # the common case, in one pass
+            return
         finite = np.isfinite(obs.reshape(self.members, -1)).all(1)
         if not finite.all():
             newly = self.health.mark(torch.from_numpy(finite).to(self.device), CAUSES.index("nonfinite_obs"), step)
@@ -189,15 +192,14 @@ class Trainer:
 
     def log_histograms(self, step: int, tensors: Dict[str, torch.Tensor]) -> None:
         """W&B histograms of [P, ...] tensors (gradients, activations), per live member."""
-        runs = [(k, log.wandb_run) for k, log in enumerate(self.logs) if log.wandb_run is not None
-                and not self.member_done[k]]
-        if not runs:
+        logs = [(k, log) for k, log in enumerate(self.logs) if log.logs_to_wandb and not self.member_done[k]]
+        if not logs:
             return
         import wandb
 
         values = {name: t.detach().float().cpu().numpy() for name, t in tensors.items() if t is not None}
-        for k, run in runs:
-            run.log({f"hist/{name}": wandb.Histogram(v[k].ravel()) for name, v in values.items()}, step=step)
+        for k, log in logs:
+            log.log_wandb({f"hist/{name}": wandb.Histogram(v[k].ravel()) for name, v in values.items()}, step)
 
     def note(self, **scalars: float) -> None:
         """Remember the latest value of job-wide scalars (epsilon, ...) for the next log record."""
