@@ -1,18 +1,50 @@
 """Benchmarks, measured side by side in one invocation (alternating A/B, medians of repeats).
 
-    python scripts/bench.py                # diagnostics at their default rate vs off, DQN CartPole 50k
-    python scripts/bench.py --quick        # a reduced version (10k steps, 3 repeats)
-    python scripts/bench.py --steps 2000 --repeats 1   # a smoke run
+    python scripts/bench.py                       # every section, the full settings (long)
+    python scripts/bench.py --quick               # about a minute: see below
+    python scripts/bench.py --only dqn_vs_sb3 ppo_vs_sb3 --repeats 3
+    python scripts/bench.py --steps 1500 --ppo-steps 1024 --repeats 1 --populations 1 16  # a smoke run
 
-Each measurement is a fresh `python -m rlexp.train` process (W&B disabled, no progress output);
-the figure is the training loop's wall time, read from the job's summary.json (start-up excluded).
-Writes bench.json (medians, ratios, every sample, machine, versions) next to this script's repo root
-unless --out says otherwise.
+Sections (--only picks a subset); every measurement is a fresh process, 1 torch thread, CartPole-v1:
+
+  dqn_vs_sb3   rlexp DQN (population of 1) vs Stable-Baselines3 DQN with the same hyperparameters:
+               CleanRL's dqn.py settings (+experiment=cleanrl_dqn) plus SB3's fixed choices, Huber loss
+               (delta 1) and the gradient's global norm clipped to 10. The figure is the WHOLE-process
+               wall time (launch to exit, start-up included) of both; rlexp's loop-only wall time too.
+  population   rlexp DQN (the settings above) at num_seeds = P for each of --populations: the loop's
+               wall time, env steps/s per seed and for the population, and the process's peak RSS.
+  diagnostics  rlexp DQN, the default config: instruments at their default rate vs diagnostics.every=0
+               (explosion checks off in both, so both do the same work); loop wall time.
+  startup      rlexp DQN, the default config, W&B offline (its default mode): from just before the
+               process is launched to its first env step (2000 steps, learning_starts 1000).
+  ppo_vs_sb3   rlexp PPO (+experiment=cleanrl_ppo algo.anneal_lr=false) vs SB3 PPO with the same
+               settings (4 DummyVecEnv envs x 128 steps, 4 epochs of 128-sample minibatches, clipped
+               value loss, Adam eps 1e-5); whole-process wall time of both.
+
+Defaults: DQN 50k steps, PPO 100k steps, populations 1 4 16 64, 5 repeats. --quick: DQN 10k steps,
+PPO 10k steps, populations 1 16, 1 repeat. When DQN's steps are under 5x learning_starts (10000 for
+the CleanRL settings, 1000 for the default config) learning_starts becomes steps // 5, for rlexp and
+SB3 alike, so that both still learn and do the same work.
+
+Ratios (targets): dqn_speedup_vs_sb3 = sb3 / rlexp (>= 2.5); per_seed_throughput_p16_vs_p1 = the
+population's env steps/s at P=16 over P=1's, i.e. 16 x wall(P=1) / wall(P=16) (>= 4);
+diagnostics_overhead = default / off - 1 (<= 0.10); startup_to_first_step_s (<= 2.5 s);
+ppo_speedup_vs_sb3 = sb3 / rlexp (>= 1.5).
+
+Besides each case, medians_s holds dqn_rlexp_loop and ppo_rlexp_loop (rlexp's loop-only wall time,
+from summary.json) and startup_process (the start-up runs, launch to exit). Peak RSS: the largest
+over the repeats, per population.
+
+Prints a table and writes bench.json (date, machine and load, versions, settings, commands, medians,
+every sample, peak RSS, throughput, ratios, targets) to the repo root unless --out says otherwise.
+The SB3 sections need stable-baselines3: pip install -e ".[bench]".
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -21,70 +53,321 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List
+from typing import Callable, Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
+SECTIONS = ("dqn_vs_sb3", "population", "diagnostics", "startup", "ppo_vs_sb3")
+SB3_SECTIONS = ("dqn_vs_sb3", "ppo_vs_sb3")
+SB3_FIX = 'pip install -e ".[bench]"'
+CLEANRL_LEARNING_STARTS = 10_000  # conf/experiment/cleanrl_dqn.yaml
+DEFAULT_LEARNING_STARTS = 1_000  # conf/algo/dqn.yaml
+# name -> (comparison, target); PASS when the figure compares true against the target
+TARGETS = {
+    "dqn_speedup_vs_sb3": (">=", 2.5),
+    "per_seed_throughput_p16_vs_p1": (">=", 4.0),
+    "diagnostics_overhead": ("<=", 0.10),
+    "startup_to_first_step_s": ("<=", 2.5),
+    "ppo_speedup_vs_sb3": (">=", 1.5),
+}
 
 
-def run_once(overrides: List[str], workdir: Path) -> float:
-    """One training job in a fresh process; returns its loop wall time in seconds."""
-    run_dir = Path(tempfile.mkdtemp(dir=workdir))
-    command = [sys.executable, "-m", "rlexp.train", *overrides, "logger.mode=disabled", "logger.progress=off",
-               f"hydra.run.dir={run_dir}"]
-    subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
-                   env={**os.environ, "WANDB_SILENT": "true"})
-    return json.loads((run_dir / "summary.json").read_text())["wall_s"]
-
-
-def versions() -> Dict[str, str]:
-    import gymnasium
-    import hydra
+# ------------------------------------------------------------------ the SB3 runners (child processes)
+def sb3_dqn(steps: int, seed: int, learning_starts: int) -> None:
+    """SB3 DQN with CleanRL's CartPole settings (what rlexp runs with +experiment=cleanrl_dqn)."""
     import torch
 
-    return {"python": platform.python_version(), "torch": torch.__version__, "hydra": hydra.__version__,
-            "gymnasium": gymnasium.__version__}
+    torch.set_num_threads(1)
+    import gymnasium as gym
+    from stable_baselines3 import DQN
+
+    model = DQN("MlpPolicy", gym.make("CartPole-v1"), learning_rate=2.5e-4, buffer_size=10_000,
+                learning_starts=learning_starts, batch_size=128, tau=1.0, gamma=0.99, train_freq=10,
+                gradient_steps=1, target_update_interval=500, exploration_fraction=0.5,
+                exploration_initial_eps=1.0, exploration_final_eps=0.05, max_grad_norm=10,
+                policy_kwargs=dict(net_arch=[120, 84]), seed=seed, device="cpu")
+    model.learn(total_timesteps=steps)
+
+
+def sb3_ppo(steps: int, seed: int) -> None:
+    """SB3 PPO with CleanRL's CartPole settings, learning rate not annealed."""
+    import torch
+
+    torch.set_num_threads(1)
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+
+    env = make_vec_env("CartPole-v1", n_envs=4, seed=seed)  # DummyVecEnv
+    model = PPO("MlpPolicy", env, learning_rate=2.5e-4, n_steps=128, batch_size=128, n_epochs=4, gamma=0.99,
+                gae_lambda=0.95, clip_range=0.2, clip_range_vf=0.2, ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5,
+                normalize_advantage=True,
+                policy_kwargs=dict(net_arch=dict(pi=[64, 64], vf=[64, 64]), activation_fn=torch.nn.Tanh,
+                                   ortho_init=True, optimizer_kwargs=dict(eps=1e-5)),
+                device="cpu", seed=seed)
+    model.learn(total_timesteps=steps)
+
+
+# ------------------------------------------------------------------ measuring one process
+@dataclass
+class Sample:
+    """One measured process: whole-process wall time, peak RSS and, for rlexp, its summary's times."""
+
+    process_s: float
+    rss_mb: float
+    loop_s: Optional[float] = None  # summary.json wall_s: the training loop (start-up excluded)
+    startup_s: Optional[float] = None  # launch to the first env step
+
+
+def run_process(command: List[str], env: Dict[str, str], workdir: Path) -> tuple[float, float, float]:
+    """Run ``command``; returns (unix launch time, wall seconds launch to exit, peak RSS in MB).
+    A failing process ends the benchmark with the tail of its stderr."""
+    with tempfile.TemporaryFile(dir=workdir) as err:
+        launched = time.time()
+        start = time.perf_counter()
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, rusage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            err.seek(0)
+            tail = err.read().decode(errors="replace")[-3000:]
+            raise SystemExit(f"bench.py: exit code {proc.returncode} from {' '.join(command[1:])}\n{tail}")
+    return launched, wall, rusage.ru_maxrss / 1024.0  # ru_maxrss is KiB on Linux
+
+
+def rlexp_run(overrides: List[str], workdir: Path, mode: str = "disabled") -> Sample:
+    """One rlexp training job in a fresh process, its run dir under ``workdir``."""
+    run_dir = Path(tempfile.mkdtemp(dir=workdir))
+    command = rlexp_command(overrides, mode) + [f"hydra.run.dir={run_dir}"]
+    launched, wall, rss = run_process(command, {**os.environ, "WANDB_SILENT": "true"}, workdir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    if summary["status"] != "ok" or summary.get("first_step_time") is None:
+        raise SystemExit(f"bench.py: {' '.join(overrides)} ended {summary['status']}: {summary.get('error')}")
+    return Sample(process_s=wall, rss_mb=rss, loop_s=summary["wall_s"],
+                  startup_s=summary["first_step_time"] - launched)
+
+
+def rlexp_command(overrides: List[str], mode: str) -> List[str]:
+    """The command line of an rlexp job (without its run dir)."""
+    return [sys.executable, "-m", "rlexp.train", *overrides, f"logger.mode={mode}", "logger.progress=off"]
+
+
+def sb3_command(algo: str, steps: int, seed: int, learning_starts: int = 0) -> List[str]:
+    """The command line of an SB3 run: this script's internal --sb3 sub-command."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--sb3", algo, "--steps", str(steps),
+               "--seed", str(seed)]
+    return command + (["--learning-starts", str(learning_starts)] if algo == "dqn" else [])
+
+
+def sb3_run(algo: str, steps: int, seed: int, workdir: Path, learning_starts: int = 0) -> Sample:
+    """One SB3 training run in a fresh process."""
+    _, wall, rss = run_process(sb3_command(algo, steps, seed, learning_starts), dict(os.environ), workdir)
+    return Sample(process_s=wall, rss_mb=rss)
+
+
+# ------------------------------------------------------------------ the cases
+def scaled_learning_starts(steps: int, default: int) -> int:
+    """``default`` when ``steps`` is at least 5x it, else steps // 5 (rlexp needs it < total_steps)."""
+    return default if steps >= 5 * default else steps // 5
+
+
+def dqn_overrides(steps: int) -> List[str]:
+    """rlexp's DQN with CleanRL's settings and SB3's fixed choices (Huber loss, global norm 10)."""
+    return ["+experiment=cleanrl_dqn", f"total_steps={steps}",
+            f"algo.learning_starts={scaled_learning_starts(steps, CLEANRL_LEARNING_STARTS)}",
+            "algo.loss=huber", "clipping=global_norm", "clipping.max_norm=10"]
+
+
+# a case: its name, the figure recorded from each sample, and the run (repeat index -> Sample)
+Case = tuple[str, Callable[[Sample], float], Callable[[int], Sample]]
+
+
+def build_cases(sections: List[str], steps: int, ppo_steps: int, populations: List[int],
+                workdir: Path) -> tuple[List[Case], Dict[str, List[str]]]:
+    """The cases of the chosen sections, in the order they alternate, and each case's command."""
+    whole: Callable[[Sample], float] = lambda s: s.process_s  # noqa: E731
+    loop: Callable[[Sample], float] = lambda s: s.loop_s  # noqa: E731
+    dqn = dqn_overrides(steps)
+    dqn_starts = scaled_learning_starts(steps, CLEANRL_LEARNING_STARTS)
+    diag = ["divergence=off", f"total_steps={steps}",
+            f"algo.learning_starts={scaled_learning_starts(steps, DEFAULT_LEARNING_STARTS)}"]
+    startup = ["total_steps=2000", "algo.learning_starts=1000"]
+    ppo = ["+experiment=cleanrl_ppo", f"total_steps={ppo_steps}", "algo.anneal_lr=false"]
+    cases: List[Case] = []
+    commands: Dict[str, List[str]] = {}
+
+    def add(name: str, figure: Callable[[Sample], float], run: Callable[[int], Sample], command: List[str]) -> None:
+        cases.append((name, figure, run))
+        commands[name] = [Path(command[0]).name, *command[1:]]
+
+    if "dqn_vs_sb3" in sections:
+        add("dqn_rlexp", whole, lambda r: rlexp_run(dqn + [f"seed={r}"], workdir), rlexp_command(dqn, "disabled"))
+        add("dqn_sb3", whole, lambda r: sb3_run("dqn", steps, r, workdir, dqn_starts),
+            sb3_command("dqn", steps, 0, dqn_starts))
+    if "population" in sections:
+        for p in populations:
+            over = dqn + [f"num_seeds={p}"]
+            add(f"population_p{p}", loop, lambda r, over=over: rlexp_run(over + [f"seed={r}"], workdir),
+                rlexp_command(over, "disabled"))
+    if "diagnostics" in sections:
+        add("diagnostics_default", loop, lambda r: rlexp_run(diag + [f"seed={r}"], workdir),
+            rlexp_command(diag, "disabled"))
+        off = diag + ["diagnostics.every=0"]
+        add("diagnostics_off", loop, lambda r: rlexp_run(off + [f"seed={r}"], workdir), rlexp_command(off, "disabled"))
+    if "startup" in sections:
+        add("startup_to_first_step", lambda s: s.startup_s,
+            lambda r: rlexp_run(startup + [f"seed={r}"], workdir, mode="offline"), rlexp_command(startup, "offline"))
+    if "ppo_vs_sb3" in sections:
+        add("ppo_rlexp", whole, lambda r: rlexp_run(ppo + [f"seed={r}"], workdir), rlexp_command(ppo, "disabled"))
+        add("ppo_sb3", whole, lambda r: sb3_run("ppo", ppo_steps, r, workdir), sb3_command("ppo", ppo_steps, 0))
+    return cases, commands
+
+
+# ------------------------------------------------------------------ figures and report
+def ratios_of(medians: Dict[str, float]) -> Dict[str, Optional[float]]:
+    """The five figures with targets, from the medians (None when their cases were not measured)."""
+    def div(a: str, b: str) -> Optional[float]:
+        return medians[a] / medians[b] if a in medians and b in medians else None
+
+    throughput = div("population_p1", "population_p16")  # wall(1) / wall(16): same steps per seed
+    overhead = div("diagnostics_default", "diagnostics_off")
+    return {
+        "dqn_speedup_vs_sb3": div("dqn_sb3", "dqn_rlexp"),
+        "per_seed_throughput_p16_vs_p1": None if throughput is None else 16 * throughput,
+        "diagnostics_overhead": None if overhead is None else overhead - 1.0,
+        "startup_to_first_step_s": medians.get("startup_to_first_step"),
+        "ppo_speedup_vs_sb3": div("ppo_sb3", "ppo_rlexp"),
+    }
+
+
+def verdict(name: str, value: Optional[float]) -> Optional[bool]:
+    """True when ``value`` meets its target, None when it was not measured."""
+    if value is None:
+        return None
+    op, target = TARGETS[name]
+    return value >= target if op == ">=" else value <= target
+
+
+def versions() -> Dict[str, Optional[str]]:
+    """Python's and the relevant packages' versions (None for a package not installed)."""
+    def version(dist: str) -> Optional[str]:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    found = {"python": platform.python_version()}
+    for key, dist in (("torch", "torch"), ("hydra", "hydra-core"), ("gymnasium", "gymnasium"), ("wandb", "wandb"),
+                      ("stable_baselines3", "stable-baselines3")):
+        found[key] = version(dist)
+    return found
+
+
+def load() -> Optional[List[float]]:
+    """The 1, 5 and 15 minute load averages (None where unavailable)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def print_table(medians: Dict[str, float], samples: Dict[str, List[float]], ratios: Dict[str, Optional[float]],
+                rss: Dict[str, float], out: Path) -> None:
+    """The medians with their samples, the peak RSS per population and the ratios against their targets."""
+    print(f"\n{'case':24s} {'median s':>9s}  samples s")
+    for name, value in medians.items():
+        extra = f"  (peak RSS {rss[name[len('population_p'):]]:.0f} MB)" if name.startswith("population_p") else ""
+        print(f"{name:24s} {value:9.2f}  {' '.join(f'{v:.2f}' for v in samples[name])}{extra}")
+    print(f"\n{'figure':32s} {'value':>8s}  {'target':>8s}  verdict")
+    for name, value in ratios.items():
+        op, target = TARGETS[name]
+        ok = verdict(name, value)
+        shown = "n/a" if value is None else f"{value:.3f}"
+        print(f"{name:32s} {shown:>8s}  {op + ' ' + str(target):>8s}  "
+              f"{'-' if ok is None else ('PASS' if ok else 'MISS')}")
+    print(f"-> {out}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="10k steps, 3 repeats")
-    parser.add_argument("--steps", type=int, help="env steps per run (default 50k; 10k with --quick)")
-    parser.add_argument("--repeats", type=int, help="A/B pairs (default 5; 3 with --quick)")
+    parser.add_argument("--quick", action="store_true",
+                        help="DQN 10k steps, PPO 10k steps, populations 1 16, 1 repeat (about a minute)")
+    parser.add_argument("--steps", type=int, help="DQN env steps per run (default 50k; 10k with --quick)")
+    parser.add_argument("--ppo-steps", type=int, help="PPO env steps per run (default 100k; 10k with --quick)")
+    parser.add_argument("--repeats", type=int, help="rounds of every case (default 5; 1 with --quick)")
+    parser.add_argument("--populations", type=int, nargs="+", help="num_seeds values (default 1 4 16 64; "
+                        "1 16 with --quick); the P16/P1 ratio needs 1 and 16")
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, metavar="SECTION",
+                        help=f"measure only these sections: {' '.join(SECTIONS)}")
     parser.add_argument("--out", type=Path, default=ROOT / "bench.json")
+    parser.add_argument("--sb3", choices=("dqn", "ppo"), help=argparse.SUPPRESS)  # internal: one SB3 run
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--learning-starts", type=int, default=CLEANRL_LEARNING_STARTS, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    steps = args.steps or (10_000 if args.quick else 50_000)
-    repeats = args.repeats or (3 if args.quick else 5)
+    sections = list(args.only or SECTIONS)
+    needs_sb3 = [s for s in sections if s in SB3_SECTIONS] if not args.sb3 else ["--sb3"]
+    if needs_sb3 and importlib.util.find_spec("stable_baselines3") is None:
+        others = " ".join(s for s in SECTIONS if s not in SB3_SECTIONS)
+        print(f"bench.py: stable_baselines3 is not installed (needed by {', '.join(needs_sb3)}): {SB3_FIX}"
+              f" (or leave those out: --only {others})", file=sys.stderr)
+        return 2
+    if args.sb3:
+        if args.sb3 == "dqn":
+            sb3_dqn(args.steps, args.seed, args.learning_starts)
+        else:
+            sb3_ppo(args.steps, args.seed)
+        return 0
 
-    # name -> overrides; measured alternately, case after case, in every repeat. The explosion checks
-    # are off in both cases so that no member can be stopped early: both do the same training work.
-    cases = {
-        "diagnostics_default": [f"total_steps={steps}", "divergence=off"],
-        "diagnostics_off": [f"total_steps={steps}", "divergence=off", "diagnostics.every=0"],
-    }
-    samples: Dict[str, List[float]] = {name: [] for name in cases}
-    with tempfile.TemporaryDirectory() as workdir:
+    steps = args.steps or (10_000 if args.quick else 50_000)
+    ppo_steps = args.ppo_steps or (10_000 if args.quick else 100_000)
+    repeats = args.repeats or (1 if args.quick else 5)
+    populations = args.populations or ([1, 16] if args.quick else [1, 4, 16, 64])
+    if steps < 10 or ppo_steps < 512 or repeats < 1 or min(populations) < 1:
+        parser.error("need --steps >= 10, --ppo-steps >= 512 (one PPO rollout), --repeats >= 1, populations >= 1")
+
+    load_start = load()
+    with tempfile.TemporaryDirectory() as tmp:
+        cases, commands = build_cases(sections, steps, ppo_steps, populations, Path(tmp))
+        samples: Dict[str, List[float]] = {name: [] for name, _, _ in cases}
+        extra: Dict[str, List[float]] = {}  # rlexp's loop-only times; the start-up run's whole process
+        rss: Dict[str, List[float]] = {}
         for r in range(repeats):
-            for name, overrides in cases.items():
-                samples[name].append(run_once(overrides, Path(workdir)))
+            for name, figure, run in cases:
+                sample = run(r)
+                samples[name].append(figure(sample))
+                if name in ("dqn_rlexp", "ppo_rlexp"):
+                    extra.setdefault(f"{name}_loop", []).append(sample.loop_s)
+                if name == "startup_to_first_step":
+                    extra.setdefault("startup_process", []).append(sample.process_s)
+                if name.startswith("population_p"):
+                    rss.setdefault(name[len("population_p"):], []).append(sample.rss_mb)
                 print(f"[{r + 1}/{repeats}] {name}: {samples[name][-1]:.2f} s", flush=True)
+    samples.update(extra)
     medians = {name: statistics.median(values) for name, values in samples.items()}
-    overhead = medians["diagnostics_default"] / medians["diagnostics_off"] - 1.0
+    ratios = ratios_of(medians)
+    peak_rss = {p: max(values) for p, values in rss.items()}
+    throughput = {p: {"per_seed_steps_per_s": steps / medians[f"population_p{p}"],
+                      "population_steps_per_s": int(p) * steps / medians[f"population_p{p}"]} for p in peak_rss}
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "processor": platform.processor()},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "processor": platform.processor(),
+                    "load_average_start": load_start, "load_average_end": load()},
         "versions": versions(),
-        "steps": steps,
-        "repeats": repeats,
+        "settings": {"steps": steps, "ppo_steps": ppo_steps, "repeats": repeats, "populations": populations,
+                     "sections": sections, "quick": args.quick,
+                     "dqn_learning_starts": scaled_learning_starts(steps, CLEANRL_LEARNING_STARTS)},
+        "commands": commands,
         "medians_s": medians,
         "samples_s": samples,
-        "ratios": {"diagnostics_overhead": overhead},
+        "peak_rss_mb": peak_rss,
+        "throughput": throughput,
+        "ratios": ratios,
+        "targets": {name: {"op": op, "value": value} for name, (op, value) in TARGETS.items()},
+        "passed": {name: verdict(name, value) for name, value in ratios.items()},
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{'case':24s} {'median s':>9s}")
-    for name, value in medians.items():
-        print(f"{name:24s} {value:9.2f}")
-    print(f"diagnostics overhead (default rate vs off): {overhead * 100:+.1f}%  -> {args.out}")
+    print_table(medians, samples, ratios, peak_rss, args.out)
     return 0
 
 

@@ -99,14 +99,39 @@ def test_nan_hunt_with_tanh_does_not_diverge(tmp_path):
 
 
 def test_bench_smoke_writes_consistent_figures(tmp_path):
+    """A tiny run of every section: each figure is measured, and each ratio is the one of its medians."""
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--steps", "1200", "--repeats", "1",
-                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True)
+    steps = 1500
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--steps", str(steps),
+                           "--ppo-steps", "1024", "--repeats", "1", "--populations", "1", "16", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     bench = json.loads(out.read_text())
-    medians = bench["medians_s"]
-    assert set(medians) == {"diagnostics_default", "diagnostics_off"}
+    medians, samples = bench["medians_s"], bench["samples_s"]
+    assert set(medians) == {"dqn_rlexp", "dqn_rlexp_loop", "dqn_sb3", "population_p1", "population_p16",
+                            "diagnostics_default", "diagnostics_off", "startup_to_first_step", "startup_process",
+                            "ppo_rlexp", "ppo_rlexp_loop", "ppo_sb3"}
     assert all(v > 0 for v in medians.values())
-    assert bench["ratios"]["diagnostics_overhead"] == pytest.approx(
+    assert all(samples[name] == [value] for name, value in medians.items())  # one repeat: the median is it
+    ratios = bench["ratios"]
+    assert ratios["dqn_speedup_vs_sb3"] == pytest.approx(medians["dqn_sb3"] / medians["dqn_rlexp"])
+    assert ratios["per_seed_throughput_p16_vs_p1"] == pytest.approx(
+        16 * medians["population_p1"] / medians["population_p16"])
+    assert ratios["diagnostics_overhead"] == pytest.approx(
         medians["diagnostics_default"] / medians["diagnostics_off"] - 1.0)
-    assert bench["versions"]["torch"] and bench["machine"]["cpus"] >= 1
+    assert ratios["startup_to_first_step_s"] == pytest.approx(medians["startup_to_first_step"])
+    assert ratios["ppo_speedup_vs_sb3"] == pytest.approx(medians["ppo_sb3"] / medians["ppo_rlexp"])
+    assert set(bench["targets"]) == set(ratios) == set(bench["passed"])
+    for name, value in ratios.items():
+        target = bench["targets"][name]
+        assert bench["passed"][name] == (value >= target["value"] if target["op"] == ">=" else value <= target["value"])
+    # whole-process times hold the loop and the start-up: the first env step comes after launch, before exit
+    assert medians["dqn_rlexp_loop"] < medians["dqn_rlexp"] and medians["ppo_rlexp_loop"] < medians["ppo_rlexp"]
+    assert 0 < medians["startup_to_first_step"] < medians["startup_process"]
+    assert set(bench["peak_rss_mb"]) == {"1", "16"} and all(v > 0 for v in bench["peak_rss_mb"].values())
+    assert bench["throughput"]["16"]["per_seed_steps_per_s"] == pytest.approx(steps / medians["population_p16"])
+    settings = bench["settings"]
+    assert (settings["steps"], settings["ppo_steps"], settings["repeats"], settings["populations"]) == (
+        steps, 1024, 1, [1, 16])
+    assert bench["versions"]["stable_baselines3"] and bench["versions"]["torch"] and bench["machine"]["cpus"] >= 1
+    assert len(bench["machine"]["load_average_start"]) == 3 and len(bench["machine"]["load_average_end"]) == 3
