@@ -171,6 +171,7 @@ def train(trainer: "Trainer") -> None:
     actor = Actor(trainer.make_net(obs_dim, action_dim, role="actor"), members, action_dim, continuous)
     critic = trainer.make_net(obs_dim, 1, role="critic")
     actor.eval(), critic.eval()  # acting uses running statistics when a network has batch norm
+    policy_out, value_of = actor.net.inference(), critic.inference()  # acting: no gradient, less overhead
     actor_opt = make_optimizer(actor.parameters(), trainer.cfg.optimizer)
     critic_opt = make_optimizer(critic.parameters(), trainer.cfg.optimizer)
     actor_pipe, critic_pipe = trainer.make_pipeline(actor, actor_opt), trainer.make_pipeline(critic, critic_opt)
@@ -184,7 +185,9 @@ def train(trainer: "Trainer") -> None:
     store_obs = torch.zeros(*shape, obs_dim, device=device)  # [T, P, E, obs] (normalized, as the nets saw them)
     store_actions = torch.zeros(*shape, action_dim, device=device) if continuous else \
         torch.zeros(shape, dtype=torch.long, device=device)
-    log_probs, values, rewards, terminated, dones, valid = (torch.zeros(shape, device=device) for _ in range(6))
+    log_probs, values = torch.zeros(shape, device=device), torch.zeros(shape, device=device)
+    # per-step results of the environments stay on the host until the rollout is complete
+    rewards_np, terminated_np, dones_np, valid_np = (np.zeros(shape, dtype=np.float32) for _ in range(4))
 
     steps_per_rollout = T * E
     num_updates = max(1, (algo.anneal_steps or trainer.cfg.total_steps) // steps_per_rollout)  # lr schedule
@@ -199,10 +202,10 @@ def train(trainer: "Trainer") -> None:
         obs_t = torch.from_numpy(trainer.obs_norm(obs)).to(device)  # [P, E, obs]
         u = torch.from_numpy(trainer.streams.uniform(E * action_dim).reshape(members, E, action_dim)).float()
         with torch.no_grad():
-            out = actor.net(obs_t)  # [P, E, A]
+            out = policy_out(obs_t)  # [P, E, A]
             action = actor.sample(out, u.to(device))
             log_prob, _ = actor.log_prob_entropy(obs_t, action, out)
-            value = critic(obs_t).squeeze(-1)  # [P, E]
+            value = value_of(obs_t).squeeze(-1)  # [P, E]
         env_action = action.cpu().numpy()
         if continuous:
             env_action = np.clip(env_action, low, high)
@@ -213,10 +216,7 @@ def train(trainer: "Trainer") -> None:
         reward = trainer.reward_norm(result.reward, done, result.valid)
         r_max = np.maximum(r_max, np.where(result.valid, np.abs(reward), 0.0).max(1))
         store_obs[t], store_actions[t], log_probs[t], values[t] = obs_t, action, log_prob, value
-        rewards[t] = torch.as_tensor(reward, dtype=torch.float32, device=device)
-        terminated[t] = torch.as_tensor(result.terminated, dtype=torch.float32, device=device)
-        dones[t] = torch.as_tensor(done, dtype=torch.float32, device=device)
-        valid[t] = torch.as_tensor(result.valid, dtype=torch.float32, device=device)
+        rewards_np[t], terminated_np[t], dones_np[t], valid_np[t] = reward, result.terminated, done, result.valid
         obs = result.obs
         t += 1
         if t < T:
@@ -230,8 +230,10 @@ def train(trainer: "Trainer") -> None:
                 for group in opt.param_groups:
                     group["lr"] = lr * max(0.0, 1.0 - (rollout - 1) / num_updates)
             trainer.note(lr=lr * max(0.0, 1.0 - (rollout - 1) / num_updates))
+        rewards, terminated, dones, valid = (torch.from_numpy(x).to(device)  # [T, P, E]
+                                             for x in (rewards_np, terminated_np, dones_np, valid_np))
         with torch.no_grad():
-            last_value = critic(torch.from_numpy(trainer.obs_norm(obs)).to(device)).squeeze(-1)  # [P, E]
+            last_value = value_of(torch.from_numpy(trainer.obs_norm(obs)).to(device)).squeeze(-1)  # [P, E]
             next_values = torch.cat([values[1:], last_value.unsqueeze(0)])
             advantages, returns = gae(rewards, values, next_values, terminated, dones, algo.gamma, algo.gae_lambda)
 
