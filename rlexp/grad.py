@@ -15,9 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
+import warnings
+
 import torch
 
-from rlexp.config import ClippingConfig, RegularizationConfig
+from rlexp.config import ClippingConfig, OptimizerConfig, RegularizationConfig
+from rlexp.optim import make_optimizer
+
+# A member's gradient is a strided view into the pipeline's flat gradient buffer; backward adds into
+# it in place, which torch reports (once) as a layout mismatch. Nothing is copied or lost.
+warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout contract")
 
 CAUSES = ("none", "nonfinite_loss", "nonfinite_grad", "nonfinite_param", "nonfinite_obs", "value_explosion",
           "grad_explosion")
@@ -141,19 +148,41 @@ class UpdateStats:
 
 
 class GradientPipeline:
-    """compute -> process -> apply for one network's parameters (all [P, ...])."""
+    """compute -> process -> apply for one network's parameters (all [P, ...]).
+
+    The pipeline owns its parameters' storage: one flat buffer [P, N] per pipeline (member k's
+    row holds all of member k's values), and each parameter becomes a view into it, as does each
+    gradient into a flat gradient buffer. Norms, global-norm clipping, the finiteness checks, the
+    restore of frozen members and the optimizer step then each run once over the buffer instead of
+    once per tensor; what they compute is unchanged (every operation is per member or elementwise).
+    The optimizer (``optimizer``, a config) is built over the flat buffer.
+    """
 
     def __init__(
         self,
         params: List[torch.Tensor],
-        optimizer: torch.optim.Optimizer,
+        optimizer: OptimizerConfig,
         clipping: ClippingConfig,
         regularization: RegularizationConfig,
         weights: List[torch.Tensor],
         health: Health,
     ) -> None:
+        members = params[0].shape[0]
+        with torch.no_grad():
+            self.flat = torch.cat([p.detach().reshape(members, -1) for p in params], 1)  # [P, N]
+        self.flat_grad = torch.zeros_like(self.flat)  # [P, N]
+        self.flat.grad = self.flat_grad
+        self._before = torch.empty_like(self.flat)  # the parameters before a step
+        offset = 0
+        for p in params:  # each parameter and its gradient become views into the buffers
+            n = p[0].numel()
+            p.data = self.flat[:, offset:offset + n].view(p.shape)
+            p.grad = self.flat_grad[:, offset:offset + n].view(p.shape)  # backward adds into it in place
+            offset += n
         self.params = params
-        self.optimizer = optimizer
+        self.grads = [p.grad for p in params]
+        self._sizes = [p[0].numel() for p in params]
+        self.optimizer = make_optimizer([self.flat], optimizer)
         self.clipping = clipping
         self.clip = CLIPPERS[clipping.name]
         self.health = health
@@ -161,12 +190,11 @@ class GradientPipeline:
         self.penalized = weights if regularization.weights_only else params
         # called with (grads, env_step) between backward and the processors (fault injection)
         self.after_backward: Optional[Callable[[List[torch.Tensor], int], None]] = None
-        self._before = [torch.empty_like(p) for p in params]  # the parameters before a step
-        self._on_cpu = not params[0].is_cuda
+        self._on_cpu = not self.flat.is_cuda
 
     def penalty(self) -> torch.Tensor:
         """L1/L2 penalty per member: l1 * sum|w| + l2 * sum w^2 over the penalized tensors -> [P]."""
-        total = torch.zeros((), device=self.params[0].device)
+        total = torch.zeros((), device=self.flat.device)
         if self.l1 > 0:
             total = total + self.l1 * torch.stack([w.abs().flatten(1).sum(1) for w in self.penalized]).sum(0)
         if self.l2 > 0:
@@ -186,46 +214,39 @@ class GradientPipeline:
         """
         if self.l1 > 0 or self.l2 > 0:
             loss = loss + self.penalty()
-        for p in self.params:
-            p.grad = None
+        grads, flat, flat_grad = self.grads, self.flat, self.flat_grad
+        flat_grad.zero_()
         loss.sum().backward()  # members are independent: d(sum)/d(loss_k) = 1 for each k
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        for p, g in zip(self.params, grads):
-            p.grad = g
         if self.after_backward is not None:
             self.after_backward(grads, env_step)
         clipped = self.clipping.name != "none"
-        if diagnose:  # per-tensor norms [T, P] for the instruments
-            tensor_pre = tensor_norms(grads)
-            self.clip(self.params, grads, self.clipping, tensor_pre.norm(dim=0))
-            tensor_post = tensor_norms(grads) if clipped else tensor_pre
-            stats = UpdateStats(loss.detach(), tensor_pre.norm(dim=0), tensor_post.norm(dim=0),
-                                tensor_grad_pre=tensor_pre, tensor_grad_post=tensor_post)
-        else:  # the members' joint norms [P] only
-            norm_pre = member_norms(grads)
-            self.clip(self.params, grads, self.clipping, norm_pre)
-            stats = UpdateStats(loss.detach(), norm_pre, member_norms(grads) if clipped else norm_pre)
+        norm_pre = torch.linalg.vector_norm(flat_grad, dim=1, dtype=torch.float64)  # [P] each member's
+        tensor_pre = tensor_norms(grads) if diagnose else None  # [T, P] per tensor, for the instruments
+        self.clip(self.params, grads, self.clipping, norm_pre)
+        norm_post = torch.linalg.vector_norm(flat_grad, dim=1, dtype=torch.float64) if clipped else norm_pre
+        stats = UpdateStats(loss.detach(), norm_pre, norm_post)
+        if diagnose:
+            stats.tensor_grad_pre = tensor_pre
+            stats.tensor_grad_post = tensor_norms(grads) if clipped else tensor_pre
 
         loss_ok = torch.isfinite(stats.loss)
-        grad_ok = torch.isfinite(stats.grad_norm_pre_clip)
+        grad_ok = torch.isfinite(norm_pre)
         ok = self.health.alive & loss_ok & grad_ok  # [P] members allowed to update
         with torch.no_grad():
             before = self._before  # to restore frozen or failing members
-            torch._foreach_copy_(before, self.params)
+            before.copy_(flat)
             self.optimizer.step()
             if diagnose:
                 stats.tensor_param = tensor_norms(self.params)
-                stats.tensor_update = tensor_norms([p - old for p, old in zip(self.params, before)])
+                stats.tensor_update = tensor_norms(list((flat - before).split(self._sizes, 1)))
             # CPU fast path (a host check is free there): every member updated and stayed finite
-            if (self._on_cpu and bool(ok.all())
-                    and bool(torch.cat([p.view(-1) for p in self.params]).isfinite().all())):
+            if self._on_cpu and bool(ok.all()) and bool(flat.isfinite().all()):
                 return stats
             # otherwise (and always on a GPU, so the host is never asked): restore every member
             # that may not change, on the device, and mark the new divergences
             stats.param_finite_after = self._params_finite()
             keep = ok & stats.param_finite_after.all(0)
-            for p, old in zip(self.params, before):
-                p.copy_(torch.where(_member_view(keep, p), p, old))
+            flat.copy_(torch.where(keep.unsqueeze(1), flat, before))
             cause = torch.where(~loss_ok, 1, torch.where(~grad_ok, 2, 3))
             stats.newly_diverged = self.health.mark(keep | ~self.health.alive, cause, env_step)
         return stats

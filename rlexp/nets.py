@@ -226,8 +226,9 @@ class PopMLP(nn.Module):
         ``forward`` in the network's current mode, with less overhead per call.
 
         For a plain network (no norm, weight norm, residual or second input) it runs the same ops
-        on detached views of the parameters, made once: parameters are only ever changed in place
-        (optimizer steps, target copies, restores), so the views stay current. Otherwise it is
+        on detached views of the parameters. Parameters change in place (optimizer steps, target
+        copies, restores), which the views see; when a parameter's storage is replaced (a gradient
+        pipeline moves it into its flat buffer) the views are made anew. Otherwise it is
         ``forward`` under ``torch.no_grad()``.
         """
         if not self._plain:
@@ -235,18 +236,21 @@ class PopMLP(nn.Module):
                 with torch.no_grad():
                     return self.forward(x, extra)
             return run
-        act, scale = self.act, self.output_scale
-        hidden = [(layer.bias.detach().unsqueeze(1), layer.weight.detach().mT, activated)
-                  for (layer, _, _, activated) in self._hidden]
-        out_bias, out_weight = self._output.bias.detach().unsqueeze(1), self._output.weight.detach().mT
+        act, scale, params = self.act, self.output_scale, list(self.parameters())
+        views: List[tuple] = []
+        storage: List[int] = []
 
         def run_plain(x: torch.Tensor, extra: Optional[torch.Tensor] = None) -> torch.Tensor:
+            if storage != [p.data_ptr() for p in params]:  # first call, or a parameter moved
+                storage[:] = [p.data_ptr() for p in params]
+                views[:] = [(layer.bias.detach().unsqueeze(1), layer.weight.detach().mT, activated)
+                            for (layer, _, _, activated) in self._hidden]
+                views.append((self._output.bias.detach().unsqueeze(1), self._output.weight.detach().mT, False))
             with torch.no_grad():
-                for bias, weight_t, activated in hidden:
+                for bias, weight_t, activated in views:
                     x = torch.baddbmm(bias, x, weight_t)
                     x = act(x) if activated else x
-                out = torch.baddbmm(out_bias, x, out_weight)
-                return out * scale if scale != 1.0 else out
+                return x * scale if scale != 1.0 else x
         return run_plain
 
 

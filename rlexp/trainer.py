@@ -111,11 +111,12 @@ class Trainer:
                      extra_in=extra_in, extra_at=extra_at)
         return net.to(self.device)
 
-    def make_pipeline(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> GradientPipeline:
-        """The gradient pipeline (clipping, penalties, divergence checks) for one network (or a
-        ModuleList of networks trained by one loss, such as TD3's twin critics)."""
+    def make_pipeline(self, net: torch.nn.Module) -> GradientPipeline:
+        """The gradient pipeline (the configured optimizer, clipping, penalties, divergence checks)
+        for one network (or a ModuleList of networks trained by one loss, such as TD3's twin
+        critics); ``pipeline.optimizer`` is its optimizer."""
         params = [p for p in net.parameters() if p.requires_grad]
-        pipeline = GradientPipeline(params, optimizer, self.cfg.clipping, self.cfg.regularization,
+        pipeline = GradientPipeline(params, self.cfg.optimizer, self.cfg.clipping, self.cfg.regularization,
                                     weight_parameters(net), self.health)
         if self.cfg.debug.inject.what == "grad":
             pipeline.after_backward = self._inject_grad

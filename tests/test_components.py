@@ -326,6 +326,23 @@ def test_pop_mlp_forward_matches_direct_computation(case):
         torch.testing.assert_close(y, network.output_scale * mlp_reference(net, x, unscaled, act, norm))
 
 
+@pytest.mark.parametrize("normalization", ["none", "layer"])  # the raw-op path and the forward() path
+def test_inference_matches_forward_after_a_pipeline_moves_and_updates_the_parameters(normalization):
+    norm = LayerNormConfig(name="layer") if normalization == "layer" else NormalizationConfig(name="none")
+    net = PopMLP(3, 4, 2, NetworkConfig(name="mlp", hidden=[8, 8]), ActivationConfig(name="tanh"), norm,
+                 GainInitConfig(name="he"), gens(1, 2, 3))
+    infer = net.inference()  # made before the pipeline moves the parameters into its flat buffer
+    x = torch.randn(3, 5, 4, generator=torch.Generator().manual_seed(0))
+    initial = infer(x)
+    assert torch.equal(initial, net(x).detach())
+    pipe = GradientPipeline(list(net.parameters()), SGDConfig(name="sgd", lr=0.5), ClippingConfig(name="none"),
+                            RegularizationConfig(), weight_parameters(net), Health(3, CPU))
+    for _ in range(2):
+        pipe.step(net(x).square().mean((1, 2)), env_step=0)
+        assert torch.equal(infer(x), net(x).detach())
+    assert not torch.equal(infer(x), initial)  # the updates moved the outputs, and inference saw them
+
+
 def test_pop_mlp_members_are_independent_with_batch_norm():
     network = NetworkConfig(name="mlp", hidden=[8, 8])
     args = (network, ActivationConfig(name="relu"), BatchNormConfig(name="batch"),
@@ -694,7 +711,7 @@ def test_pipeline_step_matches_direct_clip_and_sgd_update():
     params = [layer.weight, layer.bias]
     w0, b0 = layer.weight.detach().clone(), layer.bias.detach().clone()
     health = Health(2, CPU)
-    pipe = GradientPipeline(params, make_optimizer(params, SGDConfig(name="sgd", lr=0.1)),
+    pipe = GradientPipeline(params, SGDConfig(name="sgd", lr=0.1),
                             structured(NormClipConfig, name="global_norm", max_norm=3.0),
                             RegularizationConfig(), weight_parameters(layer), health)
     stats = pipe.step(mse_per_member(layer, x, y), env_step=3)
@@ -724,7 +741,7 @@ def test_pipeline_nonfinite_loss_freezes_only_that_member():
         layer = make_layer()
         params = [layer.weight, layer.bias]
         health = Health(2, CPU)
-        pipe = GradientPipeline(params, make_optimizer(params, AdamConfig(name="adam", lr=0.01)),
+        pipe = GradientPipeline(params, AdamConfig(name="adam", lr=0.01),
                                 ClippingConfig(name="none"), RegularizationConfig(), [layer.weight], health)
         before = [p.detach().clone() for p in params]
         loss = mse_per_member(layer, x, y)
@@ -770,7 +787,7 @@ def test_pipeline_nonfinite_gradient_with_finite_loss():
     x, y = data()
     params = [layer.weight, layer.bias]
     health = Health(2, CPU)
-    pipe = GradientPipeline(params, make_optimizer(params, SGDConfig(name="sgd", lr=0.1)),
+    pipe = GradientPipeline(params, SGDConfig(name="sgd", lr=0.1),
                             NormClipConfig(name="global_norm", max_norm=1.0), RegularizationConfig(),
                             [layer.weight], health)
     before = [p.detach().clone() for p in params]
@@ -794,7 +811,7 @@ def overflow_step():
     """One SGD step (lr 1) whose update overflows member 0's parameter: 3e38 - (-3e38) = inf."""
     w = torch.nn.Parameter(torch.tensor([[3e38], [1.0]]))  # [P=2, 1]
     health = Health(2, CPU)
-    pipe = GradientPipeline([w], make_optimizer([w], SGDConfig(name="sgd", lr=1.0)), ClippingConfig(name="none"),
+    pipe = GradientPipeline([w], SGDConfig(name="sgd", lr=1.0), ClippingConfig(name="none"),
                             RegularizationConfig(), [w], health)
     k = torch.tensor([[-3e38], [0.5]])
     stats = pipe.step((k * (w - w.detach())).sum(1), env_step=4)  # loss 0, gradient k (finite)
@@ -822,7 +839,7 @@ def test_pipeline_huge_finite_gradient_is_not_a_nonfinite_gradient():
     w = torch.nn.Parameter(torch.zeros(2, 4))
     scale = torch.tensor([[1e20] * 4, [1.0] * 4])
     health = Health(2, torch.device("cpu"))
-    pipe = GradientPipeline([w], make_optimizer([w], SGDConfig(name="sgd", lr=1e-30)), ClippingConfig(name="none"),
+    pipe = GradientPipeline([w], SGDConfig(name="sgd", lr=1e-30), ClippingConfig(name="none"),
                             RegularizationConfig(), [w], health)
     stats = pipe.step((scale * w).sum(1), 1)
     assert bool(health.alive.all())
@@ -843,7 +860,7 @@ def test_pipeline_huge_gradient_in_member0_does_not_change_member1():
     for factor in (1.0, 1e6):
         layer = make_layer()
         params = [layer.weight, layer.bias]
-        pipe = GradientPipeline(params, make_optimizer(params, AdamConfig(name="adam", lr=0.01)),
+        pipe = GradientPipeline(params, AdamConfig(name="adam", lr=0.01),
                                 NormClipConfig(name="global_norm", max_norm=0.5), RegularizationConfig(),
                                 [layer.weight], Health(2, CPU))
         stats = []
@@ -870,7 +887,7 @@ def test_regularization_adds_the_written_out_penalty_gradient(weights_only):
     params = list(net.parameters())
     weights = weight_parameters(net)
     assert len(weights) == 2
-    pipe = GradientPipeline(params, make_optimizer(params, SGDConfig(name="sgd", lr=lr)), ClippingConfig(name="none"),
+    pipe = GradientPipeline(params, SGDConfig(name="sgd", lr=lr), ClippingConfig(name="none"),
                             RegularizationConfig(l1=l1, l2=l2, weights_only=weights_only), weights, Health(2, CPU))
     before = [p.detach().clone() for p in params]
     stats = pipe.step((net(x) - y).square().mean(dim=(1, 2)), env_step=0)

@@ -649,9 +649,8 @@ def _run_population(perturb: bool = False, nan_obs: bool = False, n_updates: int
     target = copy.deepcopy(q_net)
     target.requires_grad_(False)
     params = list(q_net.parameters())
-    opt = make_optimizer(params, AdamConfig(name="adam", lr=1e-3))
     health = Health(P, CPU)
-    pipe = GradientPipeline(params, opt, NormClipConfig(name="global_norm", max_norm=0.5), RegularizationConfig(),
+    pipe = GradientPipeline(params, AdamConfig(name="adam", lr=1e-3), NormClipConfig(name="global_norm", max_norm=0.5), RegularizationConfig(),
                             weight_parameters(q_net), health)
     batch = make_batch(P, B, seed=21)
     if nan_obs:
@@ -709,7 +708,7 @@ def test_population_member_equals_that_member_trained_alone():
     target = copy.deepcopy(q_net)
     target.requires_grad_(False)
     params = list(q_net.parameters())
-    pipe = GradientPipeline(params, make_optimizer(params, AdamConfig(name="adam", lr=1e-3)),
+    pipe = GradientPipeline(params, AdamConfig(name="adam", lr=1e-3),
                             NormClipConfig(name="global_norm", max_norm=0.5), RegularizationConfig(),
                             weight_parameters(q_net), Health(1, CPU))
     full = make_batch(P, B, seed=21)

@@ -237,7 +237,7 @@ def test_dqn_instruments_match_direct_gradients_clipping_updates_and_q_statistic
     assert all(s < 0.6 for s in scale)
 
     health = Health(P, CPU)
-    pipeline = GradientPipeline(list(q_net.parameters()), make_optimizer(q_net.parameters(), SGDConfig(name="sgd", lr=lr)),
+    pipeline = GradientPipeline(list(q_net.parameters()), SGDConfig(name="sgd", lr=lr),
                                 NormClipConfig(name="global_norm", max_norm=max_norm), RegularizationConfig(),
                                 weight_parameters(q_net), health)
     loss, _ = dqn.dqn_loss(q_net, target_net, batch, algo, r_max)
@@ -319,7 +319,7 @@ def test_zero_v_with_eps0_is_located_at_the_weight_norm():
     # the same through a real update: the pipeline sees a non-finite loss, locate names the layer
     names = parameter_names(net, "q")
     health = Health(P, CPU)
-    pipeline = GradientPipeline(list(net.parameters()), make_optimizer(net.parameters(), SGDConfig(name="sgd", lr=0.01)),
+    pipeline = GradientPipeline(list(net.parameters()), SGDConfig(name="sgd", lr=0.01),
                                 NormClipConfig(name="none"), RegularizationConfig(), weight_parameters(net), health)
     algo = DQNConfig(name="dqn")
     loss, _ = dqn.dqn_loss(net, target_net, batch, algo, torch.ones(P))

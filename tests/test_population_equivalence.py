@@ -130,7 +130,7 @@ def assert_member_grads(pairs, k: int, tol: dict) -> None:
 def make_pipeline(params, weights, clipping: str) -> GradientPipeline:
     clip = NormClipConfig(name="global_norm", max_norm=MAX_NORM) if clipping == "global_norm" \
         else ClippingConfig(name="none")
-    return GradientPipeline(params, make_optimizer(params, AdamConfig(name="adam", lr=LR)), clip,
+    return GradientPipeline(params, AdamConfig(name="adam", lr=LR), clip,
                             RegularizationConfig(), weights, Health(P, CPU))
 
 

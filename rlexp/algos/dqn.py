@@ -34,7 +34,6 @@ from rlexp.diagnostics import (
 )
 from rlexp.grad import UpdateStats
 from rlexp.nets import PopMLP, hard_update_, soft_update_
-from rlexp.optim import make_optimizer
 from rlexp.replay import Batch, ReplayBuffer
 
 if TYPE_CHECKING:
@@ -155,8 +154,7 @@ def train(trainer: "Trainer") -> None:
     if algo.target_network:
         target_net = copy.deepcopy(q_net)
         target_net.requires_grad_(False)
-    optimizer = make_optimizer(q_net.parameters(), trainer.cfg.optimizer)
-    pipeline = trainer.make_pipeline(q_net, optimizer)
+    pipeline = trainer.make_pipeline(q_net)  # the configured optimizer, clipping, penalties
     names = parameter_names(q_net, "q")  # q.0.weight, q.0.bias, ... aligned with the pipeline's tensors
     buffer = ReplayBuffer(members, algo.buffer_size, env.obs_dim, device)
     r_max = np.full(members, float(algo.r_max))  # [P] largest |r| seen so far, at least algo.r_max

@@ -41,7 +41,6 @@ from rlexp.diagnostics import (
     update_instruments,
 )
 from rlexp.nets import PopMLP
-from rlexp.optim import make_optimizer
 
 if TYPE_CHECKING:
     from rlexp.trainer import Trainer
@@ -172,9 +171,7 @@ def train(trainer: "Trainer") -> None:
     critic = trainer.make_net(obs_dim, 1, role="critic")
     actor.eval(), critic.eval()  # acting uses running statistics when a network has batch norm
     policy_out, value_of = actor.net.inference(), critic.inference()  # acting: no gradient, less overhead
-    actor_opt = make_optimizer(actor.parameters(), trainer.cfg.optimizer)
-    critic_opt = make_optimizer(critic.parameters(), trainer.cfg.optimizer)
-    actor_pipe, critic_pipe = trainer.make_pipeline(actor, actor_opt), trainer.make_pipeline(critic, critic_opt)
+    actor_pipe, critic_pipe = trainer.make_pipeline(actor), trainer.make_pipeline(critic)  # an optimizer each
     actor_names = parameter_names(actor.net, "actor") + (["actor.log_std"] if continuous else [])
     critic_names = parameter_names(critic, "critic")
     lr = trainer.cfg.optimizer.lr
@@ -226,8 +223,8 @@ def train(trainer: "Trainer") -> None:
         t = 0
         rollout += 1
         if algo.anneal_lr:
-            for opt in (actor_opt, critic_opt):
-                for group in opt.param_groups:
+            for pipe in (actor_pipe, critic_pipe):
+                for group in pipe.optimizer.param_groups:
                     group["lr"] = lr * max(0.0, 1.0 - (rollout - 1) / num_updates)
             trainer.note(lr=lr * max(0.0, 1.0 - (rollout - 1) / num_updates))
         rewards, terminated, dones, valid = (torch.from_numpy(x).to(device)  # [T, P, E]

@@ -36,7 +36,6 @@ from rlexp.diagnostics import (
 )
 from rlexp.grad import UpdateStats
 from rlexp.nets import PopMLP, soft_update_
-from rlexp.optim import make_optimizer
 from rlexp.replay import Batch, ReplayBuffer
 
 if TYPE_CHECKING:
@@ -92,9 +91,7 @@ def train(trainer: "Trainer") -> None:
     actor_target.requires_grad_(False), critic_targets.requires_grad_(False)
     for net in (actor, critics, actor_target, critic_targets):
         net.eval()  # acting and targets use running statistics when a network has batch norm
-    actor_opt = make_optimizer(actor.parameters(), trainer.cfg.optimizer)
-    critic_opt = make_optimizer(critics.parameters(), trainer.cfg.optimizer)
-    actor_pipe, critic_pipe = trainer.make_pipeline(actor, actor_opt), trainer.make_pipeline(critics, critic_opt)
+    actor_pipe, critic_pipe = trainer.make_pipeline(actor), trainer.make_pipeline(critics)  # an optimizer each
     critic_prefixes = ["critic", "critic2"][: len(critics)]
     actor_names = parameter_names(actor, "actor")
     critic_names = [n for c, prefix in zip(critics, critic_prefixes) for n in parameter_names(c, prefix)]
