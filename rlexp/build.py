@@ -100,7 +100,8 @@ def validate(cfg: DictConfig) -> None:
     _require(cfg.total_steps >= 1, "total_steps", cfg.total_steps, "an integer >= 1")
     _require(cfg.num_seeds >= 1, "num_seeds", cfg.num_seeds, "an integer >= 1")
     _require(cfg.seed >= 0, "seed", cfg.seed, "an integer >= 0")
-    _require(cfg.threads >= 0, "threads", cfg.threads, "an integer >= 0 (0 = torch's default)")
+    _require(cfg.threads >= -1, "threads", cfg.threads,
+             "an integer >= -1 (0 = torch's default, -1 = by population size)")
     resolve_device(cfg.device)
 
     init = cfg.init

@@ -319,7 +319,7 @@ class Config:
     seed: int = 0  # member k uses seed + k
     num_seeds: int = 1  # population size P
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    threads: int = 1  # torch intra-op threads; 0 = leave torch's default
+    threads: int = 1  # torch intra-op threads; 0 = leave torch's default; -1 = by population size
     resume: bool = False  # skip jobs whose dir holds a finished job (else starting there is refused)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import os
 import time
 import traceback
 from pathlib import Path
@@ -53,6 +54,12 @@ def network_groups(cfg: Config, role: Optional[str]) -> Tuple[Any, Any, Any, Any
     return groups["activation"], groups["init"], groups["normalization"], network
 
 
+def population_threads(members: int) -> int:
+    """``threads=-1``: torch threads for a population of ``members`` — one per 8 members (a smaller
+    population's matmuls are too small to split), at most the cores this process may use."""
+    return max(1, min(len(os.sched_getaffinity(0)), members // 8))
+
+
 class Trainer:
     """Runs one job: a population of ``num_seeds`` members trained together."""
 
@@ -64,8 +71,9 @@ class Trainer:
         self.cell = cell
         self.choices = choices or {}
         self.device = resolve_device(cfg.device)
-        if cfg.threads > 0:
-            torch.set_num_threads(cfg.threads)
+        threads = population_threads(cfg.num_seeds) if cfg.threads == -1 else cfg.threads
+        if threads > 0:
+            torch.set_num_threads(threads)
         self.seeds: List[int] = [cfg.seed + k for k in range(cfg.num_seeds)]
         self.members = len(self.seeds)
         torch.manual_seed(cfg.seed)
@@ -364,6 +372,7 @@ class Trainer:
         members = [s for s in self.member_summaries if s is not None]
         job = job_summary(config, self.cell, self.choices, members, time.perf_counter() - self.start_time, error)
         job["first_step_time"] = self.first_step_time  # unix time of the first env step (start-up benchmarks)
+        job["threads"] = torch.get_num_threads()  # the torch threads the job ran with
         write_json(self.out_dir / "summary.json", job)
         return job
 

@@ -13,6 +13,7 @@ Sections (--only picks a subset); every measurement is a fresh process, 1 torch 
                wall time (launch to exit, start-up included) of both; rlexp's loop-only wall time too.
   population   rlexp DQN (the settings above) at num_seeds = P for each of --populations: the loop's
                wall time, env steps/s per seed and for the population, and the process's peak RSS.
+               --threads sets their torch threads (default 1; -1 lets rlexp choose by population size).
   diagnostics  rlexp DQN, the default config: instruments at their default rate vs diagnostics.every=0
                (explosion checks off in both, so both do the same work); loop wall time.
   startup      rlexp DQN, the default config, W&B offline (its default mode): from just before the
@@ -183,7 +184,7 @@ def dqn_overrides(steps: int) -> List[str]:
 Case = tuple[str, Callable[[Sample], float], Callable[[int], Sample]]
 
 
-def build_cases(sections: List[str], steps: int, ppo_steps: int, populations: List[int],
+def build_cases(sections: List[str], steps: int, ppo_steps: int, populations: List[int], threads: int,
                 workdir: Path) -> tuple[List[Case], Dict[str, List[str]]]:
     """The cases of the chosen sections, in the order they alternate, and each case's command."""
     whole: Callable[[Sample], float] = lambda s: s.process_s  # noqa: E731
@@ -207,7 +208,7 @@ def build_cases(sections: List[str], steps: int, ppo_steps: int, populations: Li
             sb3_command("dqn", steps, 0, dqn_starts))
     if "population" in sections:
         for p in populations:
-            over = dqn + [f"num_seeds={p}"]
+            over = dqn + [f"num_seeds={p}", f"threads={threads}"]
             add(f"population_p{p}", loop, lambda r, over=over: rlexp_run(over + [f"seed={r}"], workdir),
                 rlexp_command(over, "disabled"))
     if "diagnostics" in sections:
@@ -300,6 +301,8 @@ def main() -> int:
                         "1 16 with --quick); the P16/P1 ratio needs 1 and 16")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, metavar="SECTION",
                         help=f"measure only these sections: {' '.join(SECTIONS)}")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="the population section's torch threads (rlexp's threads=; -1: by population size)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench.json")
     parser.add_argument("--sb3", choices=("dqn", "ppo"), help=argparse.SUPPRESS)  # internal: one SB3 run
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -328,7 +331,7 @@ def main() -> int:
 
     load_start = load()
     with tempfile.TemporaryDirectory() as tmp:
-        cases, commands = build_cases(sections, steps, ppo_steps, populations, Path(tmp))
+        cases, commands = build_cases(sections, steps, ppo_steps, populations, args.threads, Path(tmp))
         samples: Dict[str, List[float]] = {name: [] for name, _, _ in cases}
         extra: Dict[str, List[float]] = {}  # rlexp's loop-only times; the start-up run's whole process
         rss: Dict[str, List[float]] = {}
@@ -354,7 +357,7 @@ def main() -> int:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "processor": platform.processor(),
                     "load_average_start": load_start, "load_average_end": load()},
         "versions": versions(),
-        "settings": {"steps": steps, "ppo_steps": ppo_steps, "repeats": repeats, "populations": populations,
+        "settings": {"steps": steps, "ppo_steps": ppo_steps, "repeats": repeats, "populations": populations, "population_threads": args.threads,
                      "sections": sections, "quick": args.quick,
                      "dqn_learning_starts": scaled_learning_starts(steps, CLEANRL_LEARNING_STARTS)},
         "commands": commands,

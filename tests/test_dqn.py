@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +40,7 @@ from rlexp.nets import PopMLP, weight_parameters
 from rlexp.optim import make_optimizer
 from rlexp.replay import Batch, ReplayBuffer
 from rlexp.streams import MemberStreams, member_generator
-from rlexp.trainer import run_job
+from rlexp.trainer import population_threads, run_job
 
 torch.set_num_threads(1)
 
@@ -831,3 +832,16 @@ def test_a_divergence_is_a_result(tmp_path):
         assert at <= member["steps"] < at + log_every  # reported at the first log after it
         lines = _read_metrics(tmp_path / f"seed_{k}" / "metrics.jsonl")
         assert lines[-1]["step"] == member["steps"]  # the member's log stops there
+
+
+@pytest.mark.parametrize("members", [1, 7, 16, 40])
+def test_threads_minus_one_picks_one_thread_per_8_members_within_the_cores(members, tmp_path):
+    cores = len(os.sched_getaffinity(0))
+    expected = max(1, min(cores, members // 8))  # 1 below 16 members; never more than the cores
+    assert population_threads(members) == expected
+    try:
+        job = run_job(_compose(TINY[:-1] + ["threads=-1", f"num_seeds={members}", "total_steps=40",
+                                           "algo.learning_starts=20"]), tmp_path)
+        assert job["threads"] == expected == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(1)  # the rest of the suite runs on one thread
