@@ -13,7 +13,8 @@ Sections (--only picks a subset); every measurement is a fresh process, 1 torch 
                wall time (launch to exit, start-up included) of both; rlexp's loop-only wall time too.
   population   rlexp DQN (the settings above) at num_seeds = P for each of --populations: the loop's
                wall time, env steps/s per seed and for the population, and the process's peak RSS.
-               --threads sets their torch threads (default 1; -1 lets rlexp choose by population size).
+               --threads sets their torch threads (default -1: rlexp chooses by population size, one
+               thread per 8 members at most the cores; 1 for one thread).
   diagnostics  rlexp DQN, the default config: instruments at their default rate vs diagnostics.every=0
                (explosion checks off in both, so both do the same work); loop wall time.
   startup      rlexp DQN, the default config, W&B offline (its default mode): from just before the
@@ -301,8 +302,8 @@ def main() -> int:
                         "1 16 with --quick); the P16/P1 ratio needs 1 and 16")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, metavar="SECTION",
                         help=f"measure only these sections: {' '.join(SECTIONS)}")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="the population section's torch threads (rlexp's threads=; -1: by population size)")
+    parser.add_argument("--threads", type=int, default=-1,
+                        help="the population section's torch threads (rlexp's threads=; default -1: by population size)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench.json")
     parser.add_argument("--sb3", choices=("dqn", "ppo"), help=argparse.SUPPRESS)  # internal: one SB3 run
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -357,7 +358,8 @@ def main() -> int:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "processor": platform.processor(),
                     "load_average_start": load_start, "load_average_end": load()},
         "versions": versions(),
-        "settings": {"steps": steps, "ppo_steps": ppo_steps, "repeats": repeats, "populations": populations, "population_threads": args.threads,
+        "settings": {"steps": steps, "ppo_steps": ppo_steps, "repeats": repeats, "populations": populations,
+                     "population_threads": args.threads,
                      "sections": sections, "quick": args.quick,
                      "dqn_learning_starts": scaled_learning_starts(steps, CLEANRL_LEARNING_STARTS)},
         "commands": commands,
