@@ -12,10 +12,9 @@ diverged and frozen while the others go on bitwise unchanged.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
-
-import warnings
 
 import torch
 

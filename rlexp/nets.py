@@ -222,7 +222,7 @@ class PopMLP(nn.Module):
 
 
     def inference(self) -> Callable[..., torch.Tensor]:
-        """A forward function without gradient for acting and bootstrap targets: the same outputs as
+        """A forward function without gradient, for acting: the same outputs as
         ``forward`` in the network's current mode, with less overhead per call.
 
         For a plain network (no norm, weight norm, residual or second input) it runs the same ops
