@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlexp.algos import ALGOS
 from rlexp.config import ConfigError
-from rlexp.envs import check_env_id, make_vector_env
+from rlexp.envs import check_env_id, make_env
 from rlexp.grad import CLIPPERS
 from rlexp.init import INITIALIZERS
 from rlexp.loggers import WANDB_MODES
@@ -239,11 +239,11 @@ def action_kind(space: gym.Space) -> str:
 
 
 def _validate_action_space(cfg: DictConfig) -> None:
-    env = make_vector_env(cfg.env, 1)
+    env = make_env(cfg.env)
     try:
-        kind = action_kind(env.single_action_space)
-        if not isinstance(env.single_observation_space, gym.spaces.Box):
-            raise ConfigError("env.id", f"{cfg.env.id} has a {type(env.single_observation_space).__name__} "
+        kind = action_kind(env.action_space)
+        if not isinstance(env.observation_space, gym.spaces.Box):
+            raise ConfigError("env.id", f"{cfg.env.id} has a {type(env.observation_space).__name__} "
                               "observation space", "use an environment with Box (vector) observations")
     finally:
         env.close()

@@ -99,6 +99,10 @@ def clip_agc(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg:
         g.copy_(torch.where(g_norm > max_norm, clipped, g))
 
 
+# processors that only need each member's joint norm or work elementwise: they run on the flat
+# gradient buffer [P, N] as one tensor
+FLAT_CLIPPERS = ("none", "global_norm", "value")
+
 CLIPPERS: Dict[str, Processor] = {
     "none": clip_none,
     "global_norm": clip_global_norm,
@@ -184,6 +188,7 @@ class GradientPipeline:
         self.optimizer = make_optimizer([self.flat], optimizer)
         self.clipping = clipping
         self.clip = CLIPPERS[clipping.name]
+        self._clip_grads = [self.flat_grad] if clipping.name in FLAT_CLIPPERS else self.grads
         self.health = health
         self.l1, self.l2 = regularization.l1, regularization.l2
         self.penalized = weights if regularization.weights_only else params
@@ -221,7 +226,7 @@ class GradientPipeline:
         clipped = self.clipping.name != "none"
         norm_pre = torch.linalg.vector_norm(flat_grad, dim=1, dtype=torch.float64)  # [P] each member's
         tensor_pre = tensor_norms(grads) if diagnose else None  # [T, P] per tensor, for the instruments
-        self.clip(self.params, grads, self.clipping, norm_pre)
+        self.clip(self.params, self._clip_grads, self.clipping, norm_pre)
         norm_post = torch.linalg.vector_norm(flat_grad, dim=1, dtype=torch.float64) if clipped else norm_pre
         stats = UpdateStats(loss.detach(), norm_pre, norm_post)
         if diagnose:
@@ -239,7 +244,8 @@ class GradientPipeline:
                 stats.tensor_param = tensor_norms(self.params)
                 stats.tensor_update = tensor_norms(list((flat - before).split(self._sizes, 1)))
             # CPU fast path (a host check is free there): every member updated and stayed finite
-            if self._on_cpu and bool(ok.all()) and bool(flat.isfinite().all()):
+            # (a finite sum has only finite terms; a sum that overflows takes the exact path below)
+            if self._on_cpu and bool(ok.all() & torch.isfinite(flat.sum())):
                 return stats
             # otherwise (and always on a GPU, so the host is never asked): restore every member
             # that may not change, on the device, and mark the new divergences

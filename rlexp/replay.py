@@ -36,6 +36,7 @@ class ReplayBuffer:
         self.data = torch.zeros(members, self.rows, 2 * obs_dim + self._action_width + 2, device=device)  # [P, C+1, F]
         self.ptr = np.zeros(members, dtype=np.int64)  # next row to write, per member (host)
         self.size = np.zeros(members, dtype=np.int64)  # valid rows held, per member (host)
+        self._filling = True  # some member's memory is not full yet
         self._row_base = np.arange(members)[:, None] * self.rows  # [P, 1]
         self._member_np = np.arange(members)[:, None]  # [P, 1]
         self._host = self.data.numpy() if self.data.device.type == "cpu" else None  # shares memory
@@ -57,22 +58,31 @@ class ReplayBuffer:
         copy.
         """
         valid = np.asarray(valid, dtype=bool)
-        valid_count = valid.cumsum(1)  # [P, E]
-        pos = np.where(valid, (self.ptr[:, None] + valid_count - 1) % self.capacity, self.capacity)
-        actions = np.asarray(actions).reshape(*valid.shape, self._action_width)
-        rows = np.concatenate([np.asarray(obs), np.asarray(next_obs), actions,
-                               np.asarray(rewards)[..., None], np.asarray(terminated)[..., None]],
-                              axis=-1, dtype=np.float32)  # [P, E, F]
+        members, num_envs = valid.shape
+        if valid.all():  # the common case: E rows per member, in order
+            added = num_envs
+            pos = (self.ptr[:, None] + np.arange(num_envs)) % self.capacity  # [P, E]
+        else:
+            valid_count = valid.cumsum(1)  # [P, E]
+            added = valid_count[:, -1]
+            pos = np.where(valid, (self.ptr[:, None] + valid_count - 1) % self.capacity, self.capacity)
+        rows = np.empty((members, num_envs, self.data.shape[-1]), dtype=np.float32)  # [P, E, F]
+        o, a = self.obs_dim, 2 * self.obs_dim + self._action_width
+        rows[..., :o] = obs
+        rows[..., o : 2 * o] = next_obs
+        rows[..., 2 * o : a] = np.asarray(actions).reshape(members, num_envs, self._action_width)
+        rows[..., a] = rewards
+        rows[..., a + 1] = terminated
         if self._host is not None:
             self._host[self._member_np, pos] = rows
         else:
             flat = torch.from_numpy((self._row_base + pos).reshape(-1)).to(self.device)
             rows = torch.from_numpy(rows.reshape(flat.numel(), -1)).to(self.device)
             self.data.view(-1, self.data.shape[-1]).index_copy_(0, flat, rows)
-        added = valid_count[:, -1]
         self.ptr = (self.ptr + added) % self.capacity
-        if (self.size < self.capacity).any():  # the size stops changing once the memory is full
+        if self._filling:  # the size stops changing once every member's memory is full
             self.size = np.minimum(self.size + added, self.capacity)
+            self._filling = bool((self.size < self.capacity).any())
 
     def sample(self, uniform: Union[np.ndarray, torch.Tensor]) -> Batch:
         """A minibatch per member from uniform numbers [P, B] in [0, 1): row = floor(u * size)."""

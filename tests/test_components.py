@@ -848,6 +848,20 @@ def test_pipeline_huge_finite_gradient_is_not_a_nonfinite_gradient():
     torch.testing.assert_close(w.detach(), -1e-30 * scale)
 
 
+def test_pipeline_finite_parameters_whose_sum_overflows_are_not_diverged():
+    # the CPU fast check sums the parameters in float32; 2 x 3e38 overflows that sum although every
+    # element is finite: the exact check must then keep both members alive and updated
+    w = torch.nn.Parameter(torch.tensor([[3e38, 3e38], [1.0, 2.0]]))  # [P=2, 2]
+    health = Health(2, CPU)
+    pipe = GradientPipeline([w], SGDConfig(name="sgd", lr=1.0), ClippingConfig(name="none"),
+                            RegularizationConfig(), [w], health)
+    stats = pipe.step((w - w.detach()).sum(1), env_step=3)  # loss 0, gradient 1 for every element
+    assert stats.newly_diverged is not None and not bool(stats.newly_diverged.any())  # the exact check ran
+    assert bool(health.alive.all())
+    expected = torch.tensor([[3e38, 3e38], [1.0, 2.0]]) - 1.0  # the SGD step, in float32
+    assert torch.equal(w.detach(), expected)
+
+
 def test_pipeline_nonfinite_parameter_after_step_is_restored():
     w, health, _, _ = overflow_step()
     # member 0 diverged on this step: like a non-finite loss or gradient, it keeps its pre-step parameters

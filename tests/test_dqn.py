@@ -15,6 +15,7 @@ import math
 import os
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -461,6 +462,36 @@ def test_population_env_autoreset_step_is_invalid_and_episode_stats_match_reward
     assert env.take_episodes() == [[], []]  # read once
 
 
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_population_env_steps_exactly_as_gymnasium_sync_vector_env(env_id):
+    """The own stepping loop returns what gymnasium's SyncVectorEnv (NEXT_STEP autoreset) returns for
+    the same seeds and actions: observations, rewards and flags, bit for bit, through autoresets."""
+    P, E = 2, 3
+    cfg = EnvConfig(id=env_id, num_envs=E, max_episode_steps=7)
+    env = PopulationEnv(cfg, member_seeds=[4, 9])
+    sync = gym.make_vec(env_id, num_envs=P * E, vectorization_mode="sync", max_episode_steps=7)
+    np.testing.assert_array_equal(env.reset(), sync.reset(seed=env.seeds)[0].reshape(P, E, -1))
+    rng = np.random.default_rng(0)
+    prev_done, resets = np.zeros(P * E, dtype=bool), 0
+    for _ in range(40):
+        if env_id == "CartPole-v1":
+            actions = rng.integers(0, 2, (P, E))
+        else:
+            actions = rng.uniform(-2, 2, (P, E, 1)).astype(np.float32)
+        res = env.step(actions)
+        obs, reward, terminated, truncated, _ = sync.step(actions.reshape(P * E, *env.action_space.shape))
+        np.testing.assert_array_equal(res.obs, obs.reshape(P, E, -1))
+        np.testing.assert_array_equal(res.reward, reward.reshape(P, E))
+        np.testing.assert_array_equal(res.terminated, terminated.reshape(P, E))
+        np.testing.assert_array_equal(res.truncated, truncated.reshape(P, E))
+        np.testing.assert_array_equal(res.valid, ~prev_done.reshape(P, E))
+        resets += int(prev_done.sum())
+        prev_done = terminated | truncated
+    assert resets >= P * E  # the comparison went through autoresets
+    env.close()
+    sync.close()
+
+
 def test_population_env_member_seeds_are_independent_of_population():
     """Member with seed 7 sees the same episode in populations [3, 7] and [9, 7]."""
     runs = []
@@ -469,7 +500,7 @@ def test_population_env_member_seeds_are_independent_of_population():
         traj = [torch.as_tensor(env.reset()[1]).clone()]
         for t in range(10):
             traj.append(torch.as_tensor(env.step(_fixed_actions(t, 2, 2)).obs[1]).clone())
-        first = env.vec.reset(seed=env.seeds)[0][0].copy()  # member 0's first env, for the contrast below
+        first = env.reset()[0, 0].copy()  # member 0's first env, for the contrast below
         env.close()
         runs.append((torch.stack(traj), first))
     assert torch.equal(runs[0][0], runs[1][0])
