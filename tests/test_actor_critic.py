@@ -272,6 +272,7 @@ def test_policy_log_prob_and_entropy_match_torch_distributions():
     dist = torch.distributions.Categorical(logits=discrete.net(obs))
     torch.testing.assert_close(lp, dist.log_prob(actions))
     torch.testing.assert_close(ent, dist.entropy())
+    torch.testing.assert_close(discrete.log_prob(discrete.net(obs), actions), dist.log_prob(actions))  # acting's
 
     gaussian = Actor(pop_mlp(P, 4, A), P, A, continuous=True)
     with torch.no_grad():
@@ -281,6 +282,7 @@ def test_policy_log_prob_and_entropy_match_torch_distributions():
     dist = torch.distributions.Normal(gaussian.net(obs), gaussian.log_std.exp().unsqueeze(1))
     torch.testing.assert_close(lp, dist.log_prob(actions).sum(-1))
     torch.testing.assert_close(ent, dist.entropy().sum(-1))
+    torch.testing.assert_close(gaussian.log_prob(gaussian.net(obs), actions), dist.log_prob(actions).sum(-1))
 
 
 def test_policy_sampling_is_the_inverse_cdf_of_each_members_uniforms():

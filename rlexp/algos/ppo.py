@@ -59,15 +59,21 @@ class Actor(nn.Module):
         self.log_std = nn.Parameter(torch.zeros(members, action_dim, device=net.layers[0].weight.device)) \
             if continuous else None
 
+    def log_prob(self, out: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """log pi(a|s) [P, B] from the policy output ``out`` [P, B, A] (a forward pass's)."""
+        if self.continuous:
+            log_std = self.log_std.unsqueeze(1)  # [P, 1, A]
+            z = (actions - out) * torch.exp(-log_std)
+            return (-0.5 * z.square() - log_std - 0.5 * LOG_2PI).sum(-1)
+        return F.log_softmax(out, -1).gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+
     def log_prob_entropy(self, obs: torch.Tensor, actions: torch.Tensor,
                          out: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """log pi(a|s) and the policy entropy, both [P, B]; ``out`` reuses a forward pass's output."""
         out = self.net(obs) if out is None else out
         if self.continuous:
-            log_std = self.log_std.unsqueeze(1)  # [P, 1, A]
-            z = (actions - out) * torch.exp(-log_std)
-            log_prob = (-0.5 * z.square() - log_std - 0.5 * LOG_2PI).sum(-1)
-            entropy = (0.5 + 0.5 * LOG_2PI + log_std).sum(-1).expand_as(log_prob)
+            log_prob = self.log_prob(out, actions)
+            entropy = (0.5 + 0.5 * LOG_2PI + self.log_std.unsqueeze(1)).sum(-1).expand_as(log_prob)
             return log_prob, entropy
         log_p = F.log_softmax(out, -1)  # [P, B, A]
         log_prob = log_p.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
@@ -95,11 +101,12 @@ def gae(
     lam: float,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Generalized advantage estimates and returns, all [T, P, E] (see the module docstring)."""
+    deltas = rewards + gamma * (1.0 - terminated) * next_values - values  # every step at once
+    carry = gamma * lam * (1.0 - dones)  # what A_t+1 is weighted with in A_t
     advantages = torch.zeros_like(rewards)
     last = torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
-        delta = rewards[t] + gamma * (1.0 - terminated[t]) * next_values[t] - values[t]
-        last = delta + gamma * lam * (1.0 - dones[t]) * last
+        last = deltas[t] + carry[t] * last
         advantages[t] = last
     return advantages, advantages + values
 
@@ -170,6 +177,7 @@ def train(trainer: "Trainer") -> None:
     actor = Actor(trainer.make_net(obs_dim, action_dim, role="actor"), members, action_dim, continuous)
     critic = trainer.make_net(obs_dim, 1, role="critic")
     actor.eval(), critic.eval()  # acting uses running statistics when a network has batch norm
+    batch_stats = actor.net.uses_batch_stats or critic.uses_batch_stats  # the update then trains with batch ones
     policy_out, value_of = actor.net.inference(), critic.inference()  # acting: no gradient, less overhead
     actor_pipe, critic_pipe = trainer.make_pipeline(actor), trainer.make_pipeline(critic)  # an optimizer each
     actor_names = parameter_names(actor.net, "actor") + (["actor.log_std"] if continuous else [])
@@ -201,7 +209,7 @@ def train(trainer: "Trainer") -> None:
         with torch.no_grad():
             out = policy_out(obs_t)  # [P, E, A]
             action = actor.sample(out, u.to(device))
-            log_prob, _ = actor.log_prob_entropy(obs_t, action, out)
+            log_prob = actor.log_prob(out, action)
             value = value_of(obs_t).squeeze(-1)  # [P, E]
         env_action = action.cpu().numpy()
         if continuous:
@@ -250,11 +258,13 @@ def train(trainer: "Trainer") -> None:
                 mb = Minibatch(*(getattr(data, f)[member_index, idx] for f in Minibatch.__dataclass_fields__))
                 diagnose = diag.every > 0 and updates % diag.every == 0
                 trainer.inject_param(critic, step)  # debug.inject.what=param poisons the critic
-                actor.train(), critic.train()
+                if batch_stats:
+                    actor.train(), critic.train()
                 out = actor.net(mb.obs)
                 new_log_prob, entropy = actor.log_prob_entropy(mb.obs, mb.actions, out)
                 new_values = critic(mb.obs).squeeze(-1)
-                actor.eval(), critic.eval()
+                if batch_stats:
+                    actor.eval(), critic.eval()
                 losses = ppo_losses(new_log_prob, entropy, new_values, mb, algo)
                 actor_update = actor_pipe.step(losses["actor_loss"], step, diagnose)
                 critic_update = critic_pipe.step(losses["critic_loss"], step, diagnose)
