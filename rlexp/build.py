@@ -179,6 +179,17 @@ def _validate_networks(cfg: DictConfig) -> None:
              f"an index in [0, {depth}]: 0 joins the action to the input, k to the k-th hidden layer's output")
 
 
+def _uses_batch_norm(cfg: DictConfig) -> bool:
+    return "batch" in (cfg.normalization.name, cfg.actor.normalization, cfg.critic.normalization)
+
+
+def _require_batch_statistics(cfg: DictConfig, key: str, batch: int) -> None:
+    """Batch normalization trains on each member's batch statistics: a batch needs two samples."""
+    if _uses_batch_norm(cfg) and batch < 2:
+        raise ConfigError(key, f"a batch of {batch} sample has no batch statistics for normalization=batch",
+                          f"raise {key} (batches of at least 2 samples) or use another normalization")
+
+
 def _validate_actor_critic(cfg: DictConfig) -> None:
     algo = cfg.algo
     for k in ("num_steps", "update_epochs", "num_minibatches"):
@@ -187,6 +198,7 @@ def _validate_actor_critic(cfg: DictConfig) -> None:
     if algo.num_minibatches > batch:
         raise ConfigError("algo.num_minibatches", f"{algo.num_minibatches} exceeds the rollout of "
                           f"{batch} samples (algo.num_steps x env.num_envs)", "lower algo.num_minibatches")
+    _require_batch_statistics(cfg, "algo.num_minibatches", batch // algo.num_minibatches)
     _fraction(algo, "algo", ("gamma", "gae_lambda"), closed_high=True)
     if algo.anneal_steps is not None:
         _require(algo.anneal_steps >= 1, "algo.anneal_steps", algo.anneal_steps, "an integer >= 1 (or null)")
@@ -208,6 +220,7 @@ def _validate_replay(cfg: DictConfig, counts: Iterable[str]) -> None:
     if algo.batch_size > algo.buffer_size:
         raise ConfigError("algo.batch_size", f"{algo.batch_size} exceeds algo.buffer_size={algo.buffer_size}",
                           "lower algo.batch_size or raise algo.buffer_size")
+    _require_batch_statistics(cfg, "algo.batch_size", algo.batch_size)
     if algo.learning_starts >= cfg.total_steps:
         raise ConfigError("algo.learning_starts", f"{algo.learning_starts} >= total_steps={cfg.total_steps}",
                           "lower algo.learning_starts or raise total_steps, or nothing is ever learned")

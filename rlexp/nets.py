@@ -94,7 +94,9 @@ class PopBatchNorm(nn.Module):
     """BatchNorm over each member's own batch: mean/var over B of [P, B, H], per member and feature.
 
     Training mode normalizes with the batch statistics and updates the running ones (momentum,
-    unbiased variance, as torch.nn.BatchNorm1d); eval mode normalizes with the running statistics.
+    unbiased variance), eval mode normalizes with the running statistics: torch.nn.BatchNorm1d for
+    each member. It runs as one F.batch_norm over the [B, P * H] view, whose P * H channels are
+    exactly the members' features, so nothing is shared between members.
     """
 
     def __init__(self, members: int, width: int, eps: float, momentum: float) -> None:
@@ -107,18 +109,13 @@ class PopBatchNorm(nn.Module):
         self.momentum = momentum
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training:
-            mean = x.mean(1)  # [P, H]
-            var = x.var(1, unbiased=False)  # [P, H]
-            with torch.no_grad():
-                n = x.shape[1]
-                unbiased = var * (n / max(n - 1, 1))
-                self.running_mean.lerp_(mean, self.momentum)
-                self.running_var.lerp_(unbiased, self.momentum)
-        else:
-            mean, var = self.running_mean, self.running_var
-        x = (x - mean.unsqueeze(1)) * torch.rsqrt(var.unsqueeze(1) + self.eps)
-        return x * self.weight.unsqueeze(1) + self.bias.unsqueeze(1)
+        members, batch, width = x.shape
+        channels = x.transpose(0, 1).reshape(batch, members * width)  # [B, P * H]
+        # the running statistics are updated in place through their flat views; weight and bias may
+        # be strided views into a pipeline's buffer, so they are reshaped (copied when they must be)
+        y = F.batch_norm(channels, self.running_mean.view(-1), self.running_var.view(-1), self.weight.reshape(-1),
+                         self.bias.reshape(-1), self.training, self.momentum, self.eps)
+        return y.view(batch, members, width).transpose(0, 1)  # [P, B, H]
 
 
 # normalization name -> the norm module after each hidden linear layer (weight norm changes the

@@ -500,6 +500,9 @@ def test_short_run_returns_rise_above_a_random_policy(algo, tmp_path):
     (["algo=td3", "env=pendulum", "algo.tau=1.5"], "algo.tau"),
     (["algo=ddpg", "env=pendulum", "algo.policy_delay=0"], "algo.policy_delay"),
     (["obs_norm.clip=0"], "obs_norm.clip"),
+    (["normalization=batch", "algo.batch_size=1"], "algo.batch_size"),  # no batch statistics in one sample
+    (["algo=ppo", "critic.normalization=batch", "algo.num_steps=4", "env.num_envs=1", "algo.num_minibatches=4"],
+     "algo.num_minibatches"),
 ])
 def test_bad_actor_critic_values_name_the_key(overrides, key):
     with pytest.raises(ConfigError) as err:
