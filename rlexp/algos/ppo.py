@@ -157,6 +157,12 @@ def ppo_losses(
             "entropy": mean_entropy.detach(), "approx_kl": approx_kl, "clipfrac": clipfrac}
 
 
+def take_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows ``rows`` [P * M] (member k's from its own block k*N ...) of x [P, N, ...] -> [P, M, ...]."""
+    members = x.shape[0]
+    return x.reshape(members * x.shape[1], *x.shape[2:]).index_select(0, rows).view(members, -1, *x.shape[2:])
+
+
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """1 - Var(R - V) / Var(R) per member over the valid samples of [P, N] tensors."""
     def var(x: torch.Tensor) -> torch.Tensor:
@@ -187,11 +193,11 @@ def train(trainer: "Trainer") -> None:
 
     T, E = algo.num_steps, num_envs
     shape = (T, members, E)
-    store_obs = torch.zeros(*shape, obs_dim, device=device)  # [T, P, E, obs] (normalized, as the nets saw them)
-    store_actions = torch.zeros(*shape, action_dim, device=device) if continuous else \
-        torch.zeros(shape, dtype=torch.long, device=device)
     log_probs, values = torch.zeros(shape, device=device), torch.zeros(shape, device=device)
-    # per-step results of the environments stay on the host until the rollout is complete
+    # what the host has each step (observations, actions, the environments' results) stays there
+    # until the rollout is complete, then moves to the device at once
+    obs_np = np.zeros((*shape, obs_dim), dtype=np.float32)  # [T, P, E, obs] (normalized, as the nets saw them)
+    actions_np = np.zeros((*shape, action_dim), dtype=np.float32) if continuous else np.zeros(shape, dtype=np.int64)
     rewards_np, terminated_np, dones_np, valid_np = (np.zeros(shape, dtype=np.float32) for _ in range(4))
 
     steps_per_rollout = T * E
@@ -204,23 +210,23 @@ def train(trainer: "Trainer") -> None:
     rollout = 0
     for step in trainer.steps():
         # act: sample from the policy, each member from its own stream
-        obs_t = torch.from_numpy(trainer.obs_norm(obs)).to(device)  # [P, E, obs]
+        obs_in = trainer.obs_norm(obs)  # [P, E, obs]
+        obs_t = torch.from_numpy(obs_in).to(device)
         u = torch.from_numpy(trainer.streams.uniform(E * action_dim).reshape(members, E, action_dim)).float()
         with torch.no_grad():
             out = policy_out(obs_t)  # [P, E, A]
             action = actor.sample(out, u.to(device))
             log_prob = actor.log_prob(out, action)
             value = value_of(obs_t).squeeze(-1)  # [P, E]
-        env_action = action.cpu().numpy()
-        if continuous:
-            env_action = np.clip(env_action, low, high)
+        action_np = action.cpu().numpy()  # [P, E] or [P, E, A]
+        env_action = np.clip(action_np, low, high) if continuous else action_np
         result = env.step(env_action)
         trainer.check_observations(result.obs, step)
         trainer.obs_norm.update(result.obs)
         done = result.terminated | result.truncated
         reward = trainer.reward_norm(result.reward, done, result.valid)
         r_max = np.maximum(r_max, np.where(result.valid, np.abs(reward), 0.0).max(1))
-        store_obs[t], store_actions[t], log_probs[t], values[t] = obs_t, action, log_prob, value
+        obs_np[t], actions_np[t], log_probs[t], values[t] = obs_in, action_np, log_prob, value
         rewards_np[t], terminated_np[t], dones_np[t], valid_np[t] = reward, result.terminated, done, result.valid
         obs = result.obs
         t += 1
@@ -245,17 +251,17 @@ def train(trainer: "Trainer") -> None:
         def flat(x: torch.Tensor) -> torch.Tensor:  # [T, P, E, ...] -> [P, T*E, ...]
             return x.transpose(0, 1).reshape(members, T * E, *x.shape[3:])
 
-        data = Minibatch(flat(store_obs), flat(store_actions), flat(log_probs), flat(advantages), flat(returns),
-                         flat(values), flat(valid))
+        data = Minibatch(flat(torch.from_numpy(obs_np).to(device)), flat(torch.from_numpy(actions_np).to(device)),
+                         flat(log_probs), flat(advantages), flat(returns), flat(values), flat(valid))
         rollout_stats = {"explained_variance": explained_variance(data.values, data.returns, data.valid)}
         n = T * E
         size = n // algo.num_minibatches
-        member_index = torch.arange(members, device=device).unsqueeze(1)  # [P, 1]
+        member_rows = np.arange(members)[:, None] * n  # [P, 1] member k's samples are rows k*N ... of [P*N]
         for _ in range(algo.update_epochs):
-            order = torch.from_numpy(np.argsort(trainer.streams.uniform(n), axis=1)).to(device)  # [P, N] per member
+            order = np.argsort(trainer.streams.uniform(n), axis=1) + member_rows  # [P, N] rows, shuffled per member
             for start in range(0, size * algo.num_minibatches, size):
-                idx = order[:, start:start + size]
-                mb = Minibatch(*(getattr(data, f)[member_index, idx] for f in Minibatch.__dataclass_fields__))
+                rows = torch.from_numpy(order[:, start:start + size].reshape(-1)).to(device)  # [P * M]
+                mb = Minibatch(*(take_rows(getattr(data, f), rows) for f in Minibatch.__dataclass_fields__))
                 diagnose = diag.every > 0 and updates % diag.every == 0
                 trainer.inject_param(critic, step)  # debug.inject.what=param poisons the critic
                 if batch_stats:
