@@ -2,6 +2,7 @@
 thing each; the benchmark script's smoke run writes consistent figures."""
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -121,7 +122,10 @@ def test_bench_smoke_writes_consistent_figures(tmp_path):
         medians["diagnostics_default"] / medians["diagnostics_off"] - 1.0)
     assert ratios["startup_to_first_step_s"] == pytest.approx(medians["startup_to_first_step"])
     assert ratios["ppo_speedup_vs_sb3"] == pytest.approx(medians["ppo_sb3"] / medians["ppo_rlexp"])
-    assert set(bench["targets"]) == set(ratios) == set(bench["passed"])
+    assert set(bench["targets"]) == set(ratios) == set(bench["passed"]) == set(bench["ratios_per_round_median"])
+    samples, rounds = bench["samples_s"], bench["settings"]["repeats"]
+    per_round = [samples["ppo_sb3"][r] / samples["ppo_rlexp"][r] for r in range(rounds)]
+    assert bench["ratios_per_round_median"]["ppo_speedup_vs_sb3"] == pytest.approx(statistics.median(per_round))
     for name, value in ratios.items():
         target = bench["targets"][name]
         assert bench["passed"][name] == (value >= target["value"] if target["op"] == ">=" else value <= target["value"])
