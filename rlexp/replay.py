@@ -33,7 +33,8 @@ class ReplayBuffer:
         self.action_dim = action_dim
         self._action_width = max(action_dim, 1)
         self.device = device
-        self.data = torch.zeros(members, self.rows, 2 * obs_dim + self._action_width + 2, device=device)  # [P, C+1, F]
+        self._reward_col = 2 * obs_dim + self._action_width  # a row: obs | next_obs | action | reward | terminated
+        self.data = torch.zeros(members, self.rows, self._reward_col + 2, device=device)  # [P, C+1, F]
         self.ptr = np.zeros(members, dtype=np.int64)  # next row to write, per member (host)
         self.size = np.zeros(members, dtype=np.int64)  # valid rows held, per member (host)
         self._filling = True  # some member's memory is not full yet
@@ -59,15 +60,11 @@ class ReplayBuffer:
         """
         valid = np.asarray(valid, dtype=bool)
         members, num_envs = valid.shape
-        if valid.all():  # the common case: E rows per member, in order
-            added = num_envs
-            pos = (self.ptr[:, None] + np.arange(num_envs)) % self.capacity  # [P, E]
-        else:
-            valid_count = valid.cumsum(1)  # [P, E]
-            added = valid_count[:, -1]
-            pos = np.where(valid, (self.ptr[:, None] + valid_count - 1) % self.capacity, self.capacity)
+        valid_count = valid.cumsum(1)  # [P, E]
+        pos = np.where(valid, (self.ptr[:, None] + valid_count - 1) % self.capacity, self.capacity)
+        added = valid_count[:, -1]
         rows = np.empty((members, num_envs, self.data.shape[-1]), dtype=np.float32)  # [P, E, F]
-        o, a = self.obs_dim, 2 * self.obs_dim + self._action_width
+        o, a = self.obs_dim, self._reward_col
         rows[..., :o] = obs
         rows[..., o : 2 * o] = next_obs
         rows[..., 2 * o : a] = np.asarray(actions).reshape(members, num_envs, self._action_width)
@@ -91,6 +88,6 @@ class ReplayBuffer:
         idx = (uniform * self.size[:, None]).astype(np.int64)  # [P, B] row within each member's memory
         flat = torch.from_numpy((self._row_base + idx).reshape(-1)).to(self.device)  # [P * B] row of data
         rows = self.data.view(-1, self.data.shape[-1]).index_select(0, flat).view(*idx.shape, -1)  # [P, B, F]
-        o, a = self.obs_dim, 2 * self.obs_dim + self._action_width
+        o, a = self.obs_dim, self._reward_col
         actions = rows[..., 2 * o : a] if self.action_dim else rows[..., 2 * o].long()
         return Batch(rows[..., :o], actions, rows[..., a], rows[..., o : 2 * o], rows[..., a + 1])
