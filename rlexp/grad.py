@@ -210,17 +210,29 @@ class GradientPipeline:
         sums = [p.flatten(1).sum(1, dtype=torch.float64) for p in self.params]  # no overflow in float64
         return torch.isfinite(torch.stack(sums))
 
-    def step(self, loss: torch.Tensor, env_step: int, diagnose: bool = False) -> UpdateStats:
+    @property
+    def has_penalty(self) -> bool:
+        """True when the loss gets an L1/L2 penalty (whose gradient comes from backward)."""
+        return self.l1 > 0 or self.l2 > 0
+
+    def step(self, loss: torch.Tensor, env_step: int, diagnose: bool = False,
+             grads_written: bool = False) -> UpdateStats:
         """Run one update from per-member losses ``loss`` [P] (without the penalty) at ``env_step``.
 
         ``diagnose`` also returns per-tensor gradient norms before and after the processors,
-        parameter norms and update norms (for the instruments).
+        parameter norms and update norms (for the instruments). ``grads_written``: the caller has
+        already written the gradient of ``loss.sum()`` into every parameter's ``.grad`` (no
+        backward here; not with a penalty).
         """
-        if self.l1 > 0 or self.l2 > 0:
-            loss = loss + self.penalty()
         grads, flat, flat_grad = self.grads, self.flat, self.flat_grad
-        flat_grad.zero_()
-        loss.sum().backward()  # members are independent: d(sum)/d(loss_k) = 1 for each k
+        if grads_written:
+            if self.has_penalty:
+                raise ValueError("GradientPipeline.step: grads_written=True cannot add the L1/L2 penalty's gradient")
+        else:
+            if self.has_penalty:
+                loss = loss + self.penalty()
+            flat_grad.zero_()
+            loss.sum().backward()  # members are independent: d(sum)/d(loss_k) = 1 for each k
         if self.after_backward is not None:
             self.after_backward(grads, env_step)
         clipped = self.clipping.name != "none"

@@ -30,6 +30,20 @@ ACTIVATIONS: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
+# activation name -> its derivative as autograd computes it (the same ATen backward kernels):
+# (grad wrt the output, pre-activation h, output y, config) -> grad wrt h. softsign has none (autograd
+# differentiates its composite ops).
+ACTIVATION_BACKWARD: Dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor, ActivationConfig], torch.Tensor]] = {
+    "relu": lambda g, h, y, cfg: torch.ops.aten.threshold_backward(g, y, 0),
+    "leaky_relu": lambda g, h, y, cfg: torch.ops.aten.leaky_relu_backward(g, h, cfg.negative_slope, False),
+    "elu": lambda g, h, y, cfg: torch.ops.aten.elu_backward(g, cfg.alpha, 1, 1, False, h),
+    "gelu": lambda g, h, y, cfg: torch.ops.aten.gelu_backward(g, h),
+    "silu": lambda g, h, y, cfg: torch.ops.aten.silu_backward(g, h),
+    "tanh": lambda g, h, y, cfg: torch.ops.aten.tanh_backward(g, y),
+    "sigmoid": lambda g, h, y, cfg: torch.ops.aten.sigmoid_backward(g, y),
+}
+
+
 def make_activation(cfg: ActivationConfig) -> Callable[[torch.Tensor], torch.Tensor]:
     """The activation function a config names, with its parameters (leaky_relu slope, elu alpha)."""
     if cfg.name == "leaky_relu":
@@ -195,10 +209,13 @@ class PopMLP(nn.Module):
         self._hidden = list(zip(self.layers[:-1], self.norms, self.residual, self.activated))
         self._output = self.layers[-1]
         self.act = make_activation(activation)
+        self.activation = activation
         self.uses_batch_stats = normalization.name == "batch"  # acting must then run in eval mode
         self.output_scale = network.output_scale
         # plain linear layers, no norm, residual or second input: inference() may run on raw ops
         self._plain = not (weight_norm or self.has_norm or any(self.residual) or extra_in)
+        # a plain network with a known activation derivative can skip autograd (backward_to_grads)
+        self.analytic_backward = self._plain and activation.name in ACTIVATION_BACKWARD
         gain = scheme_gain(init, activation.name, getattr(activation, "negative_slope", 0.01))
         for i, layer in enumerate(self.layers):
             init_linear(layer.weight, layer.bias, init, gain, generators, last=i == len(self.layers) - 1)
@@ -217,6 +234,39 @@ class PopMLP(nn.Module):
         out = self._output.forward(x)
         return out * self.output_scale if self.output_scale != 1.0 else out
 
+    def forward_saved(self, x: torch.Tensor) -> tuple[torch.Tensor, List[tuple]]:
+        """``forward`` without autograd (plain networks only, see ``analytic_backward``): the output
+        [P, B, n_out] and what ``backward_to_grads`` needs (each layer's input, pre-activation and output)."""
+        saved: List[tuple] = []
+        with torch.no_grad():
+            for layer, _, _, activated in self._hidden:
+                h = layer.forward(x)
+                y = self.act(h) if activated else h
+                saved.append((x, h, y, activated))
+                x = y
+            saved.append((x, None, None, False))
+            out = self._output.forward(x)
+            return (out * self.output_scale if self.output_scale != 1.0 else out), saved
+
+    def backward_to_grads(self, saved: List[tuple], grad_out: torch.Tensor) -> None:
+        """Write the gradient of sum(out * grad_out) with respect to every parameter into its
+        ``.grad`` (overwritten, as after zeroing and one backward), for ``out`` = ``forward_saved``'s
+        output and ``saved`` its record; grad_out [P, B, n_out]. The same kernels and order as
+        autograd, so the gradients are the ones ``out.backward(grad_out)`` gives, bit for bit."""
+        with torch.no_grad():
+            grad = grad_out * self.output_scale if self.output_scale != 1.0 else grad_out  # [P, B, out]
+            for i in range(len(self.layers) - 1, -1, -1):
+                layer = self.layers[i]
+                x = saved[i][0]  # [P, B, in]
+                if layer.weight.grad is None:
+                    layer.weight.grad, layer.bias.grad = torch.empty_like(layer.weight), torch.empty_like(layer.bias)
+                layer.weight.grad.copy_(torch.bmm(x.mT, grad).mT)  # [P, in, out]: autograd's orientation
+                torch.sum(grad, 1, out=layer.bias.grad)
+                if i > 0:
+                    grad = torch.bmm(grad, layer.weight)  # [P, B, in]: the gradient wrt layer i-1's output
+                    _, h, y, activated = saved[i - 1]
+                    if activated:
+                        grad = ACTIVATION_BACKWARD[self.activation.name](grad, h, y, self.activation)
 
     def inference(self) -> Callable[..., torch.Tensor]:
         """A forward function without gradient, for acting: the same outputs as

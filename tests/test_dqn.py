@@ -27,17 +27,22 @@ from rlexp.algos.dqn import dqn_loss, epsilon, td_loss
 from rlexp.config import (
     ActivationConfig,
     AdamConfig,
+    ClippingConfig,
     DQNConfig,
+    ELUConfig,
     EnvConfig,
     GainInitConfig,
+    LayerNormConfig,
+    LeakyReLUConfig,
     NetworkConfig,
     NormalizationConfig,
     NormClipConfig,
     RegularizationConfig,
+    WeightNormConfig,
 )
 from rlexp.envs import PopulationEnv
 from rlexp.grad import CAUSES, GradientPipeline, Health
-from rlexp.nets import PopMLP, weight_parameters
+from rlexp.nets import ACTIVATION_BACKWARD, PopMLP, weight_parameters
 from rlexp.optim import make_optimizer
 from rlexp.replay import Batch, ReplayBuffer
 from rlexp.streams import MemberStreams, member_generator
@@ -206,6 +211,102 @@ def test_dqn_loss_matches_written_out_target_and_loss(case):
     d = algo.clip_delta if algo.clip_delta > 0 else (algo.huber_delta if algo.loss == "huber" else None)
     if d is not None:  # both branches of the Huber form are exercised
         assert (td.abs() < d).any() and (td.abs() > d).any()
+
+
+# ---------------------------------------------------------------- gradients without autograd
+ANALYTIC_ACTIVATIONS = {"relu": ActivationConfig(name="relu"), "tanh": ActivationConfig(name="tanh"),
+                        "sigmoid": ActivationConfig(name="sigmoid"), "gelu": ActivationConfig(name="gelu"),
+                        "silu": ActivationConfig(name="silu"), "elu": ELUConfig(name="elu", alpha=0.7),
+                        "leaky_relu": LeakyReLUConfig(name="leaky_relu", negative_slope=0.2)}
+
+
+def analytic_net(members: int, activation: ActivationConfig, dtype: torch.dtype = torch.float32,
+                 **network) -> PopMLP:
+    """A PopMLP with biases randomized (so every pre-activation has both signs)."""
+    gens = [torch.Generator().manual_seed(50 + k) for k in range(members)]
+    net = PopMLP(members, OBS, ACT, NetworkConfig(name="mlp", hidden=[16, 12], **network), activation,
+                 NormalizationConfig(name="none"), GainInitConfig(name="he"), gens).to(dtype)
+    with torch.no_grad():
+        for layer in net.layers:
+            layer.bias.copy_(0.5 * torch.randn(layer.bias.shape, generator=torch.Generator().manual_seed(9)))
+    return net
+
+
+def test_every_analytic_activation_is_tested():
+    assert set(ANALYTIC_ACTIVATIONS) == set(ACTIVATION_BACKWARD)
+
+
+@pytest.mark.parametrize("name", list(ANALYTIC_ACTIVATIONS))
+@pytest.mark.parametrize("members", [1, 3])
+@pytest.mark.parametrize("network", [{}, {"output_scale": 0.3}, {"linear_last_hidden": True}],
+                         ids=["plain", "output_scale", "linear_last_hidden"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_backward_to_grads_equals_autograd_bit_for_bit(name, members, network, dtype):
+    net = analytic_net(members, ANALYTIC_ACTIVATIONS[name], dtype, **network)
+    assert net.analytic_backward
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(members, 64, OBS, generator=g, dtype=dtype)
+    grad_out = torch.randn(members, 64, ACT, generator=g, dtype=dtype)
+    net(x).backward(grad_out)
+    expected = [p.grad.clone() for p in net.parameters()]
+    for p in net.parameters():  # stale values must be overwritten, not added to
+        p.grad.fill_(123.0)
+    out, saved = net.forward_saved(x)
+    assert not out.requires_grad
+    torch.testing.assert_close(out, net(x), rtol=0, atol=0)
+    net.backward_to_grads(saved, grad_out)
+    for (pname, p), e in zip(net.named_parameters(), expected):
+        assert torch.equal(p.grad, e), pname
+        assert p.grad.abs().sum() > 0, pname
+
+
+def test_analytic_backward_only_where_it_is_exact():
+    """Norms, weight norm, residual connections, a second input and softsign keep autograd."""
+    relu = ActivationConfig(name="relu")
+    gens = [torch.Generator().manual_seed(k) for k in range(2)]
+
+    def pop(activation=relu, norm=NormalizationConfig(name="none"), extra_in=0, **network):
+        return PopMLP(2, OBS, ACT, NetworkConfig(name="mlp", hidden=[8, 8], **network), activation, norm,
+                      GainInitConfig(name="he"), gens, extra_in=extra_in)
+
+    assert pop().analytic_backward
+    assert not pop(activation=ActivationConfig(name="softsign")).analytic_backward
+    assert not pop(norm=LayerNormConfig(name="layer")).analytic_backward
+    assert not pop(norm=WeightNormConfig(name="weight")).analytic_backward
+    assert not pop(residual=True).analytic_backward
+    assert not pop(extra_in=1).analytic_backward
+
+
+@pytest.mark.parametrize("case", list(LOSS_CASES), ids=list(LOSS_CASES))
+@pytest.mark.parametrize("batch_size", [10, 128])
+def test_dqn_loss_written_grads_equal_backward_bit_for_bit(case, batch_size):
+    P = 3
+    algo = algo_cfg(**LOSS_CASES[case])
+    q_net, target_net = make_net(P, 0), make_net(P, 1)
+    batch = make_batch(P, batch_size, seed=3)
+    r_max = torch.tensor([1.0, 2.5, 4.0])
+    loss, stats = dqn_loss(q_net, target_net, batch, algo, r_max)
+    loss.sum().backward()
+    expected = [p.grad.clone() for p in q_net.parameters()]
+    for p in q_net.parameters():
+        p.grad.fill_(-7.0)
+    written_loss, written_stats = dqn_loss(q_net, target_net, batch, algo, r_max, write_grads=True)
+    assert not written_loss.requires_grad
+    assert torch.equal(written_loss, loss.detach())
+    for key in stats:
+        assert torch.equal(written_stats[key], stats[key]), key
+    for p, e in zip(q_net.parameters(), expected):
+        assert torch.equal(p.grad, e)
+
+
+def test_pipeline_refuses_written_grads_with_a_penalty():
+    net = make_net(2, 0)
+    params = list(net.parameters())
+    pipe = GradientPipeline(params, AdamConfig(name="adam"), ClippingConfig(name="none"),
+                            RegularizationConfig(l2=1e-3), weight_parameters(net), Health(2, CPU))
+    assert pipe.has_penalty
+    with pytest.raises(ValueError, match="penalty"):
+        pipe.step(torch.zeros(2), env_step=1, grads_written=True)
 
 
 def test_dqn_loss_switches_change_the_result():
@@ -876,3 +977,20 @@ def test_threads_minus_one_picks_one_thread_per_8_members_within_the_cores(membe
         assert job["threads"] == expected == torch.get_num_threads()
     finally:
         torch.set_num_threads(1)  # the rest of the suite runs on one thread
+
+
+@pytest.mark.parametrize("overrides,analytic", [([], True), (["regularization.l2=1e-4"], False),
+                                                (["normalization=layer"], False), (["activation=softsign"], False)],
+                         ids=["plain", "l2_penalty", "layer_norm", "softsign"])
+def test_training_writes_gradients_without_autograd_only_where_exact(tmp_path, monkeypatch, overrides, analytic):
+    """Training takes the analytic gradients for a plain network without a penalty, and autograd
+    otherwise; both train (every update reaches the optimizer)."""
+    calls = []
+    real = PopMLP.backward_to_grads
+    monkeypatch.setattr(PopMLP, "backward_to_grads", lambda self, *a: calls.append(1) or real(self, *a))
+    cfg = _compose(TINY + overrides + ["total_steps=300", "num_seeds=2", "algo.learning_starts=100",
+                                       "algo.train_frequency=20", "algo.gradient_steps=2", "algo.batch_size=16"])
+    job = run_job(cfg, tmp_path)
+    assert job["status"] == "ok"
+    updates = 2 * ((300 - 100) // 20)
+    assert len(calls) == (updates if analytic else 0)

@@ -179,14 +179,20 @@ DQN_NETS = [("relu", "none", F32), ("relu", "layer", F32), ("tanh", "none", F32)
             ("relu", "none", F64), ("relu", "layer", F64), ("relu", "batch", F64)]
 
 
-@pytest.mark.parametrize("activation,norm,dtype", DQN_NETS, ids=[f"{a}-{n}-{str(d)[-7:]}" for a, n, d in DQN_NETS])
+# plain networks also run with their gradients written without autograd (dqn_loss(write_grads=True))
+DQN_CASES = [(*net, False) for net in DQN_NETS] + [(*net, True) for net in DQN_NETS if net[1] == "none"]
+
+
+@pytest.mark.parametrize("activation,norm,dtype,written", DQN_CASES,
+                         ids=[f"{a}-{n}-{str(d)[-7:]}-{'written' if w else 'autograd'}" for a, n, d, w in DQN_CASES])
 @pytest.mark.parametrize("loss", ["mse", "huber"])
 @pytest.mark.parametrize("clipping", ["global_norm", "none"])
 @pytest.mark.parametrize("target", [True, False], ids=["target", "no_target"])
-def test_dqn_population_equals_members_trained_one_at_a_time(activation, norm, loss, clipping, target, dtype):
+def test_dqn_population_equals_members_trained_one_at_a_time(activation, norm, loss, clipping, target, dtype, written):
     algo = DQNConfig(name="dqn", loss=loss, target_network=target)
     tol = TOL[dtype]
     q_net = make_pop(OBS, N_ACT, activation, norm, seed=1, dtype=dtype)
+    assert q_net.analytic_backward or not written
     target_net = None
     if target:  # a copy, moved away from the online net so that mixing the two would show
         target_net = copy.deepcopy(q_net)
@@ -205,8 +211,8 @@ def test_dqn_population_equals_members_trained_one_at_a_time(activation, norm, l
 
     for step in range(3):  # a fresh batch each step: the per-member Adam state carries over
         batch = random_batch(seed=10 + step, dtype=dtype)
-        pop_loss, _ = dqn_loss(q_net, target_net, batch, algo, torch.ones(P))
-        stats = pipe.step(pop_loss, env_step=step + 1)
+        pop_loss, _ = dqn_loss(q_net, target_net, batch, algo, torch.ones(P), write_grads=written)
+        stats = pipe.step(pop_loss, env_step=step + 1, grads_written=written)
         for k, (q, boot, pairs, opt) in enumerate(members):
             loss_k, td = plain_dqn_loss(q, boot, batch.obs[k], batch.actions[k], batch.rewards[k], batch.next_obs[k],
                                         batch.terminated[k], algo)

@@ -57,6 +57,16 @@ def td_loss(td: torch.Tensor, algo: DQNConfig) -> torch.Tensor:
     return elementwise.mean(1)
 
 
+def td_loss_grad(td: torch.Tensor, algo: DQNConfig) -> torch.Tensor:
+    """d(sum of td_loss)/d td [P, B], as autograd computes it: (1/B) * clip(td, -delta, delta) for
+    Huber (and clip_delta), (1/B) * 2 td for mse."""
+    per_sample = torch.full((), 1.0, dtype=td.dtype, device=td.device) / td.shape[1]  # the mean's gradient
+    if algo.clip_delta > 0 or algo.loss == "huber":
+        delta = algo.clip_delta if algo.clip_delta > 0 else algo.huber_delta
+        return td.clamp(-delta, delta) * per_sample
+    return td * 2.0 * per_sample
+
+
 def td_target(
     q_net: PopMLP, target_net: Optional[PopMLP], batch: Batch, algo: DQNConfig, r_max: torch.Tensor
 ) -> torch.Tensor:
@@ -82,19 +92,32 @@ def dqn_loss(
     batch: Batch,
     algo: DQNConfig,
     r_max: torch.Tensor,
+    write_grads: bool = False,
 ) -> tuple[torch.Tensor, Dict[str, torch.Tensor]]:
-    """Per-member DQN loss [P] and per-member statistics (Q and TD error) for one batch."""
+    """Per-member DQN loss [P] and per-member statistics (Q and TD error) for one batch.
+
+    ``write_grads`` (networks with ``analytic_backward`` only): no autograd graph; the gradient of
+    the loss's sum is written into the online network's ``.grad`` instead, bit for bit what
+    ``loss.sum().backward()`` would give.
+    """
     target = td_target(q_net, target_net, batch, algo, r_max)  # [P, B]
-    if q_net.uses_batch_stats:
-        q_net.train()
-    q_all = q_net(batch.obs)  # [P, B, A]
-    if q_net.uses_batch_stats:
-        q_net.eval()
-    q = q_all.gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)  # [P, B]
+    taken = batch.actions.unsqueeze(-1)  # [P, B, 1]
+    if write_grads:
+        q_all, saved = q_net.forward_saved(batch.obs)  # [P, B, A]
+    else:
+        if q_net.uses_batch_stats:
+            q_net.train()
+        q_all = q_net(batch.obs)  # [P, B, A]
+        if q_net.uses_batch_stats:
+            q_net.eval()
+    q = q_all.gather(-1, taken).squeeze(-1)  # [P, B]
     td = q - target
     q_value, td_abs = q.detach(), td.detach().abs()
     stats = {"q_mean": q_value.mean(1), "q_max": q_value.amax(1), "td_abs_mean": td_abs.mean(1),
              "td_abs_max": td_abs.amax(1)}
+    if write_grads:  # the gradient reaches only the taken action's output
+        grad_q = torch.zeros_like(q_all).scatter_(-1, taken, td_loss_grad(td, algo).unsqueeze(-1))  # [P, B, A]
+        q_net.backward_to_grads(saved, grad_q)
     return td_loss(td, algo), stats
 
 
@@ -155,6 +178,7 @@ def train(trainer: "Trainer") -> None:
         target_net = copy.deepcopy(q_net)
         target_net.requires_grad_(False)
     pipeline = trainer.make_pipeline(q_net)  # the configured optimizer, clipping, penalties
+    analytic = q_net.analytic_backward and not pipeline.has_penalty  # gradients without autograd
     names = parameter_names(q_net, "q")  # q.0.weight, q.0.bias, ... aligned with the pipeline's tensors
     buffer = ReplayBuffer(members, algo.buffer_size, env.obs_dim, device)
     r_max = np.full(members, float(algo.r_max))  # [P] largest |r| seen so far, at least algo.r_max
@@ -193,8 +217,8 @@ def train(trainer: "Trainer") -> None:
                     batch = dataclasses.replace(batch, obs=trainer.obs_norm.tensor(batch.obs),
                                                 next_obs=trainer.obs_norm.tensor(batch.next_obs))
                 trainer.inject_param(q_net, step)
-                loss, stats = dqn_loss(q_net, target_net, batch, algo, r_scale)
-                update = pipeline.step(loss, step, diagnose)
+                loss, stats = dqn_loss(q_net, target_net, batch, algo, r_scale, write_grads=analytic)
+                update = pipeline.step(loss, step, diagnose, grads_written=analytic)
                 trainer.record_update(update, stats)
                 if update.newly_diverged is not None:
                     for member, cause in trainer.newly_diverged(update.newly_diverged):
