@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -41,6 +42,16 @@ ACTIVATION_BACKWARD: Dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tenso
     "silu": lambda g, h, y, cfg: torch.ops.aten.silu_backward(g, h),
     "tanh": lambda g, h, y, cfg: torch.ops.aten.tanh_backward(g, y),
     "sigmoid": lambda g, h, y, cfg: torch.ops.aten.sigmoid_backward(g, y),
+}
+
+
+# activation name -> the same function in numpy, in place on a float32 array (host_inference)
+NUMPY_ACTIVATIONS: Dict[str, Callable[[np.ndarray, ActivationConfig], np.ndarray]] = {
+    "relu": lambda h, cfg: np.maximum(h, 0, out=h),
+    "leaky_relu": lambda h, cfg: np.where(h > 0, h, h * np.float32(cfg.negative_slope)),
+    "elu": lambda h, cfg: np.where(h > 0, h, np.float32(cfg.alpha) * np.expm1(np.minimum(h, 0))),
+    "tanh": lambda h, cfg: np.tanh(h, out=h),
+    "softsign": lambda h, cfg: np.divide(h, np.abs(h) + 1, out=h),
 }
 
 
@@ -268,37 +279,72 @@ class PopMLP(nn.Module):
                     if activated:
                         grad = ACTIVATION_BACKWARD[self.activation.name](grad, h, y, self.activation)
 
+    def _layer_views(self, make: Callable[[torch.Tensor, torch.Tensor], tuple]) -> Callable[[], List[tuple]]:
+        """For plain networks: a function giving, per layer, (*make(bias, weight), activated) from
+        detached views of the parameters. Parameters change in place (optimizer steps, target copies,
+        restores), which the views see; when a parameter's storage is replaced (a gradient pipeline
+        moves it into its flat buffer) the views are made anew."""
+        params = list(self.parameters())
+        layers = [(layer, activated) for layer, _, _, activated in self._hidden] + [(self._output, False)]
+        views: List[tuple] = []
+        storage: List[int] = []
+
+        def current() -> List[tuple]:
+            pointers = [p.data_ptr() for p in params]
+            if storage != pointers:  # first call, or a parameter moved
+                storage[:] = pointers
+                views[:] = [(*make(layer.bias.detach(), layer.weight.detach()), activated) for layer, activated in layers]
+            return views
+        return current
+
     def inference(self) -> Callable[..., torch.Tensor]:
         """A forward function without gradient, for acting: the same outputs as
         ``forward`` in the network's current mode, with less overhead per call.
 
         For a plain network (no norm, weight norm, residual or second input) it runs the same ops
-        on detached views of the parameters. Parameters change in place (optimizer steps, target
-        copies, restores), which the views see; when a parameter's storage is replaced (a gradient
-        pipeline moves it into its flat buffer) the views are made anew. Otherwise it is
-        ``forward`` under ``torch.no_grad()``.
+        on detached views of the parameters; otherwise it is ``forward`` under ``torch.no_grad()``.
         """
         if not self._plain:
             def run(x: torch.Tensor, extra: Optional[torch.Tensor] = None) -> torch.Tensor:
                 with torch.no_grad():
                     return self.forward(x, extra)
             return run
-        act, scale, params = self.act, self.output_scale, list(self.parameters())
-        views: List[tuple] = []
-        storage: List[int] = []
+        act, scale = self.act, self.output_scale
+        layers = self._layer_views(lambda bias, weight: (bias.unsqueeze(1), weight.mT))
 
         def run_plain(x: torch.Tensor, extra: Optional[torch.Tensor] = None) -> torch.Tensor:
-            if storage != [p.data_ptr() for p in params]:  # first call, or a parameter moved
-                storage[:] = [p.data_ptr() for p in params]
-                views[:] = [(layer.bias.detach().unsqueeze(1), layer.weight.detach().mT, activated)
-                            for (layer, _, _, activated) in self._hidden]
-                views.append((self._output.bias.detach().unsqueeze(1), self._output.weight.detach().mT, False))
             with torch.no_grad():
-                for bias, weight_t, activated in views:
+                for bias, weight_t, activated in layers():
                     x = torch.baddbmm(bias, x, weight_t)
                     x = act(x) if activated else x
                 return x * scale if scale != 1.0 else x
         return run_plain
+
+    def host_inference(self) -> Callable[[np.ndarray], np.ndarray]:
+        """A forward function from host arrays to host arrays, for acting from the environments'
+        observations: float32 [P, B, n_in] -> [P, B, n_out], no gradient, the network's current mode.
+
+        For a plain network on the CPU whose activation numpy computes (NUMPY_ACTIVATIONS), numpy
+        runs the layers on views of the parameters' memory: no torch dispatch per call, about a
+        third of the time per acting step in the training loop. Its outputs equal ``forward``'s up
+        to float32 rounding order (a test bounds the difference). Otherwise it moves the array to
+        the network's device and back around ``inference``.
+        """
+        name = self.activation.name
+        if not (self._plain and name in NUMPY_ACTIVATIONS and self._output.weight.device.type == "cpu"):
+            forward, device = self.inference(), self._output.weight.device
+            return lambda x: forward(torch.from_numpy(x).to(device)).cpu().numpy()
+        act, cfg, scale = NUMPY_ACTIVATIONS[name], self.activation, self.output_scale
+        layers = self._layer_views(lambda bias, weight: (bias.numpy()[:, None, :], weight.numpy().transpose(0, 2, 1)))
+
+        def run_numpy(x: np.ndarray) -> np.ndarray:
+            with np.errstate(all="ignore"):  # a diverging member's overflow is a result, as in torch
+                for bias, weight_t, activated in layers():
+                    x = np.matmul(x, weight_t)  # [P, B, out]
+                    x += bias
+                    x = act(x, cfg) if activated else x
+                return x * np.float32(scale) if scale != 1.0 else x
+        return run_numpy
 
 
 def weight_parameters(module: nn.Module) -> List[torch.Tensor]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -40,6 +41,7 @@ from rlexp.grad import CAUSES, CLIPPERS, GradientPipeline, Health, member_norms
 from rlexp.init import INITIALIZERS, activation_gain, init_linear, scheme_gain
 from rlexp.nets import (
     ACTIVATIONS,
+    NUMPY_ACTIVATIONS,
     PopBatchNorm,
     PopLayerNorm,
     PopLinear,
@@ -341,6 +343,43 @@ def test_inference_matches_forward_after_a_pipeline_moves_and_updates_the_parame
         pipe.step(net(x).square().mean((1, 2)), env_step=0)
         assert torch.equal(infer(x), net(x).detach())
     assert not torch.equal(infer(x), initial)  # the updates moved the outputs, and inference saw them
+
+
+HOST_CASES = [(name, "none") for name in sorted(NUMPY_ACTIVATIONS)] + [("gelu", "none"), ("relu", "layer")]
+
+
+@pytest.mark.parametrize("activation,normalization", HOST_CASES, ids=[f"{a}-{n}" for a, n in HOST_CASES])
+def test_host_inference_matches_forward_after_a_pipeline_moves_and_updates_the_parameters(activation, normalization):
+    """numpy (plain networks with a numpy activation) or torch (the rest) from host arrays: forward's
+    outputs up to float32 rounding order, and the same greedy actions wherever the best two Q-values
+    are apart by more than that rounding."""
+    norm = LayerNormConfig(name="layer") if normalization == "layer" else NormalizationConfig(name="none")
+    cls = {"leaky_relu": LeakyReLUConfig, "elu": ELUConfig}.get(activation, ActivationConfig)
+    net = PopMLP(3, 4, 5, NetworkConfig(name="mlp", hidden=[32, 24], output_scale=0.5),
+                 structured(cls, name=activation), norm, GainInitConfig(name="he"), gens(1, 2, 3))
+    with torch.no_grad():  # pre-activations of both signs, some far below zero
+        for layer in net.layers:
+            layer.bias.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(5))
+    host = net.host_inference()  # made before the pipeline moves the parameters into its flat buffer
+    x = torch.randn(3, 200, 4, generator=torch.Generator().manual_seed(0)) * 3
+
+    def check() -> np.ndarray:
+        out, expected = host(x.numpy()), net(x).detach().numpy()
+        assert isinstance(out, np.ndarray) and out.shape == (3, 200, 5) and out.dtype == np.float32
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)  # outputs ~10: float32 rounding
+        top2 = np.sort(expected, -1)[..., -2:]
+        clear = top2[..., 1] - top2[..., 0] > 1e-4  # [P, B] no near-tie
+        assert clear.mean() > 0.9
+        assert (out.argmax(-1) == expected.argmax(-1))[clear].all()
+        return out
+
+    initial = check()
+    pipe = GradientPipeline(list(net.parameters()), SGDConfig(name="sgd", lr=0.5), ClippingConfig(name="none"),
+                            RegularizationConfig(), weight_parameters(net), Health(3, CPU))
+    for _ in range(2):
+        pipe.step(net(x).square().mean((1, 2)), env_step=0)
+        check()
+    assert not np.allclose(check(), initial)  # the updates moved the outputs, and host_inference saw them
 
 
 def test_pop_mlp_members_are_independent_with_batch_norm():

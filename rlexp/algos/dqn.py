@@ -172,7 +172,7 @@ def train(trainer: "Trainer") -> None:
 
     q_net = trainer.make_net(env.obs_dim, n_actions)
     q_net.eval()  # acting uses running statistics when the network has batch norm
-    q_values = q_net.inference()  # acting: the same forward, no gradient, less overhead per call
+    q_values = q_net.host_inference()  # acting: host observations to host Q-values [P, E, A], no gradient
     target_net = None
     if algo.target_network:
         target_net = copy.deepcopy(q_net)
@@ -195,7 +195,7 @@ def train(trainer: "Trainer") -> None:
         explore = u[:, :num_envs] < eps
         actions = (u[:, num_envs:] * n_actions).astype(np.int64)  # [P, E] the random actions
         if not explore.all():  # the greedy actions, unless no environment uses one this step
-            greedy = q_values(torch.from_numpy(trainer.obs_norm(obs)).to(device)).argmax(-1).cpu().numpy()
+            greedy = q_values(trainer.obs_norm(obs)).argmax(-1)
             actions = np.where(explore, actions, greedy)  # [P, E]
 
         result = env.step(actions)
