@@ -12,6 +12,7 @@ diverged and frozen while the others go on bitwise unchanged.
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
@@ -245,9 +246,6 @@ class GradientPipeline:
             stats.tensor_grad_pre = tensor_pre
             stats.tensor_grad_post = tensor_norms(grads) if clipped else tensor_pre
 
-        loss_ok = torch.isfinite(stats.loss)
-        grad_ok = torch.isfinite(norm_pre)
-        ok = self.health.alive & loss_ok & grad_ok  # [P] members allowed to update
         with torch.no_grad():
             before = self._before  # to restore frozen or failing members
             before.copy_(flat)
@@ -255,12 +253,17 @@ class GradientPipeline:
             if diagnose:
                 stats.tensor_param = tensor_norms(self.params)
                 stats.tensor_update = tensor_norms(list((flat - before).split(self._sizes, 1)))
-            # CPU fast path (a host check is free there): every member updated and stayed finite
-            # (a finite sum has only finite terms; a sum that overflows takes the exact path below)
-            if self._on_cpu and bool(ok.all() & torch.isfinite(flat.sum())):
+            # CPU fast path (a host check is free there): every member alive, with a finite loss
+            # and gradient norm, and finite parameters after the step (a finite sum has only finite
+            # terms; a sum that overflows takes the exact path below)
+            if (self._on_cpu and bool(self.health.alive.all())
+                    and math.isfinite(stats.loss.sum() + norm_pre.sum() + flat.sum())):
                 return stats
             # otherwise (and always on a GPU, so the host is never asked): restore every member
             # that may not change, on the device, and mark the new divergences
+            loss_ok = torch.isfinite(stats.loss)
+            grad_ok = torch.isfinite(norm_pre)
+            ok = self.health.alive & loss_ok & grad_ok  # [P] members allowed to update
             stats.param_finite_after = self._params_finite()
             keep = ok & stats.param_finite_after.all(0)
             flat.copy_(torch.where(keep.unsqueeze(1), flat, before))
