@@ -345,21 +345,28 @@ def test_inference_matches_forward_after_a_pipeline_moves_and_updates_the_parame
     assert not torch.equal(infer(x), initial)  # the updates moved the outputs, and inference saw them
 
 
-HOST_CASES = [(name, "none") for name in sorted(NUMPY_ACTIVATIONS)] + [("gelu", "none"), ("relu", "layer")]
+HOST_NORMS = {"layer": LayerNormConfig(name="layer"), "batch": BatchNormConfig(name="batch"),
+              "weight": WeightNormConfig(name="weight", output_layer=True), "none": NormalizationConfig(name="none")}
+HOST_CASES = ([(name, "none", False) for name in sorted(NUMPY_ACTIVATIONS)] + [("gelu", "none", False)]
+              + [("relu", norm, residual) for norm in ("layer", "batch", "weight") for residual in (False, True)])
 
 
-@pytest.mark.parametrize("activation,normalization", HOST_CASES, ids=[f"{a}-{n}" for a, n in HOST_CASES])
-def test_host_inference_matches_forward_after_a_pipeline_moves_and_updates_the_parameters(activation, normalization):
-    """numpy (plain networks with a numpy activation) or torch (the rest) from host arrays: forward's
-    outputs up to float32 rounding order, and the same greedy actions wherever the best two Q-values
-    are apart by more than that rounding."""
-    norm = LayerNormConfig(name="layer") if normalization == "layer" else NormalizationConfig(name="none")
+@pytest.mark.parametrize("activation,normalization,residual", HOST_CASES,
+                         ids=[f"{a}-{n}" + ("-residual" if r else "") for a, n, r in HOST_CASES])
+def test_host_inference_matches_forward_after_a_pipeline_moves_and_updates_the_parameters(activation, normalization,
+                                                                                       residual):
+    """numpy (a numpy activation) or torch (gelu) from host arrays: forward's outputs (eval mode) up
+    to float32 rounding order, and the same greedy actions wherever the best two Q-values are apart
+    by more than that rounding."""
     cls = {"leaky_relu": LeakyReLUConfig, "elu": ELUConfig}.get(activation, ActivationConfig)
-    net = PopMLP(3, 4, 5, NetworkConfig(name="mlp", hidden=[32, 24], output_scale=0.5),
-                 structured(cls, name=activation), norm, GainInitConfig(name="he"), gens(1, 2, 3))
-    with torch.no_grad():  # pre-activations of both signs, some far below zero
+    net = PopMLP(3, 4, 5, NetworkConfig(name="mlp", hidden=[32, 32], output_scale=0.5, residual=residual),
+                 structured(cls, name=activation), HOST_NORMS[normalization], GainInitConfig(name="he"), gens(1, 2, 3))
+    net.eval()
+    with torch.no_grad():  # pre-activations of both signs, some far below zero; norms away from identity
         for layer in net.layers:
             layer.bias.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(5))
+        for tensor in [*net.norms.parameters(), *net.norms.buffers()]:
+            tensor.add_(torch.rand(tensor.shape, generator=torch.Generator().manual_seed(6)))
     host = net.host_inference()  # made before the pipeline moves the parameters into its flat buffer
     x = torch.randn(3, 200, 4, generator=torch.Generator().manual_seed(0)) * 3
 
@@ -380,6 +387,12 @@ def test_host_inference_matches_forward_after_a_pipeline_moves_and_updates_the_p
         pipe.step(net(x).square().mean((1, 2)), env_step=0)
         check()
     assert not np.allclose(check(), initial)  # the updates moved the outputs, and host_inference saw them
+    if normalization == "batch":  # training mode normalizes with the batch's statistics (torch's forward)
+        net.train()
+        train_out = host(x.numpy())
+        np.testing.assert_allclose(train_out, net(x).detach().numpy(), rtol=1e-5, atol=1e-5)
+        net.eval()
+        assert not np.allclose(train_out, host(x.numpy()))
 
 
 def test_pop_mlp_members_are_independent_with_batch_norm():
