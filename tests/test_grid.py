@@ -248,7 +248,11 @@ def wait_for(paths: Sequence[Path], proc: subprocess.Popen, timeout: float = 300
 
 def test_resume_after_a_kill_keeps_finished_jobs_and_completes_the_rest(tmp_path):
     sweep = tmp_path / "sweep"
-    args = [*SMALL, "logger.mode=disabled", f"hydra.sweep.dir={sweep}"]
+    # a budget whose second half takes about a second, so that the kill lands while job 1 runs (with
+    # SMALL's 600 steps job 1 could finish between its first record and the kill)
+    budget = ["total_steps=12000", "algo.learning_starts=200", f"logger.log_every={12000 // ROWS}",
+              "logger.progress=off"]
+    args = ["+experiment=stability_grid_small", *budget, "logger.mode=disabled", f"hydra.sweep.dir={sweep}"]
     first = Launch(args, tmp_path / "first")
     try:  # kill the grid once job 0 is finished and job 1 has started writing
         wait_for([sweep / "0" / "summary.json", sweep / "1" / "seed_0" / "metrics.jsonl"], first.proc)
