@@ -9,6 +9,13 @@ import numpy as np
 import torch
 
 
+def take_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows ``rows`` [P * M] (member k's from its own block k*N ...) of x [P, N, ...] -> [P, M, ...],
+    in one index_select."""
+    members = x.shape[0]
+    return x.reshape(members * x.shape[1], *x.shape[2:]).index_select(0, rows).view(members, -1, *x.shape[2:])
+
+
 @dataclass
 class Batch:
     obs: torch.Tensor  # [P, B, obs]
@@ -87,7 +94,7 @@ class ReplayBuffer:
             uniform = uniform.cpu().numpy()
         idx = (uniform * self.size[:, None]).astype(np.int64)  # [P, B] row within each member's memory
         flat = torch.from_numpy((self._row_base + idx).reshape(-1)).to(self.device)  # [P * B] row of data
-        rows = self.data.view(-1, self.data.shape[-1]).index_select(0, flat).view(*idx.shape, -1)  # [P, B, F]
+        rows = take_rows(self.data, flat)  # [P, B, F]
         o, a = self.obs_dim, self._reward_col
         actions = rows[..., 2 * o : a] if self.action_dim else rows[..., 2 * o].long()
         return Batch(rows[..., :o], actions, rows[..., a], rows[..., o : 2 * o], rows[..., a + 1])

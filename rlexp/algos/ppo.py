@@ -41,6 +41,7 @@ from rlexp.diagnostics import (
     update_instruments,
 )
 from rlexp.nets import PopMLP
+from rlexp.replay import take_rows
 
 if TYPE_CHECKING:
     from rlexp.trainer import Trainer
@@ -155,12 +156,6 @@ def ppo_losses(
     return {"actor_loss": policy_loss - algo.ent_coef * mean_entropy, "critic_loss": algo.vf_coef * value_loss,
             "policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(),
             "entropy": mean_entropy.detach(), "approx_kl": approx_kl, "clipfrac": clipfrac}
-
-
-def take_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Rows ``rows`` [P * M] (member k's from its own block k*N ...) of x [P, N, ...] -> [P, M, ...]."""
-    members = x.shape[0]
-    return x.reshape(members * x.shape[1], *x.shape[2:]).index_select(0, rows).view(members, -1, *x.shape[2:])
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
