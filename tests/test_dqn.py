@@ -563,18 +563,27 @@ def test_population_env_autoreset_step_is_invalid_and_episode_stats_match_reward
     assert env.take_episodes() == [[], []]  # read once
 
 
-@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
-def test_population_env_steps_exactly_as_gymnasium_sync_vector_env(env_id):
-    """The own stepping loop returns what gymnasium's SyncVectorEnv (NEXT_STEP autoreset) returns for
+@pytest.mark.parametrize(
+    "env_id, P, E, kwargs, limit, steps, together",
+    [
+        ("CartPole-v1", 2, 3, {}, 7, 40, False),  # one environment after another
+        ("Pendulum-v1", 2, 3, {}, 7, 40, False),
+        ("CartPole-v1", 4, 3, {}, 7, 40, True),  # CartPoles stepped together
+        ("CartPole-v1", 8, 2, {}, None, 300, True),  # 500-step TimeLimit: episodes end by the thresholds
+        ("CartPole-v1", 3, 3, {"sutton_barto_reward": True}, None, 200, True),
+    ],
+)
+def test_population_env_steps_exactly_as_gymnasium_sync_vector_env(env_id, P, E, kwargs, limit, steps, together):
+    """Both ways of stepping return what gymnasium's SyncVectorEnv (NEXT_STEP autoreset) returns for
     the same seeds and actions: observations, rewards and flags, bit for bit, through autoresets."""
-    P, E = 2, 3
-    cfg = EnvConfig(id=env_id, num_envs=E, max_episode_steps=7)
-    env = PopulationEnv(cfg, member_seeds=[4, 9])
-    sync = gym.make_vec(env_id, num_envs=P * E, vectorization_mode="sync", max_episode_steps=7)
+    cfg = EnvConfig(id=env_id, num_envs=E, max_episode_steps=limit, kwargs=kwargs)
+    env = PopulationEnv(cfg, member_seeds=[4, 9, 1, 7, 3, 8, 2, 6][:P])
+    assert (env.cartpoles is not None) == together
+    sync = gym.make_vec(env_id, num_envs=P * E, vectorization_mode="sync", max_episode_steps=limit, **kwargs)
     np.testing.assert_array_equal(env.reset(), sync.reset(seed=env.seeds)[0].reshape(P, E, -1))
     rng = np.random.default_rng(0)
-    prev_done, resets = np.zeros(P * E, dtype=bool), 0
-    for _ in range(40):
+    prev_done, resets, terminations = np.zeros(P * E, dtype=bool), 0, 0
+    for _ in range(steps):
         if env_id == "CartPole-v1":
             actions = rng.integers(0, 2, (P, E))
         else:
@@ -586,11 +595,43 @@ def test_population_env_steps_exactly_as_gymnasium_sync_vector_env(env_id):
         np.testing.assert_array_equal(res.terminated, terminated.reshape(P, E))
         np.testing.assert_array_equal(res.truncated, truncated.reshape(P, E))
         np.testing.assert_array_equal(res.valid, ~prev_done.reshape(P, E))
+        if together:  # the float64 states too, which float32 observations would round away
+            np.testing.assert_array_equal(env.cartpoles.state.T, [e.unwrapped.state for e in sync.envs])
         resets += int(prev_done.sum())
+        terminations += int(terminated.sum())
         prev_done = terminated | truncated
     assert resets >= P * E  # the comparison went through autoresets
+    assert terminations > 0 or limit is not None  # the thresholds ended episodes, too
     env.close()
     sync.close()
+
+
+def test_population_env_steps_cartpoles_together_only_when_it_is_the_same():
+    """Together needs 8+ environments of gymnasium's own CartPole: not for fewer, not for another
+    environment, not when rendered (the single environment's render call would be skipped)."""
+    def together(id, P, **kwargs):
+        return PopulationEnv(EnvConfig(id=id, num_envs=1, kwargs=kwargs), list(range(P))).cartpoles is not None
+
+    assert together("CartPole-v1", 8)
+    assert not together("CartPole-v1", 7)
+    assert not together("Acrobot-v1", 8)
+    assert not together("CartPole-v1", 8, render_mode="rgb_array")
+
+
+def test_population_env_episode_records_are_the_same_both_ways(monkeypatch):
+    """Episode returns, lengths, counts and the last 10 returns do not depend on the way of stepping."""
+    records = []
+    for min_together in (10**9, 8):
+        monkeypatch.setattr(PopulationEnv, "MIN_TOGETHER", min_together)
+        env = PopulationEnv(EnvConfig(id="CartPole-v1", num_envs=4, max_episode_steps=30), member_seeds=[5, 2])
+        env.reset()
+        rng = np.random.default_rng(1)
+        episodes = [env.take_episodes() for _ in range(200) if env.step(rng.integers(0, 2, (2, 4))) is not None]
+        records.append((episodes, env.episode_count.tolist(), [list(d) for d in env.last_returns]))
+        env.close()
+    assert records[0] == records[1]
+    assert sum(records[0][1]) > 20
+    assert all(isinstance(r, float) and isinstance(n, int) for step in records[1][0] for m in step for r, n in m)
 
 
 def test_population_env_member_seeds_are_independent_of_population():
