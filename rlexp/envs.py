@@ -9,8 +9,8 @@ arrays ([P, E, ...]): the per-step path does no tensor work, and the algorithm m
 Two ways of stepping, with the same results (tests step both against gymnasium's SyncVectorEnv):
 - one environment after another (any environment): for one CartPole the bare loop costs 8 us a step
   against SyncVectorEnv's 22 us;
-- CartPole's physics for all P * E environments at once in numpy (``CartPoles``), from 8 environments
-  up: the same float64 arithmetic in the same order as gymnasium's CartPoleEnv, so observations,
+- CartPole's physics for all P * E environments at once in numpy (``CartPoles``), from 4 environments
+  up (per step: 28 us for 4 against 37 us one by one, 33 against 127 us for 16, 50 against 500 us for 64): the same float64 arithmetic in the same order as gymnasium's CartPoleEnv, so observations,
   rewards and flags are bit for bit the single environment's, and resets still go through each
   environment's own seeded gymnasium object.
 """
@@ -151,7 +151,7 @@ class CartPoles:
 class PopulationEnv:
     """P members x E environments; episode returns and lengths tracked per member."""
 
-    MIN_TOGETHER = 8  # CartPoles are stepped together from this many environments up
+    MIN_TOGETHER = 4  # CartPoles are stepped together from this many environments up (fewer: slower)
 
     def __init__(self, cfg: EnvConfig, member_seeds: List[int]) -> None:
         self.members = len(member_seeds)
