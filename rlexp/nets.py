@@ -32,8 +32,14 @@ ACTIVATIONS: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 # activation name -> its derivative as autograd computes it (the same ATen backward kernels):
-# (grad wrt the output, pre-activation h, output y, config) -> grad wrt h. softsign has none (autograd
-# differentiates its composite ops).
+def _softsign_backward(g: torch.Tensor, h: torch.Tensor, y: torch.Tensor, cfg: ActivationConfig) -> torch.Tensor:
+    """softsign's derivative as autograd composes it for y = h / (|h| + 1) (ATen has no kernel for it):
+    division's two gradients, the second through abs's sgn, summed; bit for bit autograd's (tested)."""
+    d = h.abs() + 1
+    return g / d + (-g * (y / d)) * h.sgn()
+
+
+# (grad wrt the output, pre-activation h, output y, config) -> grad wrt h
 ACTIVATION_BACKWARD: Dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor, ActivationConfig], torch.Tensor]] = {
     "relu": lambda g, h, y, cfg: torch.ops.aten.threshold_backward(g, y, 0),
     "leaky_relu": lambda g, h, y, cfg: torch.ops.aten.leaky_relu_backward(g, h, cfg.negative_slope, False),
@@ -42,6 +48,7 @@ ACTIVATION_BACKWARD: Dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tenso
     "silu": lambda g, h, y, cfg: torch.ops.aten.silu_backward(g, h),
     "tanh": lambda g, h, y, cfg: torch.ops.aten.tanh_backward(g, y),
     "sigmoid": lambda g, h, y, cfg: torch.ops.aten.sigmoid_backward(g, y),
+    "softsign": _softsign_backward,
 }
 
 

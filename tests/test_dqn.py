@@ -217,7 +217,8 @@ def test_dqn_loss_matches_written_out_target_and_loss(case):
 ANALYTIC_ACTIVATIONS = {"relu": ActivationConfig(name="relu"), "tanh": ActivationConfig(name="tanh"),
                         "sigmoid": ActivationConfig(name="sigmoid"), "gelu": ActivationConfig(name="gelu"),
                         "silu": ActivationConfig(name="silu"), "elu": ELUConfig(name="elu", alpha=0.7),
-                        "leaky_relu": LeakyReLUConfig(name="leaky_relu", negative_slope=0.2)}
+                        "leaky_relu": LeakyReLUConfig(name="leaky_relu", negative_slope=0.2),
+                        "softsign": ActivationConfig(name="softsign")}
 
 
 def analytic_net(members: int, activation: ActivationConfig, dtype: torch.dtype = torch.float32,
@@ -261,7 +262,7 @@ def test_backward_to_grads_equals_autograd_bit_for_bit(name, members, network, d
 
 
 def test_analytic_backward_only_where_it_is_exact():
-    """Norms, weight norm, residual connections, a second input and softsign keep autograd."""
+    """Norms, weight norm, residual connections and a second input keep autograd."""
     relu = ActivationConfig(name="relu")
     gens = [torch.Generator().manual_seed(k) for k in range(2)]
 
@@ -270,7 +271,7 @@ def test_analytic_backward_only_where_it_is_exact():
                       GainInitConfig(name="he"), gens, extra_in=extra_in)
 
     assert pop().analytic_backward
-    assert not pop(activation=ActivationConfig(name="softsign")).analytic_backward
+    assert pop(activation=ActivationConfig(name="softsign")).analytic_backward
     assert not pop(norm=LayerNormConfig(name="layer")).analytic_backward
     assert not pop(norm=WeightNormConfig(name="weight")).analytic_backward
     assert not pop(residual=True).analytic_backward
@@ -1021,8 +1022,9 @@ def test_threads_minus_one_picks_one_thread_per_8_members_within_the_cores(membe
 
 
 @pytest.mark.parametrize("overrides,analytic", [([], True), (["regularization.l2=1e-4"], False),
-                                                (["normalization=layer"], False), (["activation=softsign"], False)],
-                         ids=["plain", "l2_penalty", "layer_norm", "softsign"])
+                                                (["normalization=layer"], False), (["activation=softsign"], True),
+                                                (["normalization=weight"], False)],
+                         ids=["plain", "l2_penalty", "layer_norm", "softsign", "weight_norm"])
 def test_training_writes_gradients_without_autograd_only_where_exact(tmp_path, monkeypatch, overrides, analytic):
     """Training takes the analytic gradients for a plain network without a penalty, and autograd
     otherwise; both train (every update reaches the optimizer)."""
