@@ -164,7 +164,7 @@ class PopulationEnv:
         self.seeds = [s for m in member_seeds for s in env_seeds(m, cfg.num_envs)]
         together = n >= self.MIN_TOGETHER and CartPoles.fits(self.envs[0])
         self.cartpoles: Optional[CartPoles] = CartPoles(self.envs) if together else None
-        self.max_steps = time_limit(self.envs[0])
+        self.max_steps = time_limit(self.envs[0])  # stepping together truncates episodes by it
         self._done = np.zeros(n, dtype=bool)  # the env's last step ended an episode: its next step resets it
         self._ep_return = np.zeros(n)
         self._ep_length = np.zeros(n, dtype=np.int64)

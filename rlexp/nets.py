@@ -31,7 +31,6 @@ ACTIVATIONS: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-# activation name -> its derivative as autograd computes it (the same ATen backward kernels):
 def _softsign_backward(g: torch.Tensor, h: torch.Tensor, y: torch.Tensor, cfg: ActivationConfig) -> torch.Tensor:
     """softsign's derivative as autograd composes it for y = h / (|h| + 1) (ATen has no kernel for it):
     division's two gradients, the second through abs's sgn, summed; bit for bit autograd's (tested)."""
@@ -39,7 +38,8 @@ def _softsign_backward(g: torch.Tensor, h: torch.Tensor, y: torch.Tensor, cfg: A
     return g / d + (-g * (y / d)) * h.sgn()
 
 
-# (grad wrt the output, pre-activation h, output y, config) -> grad wrt h
+# activation name -> its derivative as autograd computes it (the same ATen backward kernels; softsign's
+# composition): (grad wrt the output, pre-activation h, output y, config) -> grad wrt h
 ACTIVATION_BACKWARD: Dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor, ActivationConfig], torch.Tensor]] = {
     "relu": lambda g, h, y, cfg: torch.ops.aten.threshold_backward(g, y, 0),
     "leaky_relu": lambda g, h, y, cfg: torch.ops.aten.leaky_relu_backward(g, h, cfg.negative_slope, False),

@@ -622,12 +622,16 @@ def test_population_env_steps_cartpoles_together_only_when_it_is_the_same():
 def test_population_env_episode_records_are_the_same_both_ways(monkeypatch):
     """Episode returns, lengths, counts and the last 10 returns do not depend on the way of stepping."""
     records = []
-    for min_together in (10**9, 8):
+    for min_together in (10**9, 8):  # one by one, then together
         monkeypatch.setattr(PopulationEnv, "MIN_TOGETHER", min_together)
         env = PopulationEnv(EnvConfig(id="CartPole-v1", num_envs=4, max_episode_steps=30), member_seeds=[5, 2])
+        assert (env.cartpoles is not None) == (min_together == 8)
         env.reset()
         rng = np.random.default_rng(1)
-        episodes = [env.take_episodes() for _ in range(200) if env.step(rng.integers(0, 2, (2, 4))) is not None]
+        episodes = []
+        for _ in range(200):
+            env.step(rng.integers(0, 2, (2, 4)))
+            episodes.append(env.take_episodes())
         records.append((episodes, env.episode_count.tolist(), [list(d) for d in env.last_returns]))
         env.close()
     assert records[0] == records[1]
