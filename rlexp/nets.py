@@ -52,6 +52,19 @@ ACTIVATION_BACKWARD: Dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tenso
 }
 
 
+def _layer_norm_backward(grad: torch.Tensor, norm: "PopLayerNorm", h: torch.Tensor, x_hat: torch.Tensor,
+                         mean: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+    """PopLayerNorm's backward as autograd runs it: writes its weight's and bias's gradients (the
+    affine's, summed over the batch) and returns the gradient wrt its input h [P, B, H] (ATen's
+    layer-norm backward kernel on the gradient wrt x_hat)."""
+    if norm.weight.grad is None:
+        norm.weight.grad, norm.bias.grad = torch.empty_like(norm.weight), torch.empty_like(norm.bias)
+    torch.sum(grad * x_hat, 1, out=norm.weight.grad)
+    torch.sum(grad, 1, out=norm.bias.grad)
+    return torch.ops.aten.native_layer_norm_backward(grad * norm.weight.unsqueeze(1), h, h.shape[-1:], mean, rstd,
+                                                     None, None, [True, False, False])[0]
+
+
 # activation name -> the same function in numpy, in place on a float32 array (host_inference)
 NUMPY_ACTIVATIONS: Dict[str, Callable[[np.ndarray, ActivationConfig], np.ndarray]] = {
     "relu": lambda h, cfg: np.maximum(h, 0, out=h),
@@ -232,8 +245,10 @@ class PopMLP(nn.Module):
         self.output_scale = network.output_scale
         # plain linear layers, no norm, residual or second input: inference() may run on raw ops
         self._plain = not (weight_norm or self.has_norm or any(self.residual) or extra_in)
-        # a plain network with a known activation derivative can skip autograd (backward_to_grads)
-        self.analytic_backward = self._plain and activation.name in ACTIVATION_BACKWARD
+        # linear layers, layer norms (or none) and an activation with a known derivative: the
+        # gradients can be written without autograd (forward_saved, backward_to_grads)
+        self.analytic_backward = (normalization.name in ("none", "layer") and not (any(self.residual) or extra_in)
+                                  and activation.name in ACTIVATION_BACKWARD)
         gain = scheme_gain(init, activation.name, getattr(activation, "negative_slope", 0.01))
         for i, layer in enumerate(self.layers):
             init_linear(layer.weight, layer.bias, init, gain, generators, last=i == len(self.layers) - 1)
@@ -253,16 +268,22 @@ class PopMLP(nn.Module):
         return out * self.output_scale if self.output_scale != 1.0 else out
 
     def forward_saved(self, x: torch.Tensor) -> tuple[torch.Tensor, List[tuple]]:
-        """``forward`` without autograd (plain networks only, see ``analytic_backward``): the output
-        [P, B, n_out] and what ``backward_to_grads`` needs (each layer's input, pre-activation and output)."""
+        """``forward`` without autograd (networks with ``analytic_backward`` only): the output
+        [P, B, n_out] and what ``backward_to_grads`` needs (each layer's input, pre-activation and
+        output, and a layer norm's input and statistics)."""
         saved: List[tuple] = []
         with torch.no_grad():
-            for layer, _, _, activated in self._hidden:
-                h = layer.forward(x)
+            for layer, norm, _, activated in self._hidden:
+                h = layer.forward(x)  # [P, B, H]
+                normed = None
+                if self.has_norm:  # layer norm: PopLayerNorm's forward, keeping what its backward needs
+                    x_hat, mean, rstd = torch.native_layer_norm(h, h.shape[-1:], None, None, norm.eps)
+                    normed = (norm, h, x_hat, mean, rstd)
+                    h = x_hat * norm.weight.unsqueeze(1) + norm.bias.unsqueeze(1)
                 y = self.act(h) if activated else h
-                saved.append((x, h, y, activated))
+                saved.append((x, h, y, activated, normed))
                 x = y
-            saved.append((x, None, None, False))
+            saved.append((x, None, None, False, None))
             out = self._output.forward(x)
             return (out * self.output_scale if self.output_scale != 1.0 else out), saved
 
@@ -282,9 +303,11 @@ class PopMLP(nn.Module):
                 torch.sum(grad, 1, out=layer.bias.grad)
                 if i > 0:
                     grad = torch.bmm(grad, layer.weight)  # [P, B, in]: the gradient wrt layer i-1's output
-                    _, h, y, activated = saved[i - 1]
+                    _, h, y, activated, normed = saved[i - 1]
                     if activated:
                         grad = ACTIVATION_BACKWARD[self.activation.name](grad, h, y, self.activation)
+                    if normed is not None:
+                        grad = _layer_norm_backward(grad, *normed)
 
     def inference(self) -> Callable[..., torch.Tensor]:
         """A forward function without gradient, for acting: the same outputs as

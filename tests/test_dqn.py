@@ -27,6 +27,7 @@ from rlexp.algos.dqn import dqn_loss, epsilon, td_loss
 from rlexp.config import (
     ActivationConfig,
     AdamConfig,
+    BatchNormConfig,
     ClippingConfig,
     DQNConfig,
     ELUConfig,
@@ -222,14 +223,19 @@ ANALYTIC_ACTIVATIONS = {"relu": ActivationConfig(name="relu"), "tanh": Activatio
 
 
 def analytic_net(members: int, activation: ActivationConfig, dtype: torch.dtype = torch.float32,
-                 **network) -> PopMLP:
-    """A PopMLP with biases randomized (so every pre-activation has both signs)."""
+                 norm: str = "none", **network) -> PopMLP:
+    """A PopMLP with biases (and layer-norm affines) randomized (so every pre-activation has both signs)."""
     gens = [torch.Generator().manual_seed(50 + k) for k in range(members)]
+    normalization = LayerNormConfig(name="layer") if norm == "layer" else NormalizationConfig(name="none")
     net = PopMLP(members, OBS, ACT, NetworkConfig(name="mlp", hidden=[16, 12], **network), activation,
-                 NormalizationConfig(name="none"), GainInitConfig(name="he"), gens).to(dtype)
+                 normalization, GainInitConfig(name="he"), gens).to(dtype)
+    g = torch.Generator().manual_seed(9)
     with torch.no_grad():
         for layer in net.layers:
-            layer.bias.copy_(0.5 * torch.randn(layer.bias.shape, generator=torch.Generator().manual_seed(9)))
+            layer.bias.copy_(0.5 * torch.randn(layer.bias.shape, generator=g))
+        for layer_norm in net.norms if norm == "layer" else []:
+            layer_norm.weight.add_(0.3 * torch.randn(layer_norm.weight.shape, generator=g))
+            layer_norm.bias.add_(0.3 * torch.randn(layer_norm.bias.shape, generator=g))
     return net
 
 
@@ -242,8 +248,9 @@ def test_every_analytic_activation_is_tested():
 @pytest.mark.parametrize("network", [{}, {"output_scale": 0.3}, {"linear_last_hidden": True}],
                          ids=["plain", "output_scale", "linear_last_hidden"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
-def test_backward_to_grads_equals_autograd_bit_for_bit(name, members, network, dtype):
-    net = analytic_net(members, ANALYTIC_ACTIVATIONS[name], dtype, **network)
+@pytest.mark.parametrize("norm", ["none", "layer"])
+def test_backward_to_grads_equals_autograd_bit_for_bit(name, members, network, dtype, norm):
+    net = analytic_net(members, ANALYTIC_ACTIVATIONS[name], dtype, norm, **network)
     assert net.analytic_backward
     g = torch.Generator().manual_seed(4)
     x = torch.randn(members, 64, OBS, generator=g, dtype=dtype)
@@ -262,7 +269,7 @@ def test_backward_to_grads_equals_autograd_bit_for_bit(name, members, network, d
 
 
 def test_analytic_backward_only_where_it_is_exact():
-    """Norms, weight norm, residual connections and a second input keep autograd."""
+    """Batch norm, weight norm, residual connections and a second input keep autograd."""
     relu = ActivationConfig(name="relu")
     gens = [torch.Generator().manual_seed(k) for k in range(2)]
 
@@ -272,7 +279,8 @@ def test_analytic_backward_only_where_it_is_exact():
 
     assert pop().analytic_backward
     assert pop(activation=ActivationConfig(name="softsign")).analytic_backward
-    assert not pop(norm=LayerNormConfig(name="layer")).analytic_backward
+    assert pop(norm=LayerNormConfig(name="layer")).analytic_backward
+    assert not pop(norm=BatchNormConfig(name="batch")).analytic_backward
     assert not pop(norm=WeightNormConfig(name="weight")).analytic_backward
     assert not pop(residual=True).analytic_backward
     assert not pop(extra_in=1).analytic_backward
@@ -1026,9 +1034,9 @@ def test_threads_minus_one_picks_one_thread_per_8_members_within_the_cores(membe
 
 
 @pytest.mark.parametrize("overrides,analytic", [([], True), (["regularization.l2=1e-4"], False),
-                                                (["normalization=layer"], False), (["activation=softsign"], True),
-                                                (["normalization=weight"], False)],
-                         ids=["plain", "l2_penalty", "layer_norm", "softsign", "weight_norm"])
+                                                (["normalization=layer"], True), (["activation=softsign"], True),
+                                                (["normalization=weight"], False), (["normalization=batch"], False)],
+                         ids=["plain", "l2_penalty", "layer_norm", "softsign", "weight_norm", "batch_norm"])
 def test_training_writes_gradients_without_autograd_only_where_exact(tmp_path, monkeypatch, overrides, analytic):
     """Training takes the analytic gradients for a plain network without a penalty, and autograd
     otherwise; both train (every update reaches the optimizer)."""

@@ -179,8 +179,9 @@ DQN_NETS = [("relu", "none", F32), ("relu", "layer", F32), ("tanh", "none", F32)
             ("relu", "none", F64), ("relu", "layer", F64), ("relu", "batch", F64)]
 
 
-# plain networks also run with their gradients written without autograd (dqn_loss(write_grads=True))
-DQN_CASES = [(*net, False) for net in DQN_NETS] + [(*net, True) for net in DQN_NETS if net[1] == "none"]
+# plain and layer-norm networks also run with their gradients written without autograd
+# (dqn_loss(write_grads=True))
+DQN_CASES = [(*net, False) for net in DQN_NETS] + [(*net, True) for net in DQN_NETS if net[1] in ("none", "layer")]
 
 
 @pytest.mark.parametrize("activation,norm,dtype,written", DQN_CASES,
