@@ -52,19 +52,6 @@ ACTIVATION_BACKWARD: Dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tenso
 }
 
 
-def _layer_norm_backward(grad: torch.Tensor, norm: "PopLayerNorm", h: torch.Tensor, x_hat: torch.Tensor,
-                         mean: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
-    """PopLayerNorm's backward as autograd runs it: writes its weight's and bias's gradients (the
-    affine's, summed over the batch) and returns the gradient wrt its input h [P, B, H] (ATen's
-    layer-norm backward kernel on the gradient wrt x_hat)."""
-    if norm.weight.grad is None:
-        norm.weight.grad, norm.bias.grad = torch.empty_like(norm.weight), torch.empty_like(norm.bias)
-    torch.sum(grad * x_hat, 1, out=norm.weight.grad)
-    torch.sum(grad, 1, out=norm.bias.grad)
-    return torch.ops.aten.native_layer_norm_backward(grad * norm.weight.unsqueeze(1), h, h.shape[-1:], mean, rstd,
-                                                     None, None, [True, False, False])[0]
-
-
 # activation name -> the same function in numpy, in place on a float32 array (host_inference)
 NUMPY_ACTIVATIONS: Dict[str, Callable[[np.ndarray, ActivationConfig], np.ndarray]] = {
     "relu": lambda h, cfg: np.maximum(h, 0, out=h),
@@ -84,6 +71,13 @@ def make_activation(cfg: ActivationConfig) -> Callable[[torch.Tensor], torch.Ten
         alpha = cfg.alpha
         return lambda x: F.elu(x, alpha)
     return ACTIVATIONS[cfg.name]
+
+
+def _ensure_grads(*params: torch.Tensor) -> None:
+    """Give parameters without a ``.grad`` an (uninitialized) one, for gradients written in place."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.empty_like(p)
 
 
 class PopLinear(nn.Module):
@@ -134,6 +128,21 @@ class PopLayerNorm(nn.Module):
         x = F.layer_norm(x, x.shape[-1:], eps=self.eps)
         return x * self.weight.unsqueeze(1) + self.bias.unsqueeze(1)
 
+    def forward_saved(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+        """``forward`` without autograd (the kernel F.layer_norm runs), and what ``backward_to_grads`` needs."""
+        x_hat, mean, rstd = torch.native_layer_norm(x, x.shape[-1:], None, None, self.eps)
+        return x_hat * self.weight.unsqueeze(1) + self.bias.unsqueeze(1), (x, x_hat, mean, rstd)
+
+    def backward_to_grads(self, saved: tuple, grad: torch.Tensor) -> torch.Tensor:
+        """As autograd runs it: writes the weight's and bias's gradients (the affine's, summed over the
+        batch) and returns the gradient wrt the input [P, B, H] (ATen's layer-norm backward kernel)."""
+        x, x_hat, mean, rstd = saved
+        _ensure_grads(self.weight, self.bias)
+        torch.sum(grad * x_hat, 1, out=self.weight.grad)
+        torch.sum(grad, 1, out=self.bias.grad)
+        return torch.ops.aten.native_layer_norm_backward(grad * self.weight.unsqueeze(1), x, x.shape[-1:], mean, rstd,
+                                                         None, None, [True, False, False])[0]
+
 
 class PopBatchNorm(nn.Module):
     """BatchNorm over each member's own batch: mean/var over B of [P, B, H], per member and feature.
@@ -161,6 +170,30 @@ class PopBatchNorm(nn.Module):
         y = F.batch_norm(channels, self.running_mean.view(-1), self.running_var.view(-1), self.weight.reshape(-1),
                          self.bias.reshape(-1), self.training, self.momentum, self.eps)
         return y.view(batch, members, width).transpose(0, 1)  # [P, B, H]
+
+    def forward_saved(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+        """``forward`` without autograd (the kernel F.batch_norm runs, updating the running statistics
+        in training mode), and what ``backward_to_grads`` needs."""
+        members, batch, width = x.shape
+        channels = x.transpose(0, 1).reshape(batch, members * width)  # [B, P * H]
+        weight = self.weight.reshape(-1)
+        y, mean, invstd = torch.native_batch_norm(channels, weight, self.bias.reshape(-1), self.running_mean.view(-1),
+                                                  self.running_var.view(-1), self.training, self.momentum, self.eps)
+        return y.view(batch, members, width).transpose(0, 1), (channels, weight, mean, invstd, self.training)
+
+    def backward_to_grads(self, saved: tuple, grad: torch.Tensor) -> torch.Tensor:
+        """As autograd runs it (ATen's batch-norm backward kernel on the [B, P * H] view): writes the
+        weight's and bias's gradients and returns the gradient wrt the input [P, B, H]."""
+        channels, weight, mean, invstd, training = saved
+        members, width = self.weight.shape
+        grad_channels = grad.transpose(0, 1).reshape(channels.shape)  # [B, P * H]
+        grad_in, grad_weight, grad_bias = torch.ops.aten.native_batch_norm_backward(
+            grad_channels, channels, weight, self.running_mean.view(-1), self.running_var.view(-1), mean, invstd,
+            training, self.eps, [True, True, True])
+        _ensure_grads(self.weight, self.bias)
+        self.weight.grad.copy_(grad_weight.view(members, width))
+        self.bias.grad.copy_(grad_bias.view(members, width))
+        return grad_in.view(-1, members, width).transpose(0, 1)
 
 
 # normalization name -> the norm module after each hidden linear layer (weight norm changes the
@@ -245,9 +278,9 @@ class PopMLP(nn.Module):
         self.output_scale = network.output_scale
         # plain linear layers, no norm, residual or second input: inference() may run on raw ops
         self._plain = not (weight_norm or self.has_norm or any(self.residual) or extra_in)
-        # linear layers, layer norms (or none) and an activation with a known derivative: the
-        # gradients can be written without autograd (forward_saved, backward_to_grads)
-        self.analytic_backward = (normalization.name in ("none", "layer") and not (any(self.residual) or extra_in)
+        # linear layers, layer or batch norms (or none) and an activation with a known derivative:
+        # the gradients can be written without autograd (forward_saved, backward_to_grads)
+        self.analytic_backward = (normalization.name in ("none", "layer", "batch") and not (any(self.residual) or extra_in)
                                   and activation.name in ACTIVATION_BACKWARD)
         gain = scheme_gain(init, activation.name, getattr(activation, "negative_slope", 0.01))
         for i, layer in enumerate(self.layers):
@@ -270,16 +303,14 @@ class PopMLP(nn.Module):
     def forward_saved(self, x: torch.Tensor) -> tuple[torch.Tensor, List[tuple]]:
         """``forward`` without autograd (networks with ``analytic_backward`` only): the output
         [P, B, n_out] and what ``backward_to_grads`` needs (each layer's input, pre-activation and
-        output, and a layer norm's input and statistics)."""
+        output, and a norm's input and statistics)."""
         saved: List[tuple] = []
         with torch.no_grad():
             for layer, norm, _, activated in self._hidden:
                 h = layer.forward(x)  # [P, B, H]
                 normed = None
-                if self.has_norm:  # layer norm: PopLayerNorm's forward, keeping what its backward needs
-                    x_hat, mean, rstd = torch.native_layer_norm(h, h.shape[-1:], None, None, norm.eps)
-                    normed = (norm, h, x_hat, mean, rstd)
-                    h = x_hat * norm.weight.unsqueeze(1) + norm.bias.unsqueeze(1)
+                if self.has_norm:
+                    h, normed = norm.forward_saved(h)
                 y = self.act(h) if activated else h
                 saved.append((x, h, y, activated, normed))
                 x = y
@@ -297,8 +328,7 @@ class PopMLP(nn.Module):
             for i in range(len(self.layers) - 1, -1, -1):
                 layer = self.layers[i]
                 x = saved[i][0]  # [P, B, in]
-                if layer.weight.grad is None:
-                    layer.weight.grad, layer.bias.grad = torch.empty_like(layer.weight), torch.empty_like(layer.bias)
+                _ensure_grads(layer.weight, layer.bias)
                 layer.weight.grad.copy_(torch.bmm(x.mT, grad).mT)  # [P, in, out]: autograd's orientation
                 torch.sum(grad, 1, out=layer.bias.grad)
                 if i > 0:
@@ -307,7 +337,7 @@ class PopMLP(nn.Module):
                     if activated:
                         grad = ACTIVATION_BACKWARD[self.activation.name](grad, h, y, self.activation)
                     if normed is not None:
-                        grad = _layer_norm_backward(grad, *normed)
+                        grad = self.norms[i - 1].backward_to_grads(normed, grad)
 
     def inference(self) -> Callable[..., torch.Tensor]:
         """A forward function without gradient, for acting: the same outputs as

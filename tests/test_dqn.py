@@ -224,18 +224,19 @@ ANALYTIC_ACTIVATIONS = {"relu": ActivationConfig(name="relu"), "tanh": Activatio
 
 def analytic_net(members: int, activation: ActivationConfig, dtype: torch.dtype = torch.float32,
                  norm: str = "none", **network) -> PopMLP:
-    """A PopMLP with biases (and layer-norm affines) randomized (so every pre-activation has both signs)."""
+    """A PopMLP with biases (and norm affines) randomized (so every pre-activation has both signs)."""
     gens = [torch.Generator().manual_seed(50 + k) for k in range(members)]
-    normalization = LayerNormConfig(name="layer") if norm == "layer" else NormalizationConfig(name="none")
+    normalization = {"none": NormalizationConfig(name="none"), "layer": LayerNormConfig(name="layer"),
+                     "batch": BatchNormConfig(name="batch")}[norm]
     net = PopMLP(members, OBS, ACT, NetworkConfig(name="mlp", hidden=[16, 12], **network), activation,
                  normalization, GainInitConfig(name="he"), gens).to(dtype)
     g = torch.Generator().manual_seed(9)
     with torch.no_grad():
         for layer in net.layers:
             layer.bias.copy_(0.5 * torch.randn(layer.bias.shape, generator=g))
-        for layer_norm in net.norms if norm == "layer" else []:
-            layer_norm.weight.add_(0.3 * torch.randn(layer_norm.weight.shape, generator=g))
-            layer_norm.bias.add_(0.3 * torch.randn(layer_norm.bias.shape, generator=g))
+        for norm_layer in net.norms if norm != "none" else []:
+            norm_layer.weight.add_(0.3 * torch.randn(norm_layer.weight.shape, generator=g))
+            norm_layer.bias.add_(0.3 * torch.randn(norm_layer.bias.shape, generator=g))
     return net
 
 
@@ -248,28 +249,34 @@ def test_every_analytic_activation_is_tested():
 @pytest.mark.parametrize("network", [{}, {"output_scale": 0.3}, {"linear_last_hidden": True}],
                          ids=["plain", "output_scale", "linear_last_hidden"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
-@pytest.mark.parametrize("norm", ["none", "layer"])
+@pytest.mark.parametrize("norm", ["none", "layer", "batch"])
 def test_backward_to_grads_equals_autograd_bit_for_bit(name, members, network, dtype, norm):
-    net = analytic_net(members, ANALYTIC_ACTIVATIONS[name], dtype, norm, **network)
-    assert net.analytic_backward
+    """Outputs, gradients and (batch norm, training mode) the running statistics: a network through
+    autograd against its twin through forward_saved and backward_to_grads."""
+    net, twin = (analytic_net(members, ANALYTIC_ACTIVATIONS[name], dtype, norm, **network) for _ in range(2))
+    assert twin.analytic_backward
     g = torch.Generator().manual_seed(4)
     x = torch.randn(members, 64, OBS, generator=g, dtype=dtype)
     grad_out = torch.randn(members, 64, ACT, generator=g, dtype=dtype)
-    net(x).backward(grad_out)
-    expected = [p.grad.clone() for p in net.parameters()]
-    for p in net.parameters():  # stale values must be overwritten, not added to
-        p.grad.fill_(123.0)
-    out, saved = net.forward_saved(x)
+    expected_out = net(x)
+    expected_out.backward(grad_out)
+    for p in twin.parameters():  # stale values must be overwritten, not added to
+        p.grad = torch.full_like(p, 123.0)
+    out, saved = twin.forward_saved(x)
     assert not out.requires_grad
-    torch.testing.assert_close(out, net(x), rtol=0, atol=0)
-    net.backward_to_grads(saved, grad_out)
-    for (pname, p), e in zip(net.named_parameters(), expected):
-        assert torch.equal(p.grad, e), pname
+    assert torch.equal(out, expected_out.detach())
+    twin.backward_to_grads(saved, grad_out)
+    for (pname, p), e in zip(twin.named_parameters(), net.parameters()):
+        assert torch.equal(p.grad, e.grad), pname
         assert p.grad.abs().sum() > 0, pname
+    for (bname, b), e in zip(twin.named_buffers(), net.buffers()):
+        assert torch.equal(b, e), bname
+    if norm == "batch":
+        assert not torch.equal(twin.norms[0].running_mean, torch.zeros_like(twin.norms[0].running_mean))
 
 
 def test_analytic_backward_only_where_it_is_exact():
-    """Batch norm, weight norm, residual connections and a second input keep autograd."""
+    """Weight norm, residual connections and a second input keep autograd."""
     relu = ActivationConfig(name="relu")
     gens = [torch.Generator().manual_seed(k) for k in range(2)]
 
@@ -280,7 +287,7 @@ def test_analytic_backward_only_where_it_is_exact():
     assert pop().analytic_backward
     assert pop(activation=ActivationConfig(name="softsign")).analytic_backward
     assert pop(norm=LayerNormConfig(name="layer")).analytic_backward
-    assert not pop(norm=BatchNormConfig(name="batch")).analytic_backward
+    assert pop(norm=BatchNormConfig(name="batch")).analytic_backward
     assert not pop(norm=WeightNormConfig(name="weight")).analytic_backward
     assert not pop(residual=True).analytic_backward
     assert not pop(extra_in=1).analytic_backward
@@ -1035,7 +1042,7 @@ def test_threads_minus_one_picks_one_thread_per_8_members_within_the_cores(membe
 
 @pytest.mark.parametrize("overrides,analytic", [([], True), (["regularization.l2=1e-4"], False),
                                                 (["normalization=layer"], True), (["activation=softsign"], True),
-                                                (["normalization=weight"], False), (["normalization=batch"], False)],
+                                                (["normalization=weight"], False), (["normalization=batch"], True)],
                          ids=["plain", "l2_penalty", "layer_norm", "softsign", "weight_norm", "batch_norm"])
 def test_training_writes_gradients_without_autograd_only_where_exact(tmp_path, monkeypatch, overrides, analytic):
     """Training takes the analytic gradients for a plain network without a penalty, and autograd

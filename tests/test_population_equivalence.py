@@ -179,9 +179,8 @@ DQN_NETS = [("relu", "none", F32), ("relu", "layer", F32), ("tanh", "none", F32)
             ("relu", "none", F64), ("relu", "layer", F64), ("relu", "batch", F64)]
 
 
-# plain and layer-norm networks also run with their gradients written without autograd
-# (dqn_loss(write_grads=True))
-DQN_CASES = [(*net, False) for net in DQN_NETS] + [(*net, True) for net in DQN_NETS if net[1] in ("none", "layer")]
+# every network also runs with its gradients written without autograd (dqn_loss(write_grads=True))
+DQN_CASES = [(*net, False) for net in DQN_NETS] + [(*net, True) for net in DQN_NETS]
 
 
 @pytest.mark.parametrize("activation,norm,dtype,written", DQN_CASES,

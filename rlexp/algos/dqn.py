@@ -102,14 +102,14 @@ def dqn_loss(
     """
     target = td_target(q_net, target_net, batch, algo, r_max)  # [P, B]
     taken = batch.actions.unsqueeze(-1)  # [P, B, 1]
+    if q_net.uses_batch_stats:
+        q_net.train()  # the loss's forward normalizes with batch statistics
     if write_grads:
         q_all, saved = q_net.forward_saved(batch.obs)  # [P, B, A]
     else:
-        if q_net.uses_batch_stats:
-            q_net.train()
         q_all = q_net(batch.obs)  # [P, B, A]
-        if q_net.uses_batch_stats:
-            q_net.eval()
+    if q_net.uses_batch_stats:
+        q_net.eval()
     q = q_all.gather(-1, taken).squeeze(-1)  # [P, B]
     td = q - target
     q_value, td_abs = q.detach(), td.detach().abs()
