@@ -162,38 +162,41 @@ class PopBatchNorm(nn.Module):
         self.eps = eps
         self.momentum = momentum
 
+    @staticmethod
+    def _channels(x: torch.Tensor) -> torch.Tensor:
+        """[P, B, H] -> the [B, P * H] view the batch-norm kernels run on (a copy)."""
+        return x.transpose(0, 1).reshape(x.shape[1], -1)
+
+    def _members(self, y: torch.Tensor) -> torch.Tensor:
+        """[B, P * H] -> [P, B, H] (a view)."""
+        return y.view(y.shape[0], *self.weight.shape).transpose(0, 1)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        members, batch, width = x.shape
-        channels = x.transpose(0, 1).reshape(batch, members * width)  # [B, P * H]
         # the running statistics are updated in place through their flat views; weight and bias may
         # be strided views into a pipeline's buffer, so they are reshaped (copied when they must be)
-        y = F.batch_norm(channels, self.running_mean.view(-1), self.running_var.view(-1), self.weight.reshape(-1),
-                         self.bias.reshape(-1), self.training, self.momentum, self.eps)
-        return y.view(batch, members, width).transpose(0, 1)  # [P, B, H]
+        y = F.batch_norm(self._channels(x), self.running_mean.view(-1), self.running_var.view(-1),
+                         self.weight.reshape(-1), self.bias.reshape(-1), self.training, self.momentum, self.eps)
+        return self._members(y)  # [P, B, H]
 
     def forward_saved(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple]:
         """``forward`` without autograd (the kernel F.batch_norm runs, updating the running statistics
         in training mode), and what ``backward_to_grads`` needs."""
-        members, batch, width = x.shape
-        channels = x.transpose(0, 1).reshape(batch, members * width)  # [B, P * H]
-        weight = self.weight.reshape(-1)
+        channels, weight = self._channels(x), self.weight.reshape(-1)
         y, mean, invstd = torch.native_batch_norm(channels, weight, self.bias.reshape(-1), self.running_mean.view(-1),
                                                   self.running_var.view(-1), self.training, self.momentum, self.eps)
-        return y.view(batch, members, width).transpose(0, 1), (channels, weight, mean, invstd, self.training)
+        return self._members(y), (channels, weight, mean, invstd, self.training)
 
     def backward_to_grads(self, saved: tuple, grad: torch.Tensor) -> torch.Tensor:
         """As autograd runs it (ATen's batch-norm backward kernel on the [B, P * H] view): writes the
         weight's and bias's gradients and returns the gradient wrt the input [P, B, H]."""
         channels, weight, mean, invstd, training = saved
-        members, width = self.weight.shape
-        grad_channels = grad.transpose(0, 1).reshape(channels.shape)  # [B, P * H]
         grad_in, grad_weight, grad_bias = torch.ops.aten.native_batch_norm_backward(
-            grad_channels, channels, weight, self.running_mean.view(-1), self.running_var.view(-1), mean, invstd,
-            training, self.eps, [True, True, True])
+            self._channels(grad), channels, weight, self.running_mean.view(-1), self.running_var.view(-1), mean,
+            invstd, training, self.eps, [True, True, True])
         _ensure_grads(self.weight, self.bias)
-        self.weight.grad.copy_(grad_weight.view(members, width))
-        self.bias.grad.copy_(grad_bias.view(members, width))
-        return grad_in.view(-1, members, width).transpose(0, 1)
+        self.weight.grad.copy_(grad_weight.view(self.weight.shape))
+        self.bias.grad.copy_(grad_bias.view(self.bias.shape))
+        return self._members(grad_in)
 
 
 # normalization name -> the norm module after each hidden linear layer (weight norm changes the
@@ -280,8 +283,8 @@ class PopMLP(nn.Module):
         self._plain = not (weight_norm or self.has_norm or any(self.residual) or extra_in)
         # linear layers, layer or batch norms (or none) and an activation with a known derivative:
         # the gradients can be written without autograd (forward_saved, backward_to_grads)
-        self.analytic_backward = (normalization.name in ("none", "layer", "batch") and not (any(self.residual) or extra_in)
-                                  and activation.name in ACTIVATION_BACKWARD)
+        self.analytic_backward = (normalization.name in ("none", "layer", "batch") and not any(self.residual)
+                                  and not extra_in and activation.name in ACTIVATION_BACKWARD)
         gain = scheme_gain(init, activation.name, getattr(activation, "negative_slope", 0.01))
         for i, layer in enumerate(self.layers):
             init_linear(layer.weight, layer.bias, init, gain, generators, last=i == len(self.layers) - 1)
