@@ -94,6 +94,19 @@ class PopLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.baddbmm(self.bias.unsqueeze(1), x, self.effective_weight().mT)
 
+    def forward_saved(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+        """``forward`` without autograd, and what ``backward_to_grads`` needs (the input, the weight used)."""
+        return torch.baddbmm(self.bias.unsqueeze(1), x, self.weight.mT), (x, self.weight)
+
+    def backward_to_grads(self, saved: tuple, grad: torch.Tensor, input_grad: bool = True) -> Optional[torch.Tensor]:
+        """As autograd runs baddbmm's backward: writes the weight's and bias's gradients for the gradient
+        ``grad`` [P, B, out] wrt the output and returns the one wrt the input [P, B, in] (or None)."""
+        x, weight = saved
+        _ensure_grads(self.weight, self.bias)
+        self.weight.grad.copy_(torch.bmm(x.mT, grad).mT)  # [P, in, out] seen as [P, out, in], as autograd has it
+        torch.sum(grad, 1, out=self.bias.grad)
+        return torch.bmm(grad, weight) if input_grad else None
+
 
 class PopWeightNormLinear(PopLinear):
     """Weight-normalized linear layer (the seed critic's denseWN), per member and output unit.
@@ -113,6 +126,29 @@ class PopWeightNormLinear(PopLinear):
 
     def effective_weight(self) -> torch.Tensor:
         return self.weight * (self.g / self.unit_norms()).unsqueeze(-1)
+
+    def forward_saved(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+        """``forward`` without autograd, and what ``backward_to_grads`` needs (the norms ||v|| too)."""
+        norms = self.unit_norms()  # [P, out]
+        scale = self.g / norms  # [P, out]
+        weight = self.weight * scale.unsqueeze(-1)  # effective_weight's ops
+        return torch.baddbmm(self.bias.unsqueeze(1), x, weight.mT), (x, weight, norms, scale)
+
+    def backward_to_grads(self, saved: tuple, grad: torch.Tensor, input_grad: bool = True) -> Optional[torch.Tensor]:
+        """As autograd composes it through w = v * (g / sqrt(sum(v^2) + eps)): writes the gradients of v,
+        g and the bias and returns the one wrt the input (or None). Each line is the backward of one op
+        of ``effective_weight``, in autograd's formula: mul, div (both operands), sqrt, sum, square."""
+        x, weight, norms, scale = saved
+        v = self.weight
+        _ensure_grads(v, self.bias, self.g)
+        torch.sum(grad, 1, out=self.bias.grad)
+        grad_w = torch.bmm(x.mT, grad).mT  # [P, out, in] wrt the effective weight
+        grad_scale = (grad_w * v).sum(-1, keepdim=True).squeeze(-1)  # [P, out] wrt scale = g / norms
+        torch.div(grad_scale, norms, out=self.g.grad)
+        grad_norms = -grad_scale * (scale / norms)  # autograd's (g / norms) / norms
+        grad_squares = (grad_norms / (2 * norms)).unsqueeze(-1).expand_as(v)  # [P, out, in] wrt v^2
+        torch.add(grad_w * scale.unsqueeze(-1), grad_squares * (2.0 * v), out=v.grad)
+        return torch.bmm(grad, weight) if input_grad else None
 
 
 class PopLayerNorm(nn.Module):
@@ -281,10 +317,9 @@ class PopMLP(nn.Module):
         self.output_scale = network.output_scale
         # plain linear layers, no norm, residual or second input: inference() may run on raw ops
         self._plain = not (weight_norm or self.has_norm or any(self.residual) or extra_in)
-        # linear layers, layer or batch norms (or none) and an activation with a known derivative:
+        # no residual or second input, and an activation with a known derivative (any normalization):
         # the gradients can be written without autograd (forward_saved, backward_to_grads)
-        self.analytic_backward = (normalization.name in ("none", "layer", "batch") and not any(self.residual)
-                                  and not extra_in and activation.name in ACTIVATION_BACKWARD)
+        self.analytic_backward = not any(self.residual) and not extra_in and activation.name in ACTIVATION_BACKWARD
         gain = scheme_gain(init, activation.name, getattr(activation, "negative_slope", 0.01))
         for i, layer in enumerate(self.layers):
             init_linear(layer.weight, layer.bias, init, gain, generators, last=i == len(self.layers) - 1)
@@ -305,20 +340,20 @@ class PopMLP(nn.Module):
 
     def forward_saved(self, x: torch.Tensor) -> tuple[torch.Tensor, List[tuple]]:
         """``forward`` without autograd (networks with ``analytic_backward`` only): the output
-        [P, B, n_out] and what ``backward_to_grads`` needs (each layer's input, pre-activation and
-        output, and a norm's input and statistics)."""
+        [P, B, n_out] and what ``backward_to_grads`` needs (each linear layer's input and weight, the
+        pre-activation and output, and a norm's input and statistics)."""
         saved: List[tuple] = []
         with torch.no_grad():
             for layer, norm, _, activated in self._hidden:
-                h = layer.forward(x)  # [P, B, H]
+                h, linear = layer.forward_saved(x)  # [P, B, H]
                 normed = None
                 if self.has_norm:
                     h, normed = norm.forward_saved(h)
                 y = self.act(h) if activated else h
-                saved.append((x, h, y, activated, normed))
+                saved.append((linear, h, y, activated, normed))
                 x = y
-            saved.append((x, None, None, False, None))
-            out = self._output.forward(x)
+            out, linear = self._output.forward_saved(x)
+            saved.append((linear, None, None, False, None))
             return (out * self.output_scale if self.output_scale != 1.0 else out), saved
 
     def backward_to_grads(self, saved: List[tuple], grad_out: torch.Tensor) -> None:
@@ -329,13 +364,8 @@ class PopMLP(nn.Module):
         with torch.no_grad():
             grad = grad_out * self.output_scale if self.output_scale != 1.0 else grad_out  # [P, B, out]
             for i in range(len(self.layers) - 1, -1, -1):
-                layer = self.layers[i]
-                x = saved[i][0]  # [P, B, in]
-                _ensure_grads(layer.weight, layer.bias)
-                layer.weight.grad.copy_(torch.bmm(x.mT, grad).mT)  # [P, in, out]: autograd's orientation
-                torch.sum(grad, 1, out=layer.bias.grad)
-                if i > 0:
-                    grad = torch.bmm(grad, layer.weight)  # [P, B, in]: the gradient wrt layer i-1's output
+                grad = self.layers[i].backward_to_grads(saved[i][0], grad, input_grad=i > 0)  # [P, B, in]
+                if i > 0:  # grad is now the gradient wrt layer i-1's output
                     _, h, y, activated, normed = saved[i - 1]
                     if activated:
                         grad = ACTIVATION_BACKWARD[self.activation.name](grad, h, y, self.activation)

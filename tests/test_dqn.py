@@ -43,7 +43,7 @@ from rlexp.config import (
 )
 from rlexp.envs import PopulationEnv
 from rlexp.grad import CAUSES, GradientPipeline, Health
-from rlexp.nets import ACTIVATION_BACKWARD, PopMLP, weight_parameters
+from rlexp.nets import ACTIVATION_BACKWARD, PopMLP, PopWeightNormLinear, weight_parameters
 from rlexp.optim import make_optimizer
 from rlexp.replay import Batch, ReplayBuffer
 from rlexp.streams import MemberStreams, member_generator
@@ -224,17 +224,21 @@ ANALYTIC_ACTIVATIONS = {"relu": ActivationConfig(name="relu"), "tanh": Activatio
 
 def analytic_net(members: int, activation: ActivationConfig, dtype: torch.dtype = torch.float32,
                  norm: str = "none", **network) -> PopMLP:
-    """A PopMLP with biases (and norm affines) randomized (so every pre-activation has both signs)."""
+    """A PopMLP with biases, norm affines and weight-norm gains randomized (so every pre-activation
+    has both signs)."""
     gens = [torch.Generator().manual_seed(50 + k) for k in range(members)]
     normalization = {"none": NormalizationConfig(name="none"), "layer": LayerNormConfig(name="layer"),
-                     "batch": BatchNormConfig(name="batch")}[norm]
+                     "batch": BatchNormConfig(name="batch"), "weight": WeightNormConfig(name="weight", g_init=0.8),
+                     "weight_hidden": WeightNormConfig(name="weight", g_init=0.8, output_layer=False)}[norm]
     net = PopMLP(members, OBS, ACT, NetworkConfig(name="mlp", hidden=[16, 12], **network), activation,
                  normalization, GainInitConfig(name="he"), gens).to(dtype)
     g = torch.Generator().manual_seed(9)
     with torch.no_grad():
         for layer in net.layers:
             layer.bias.copy_(0.5 * torch.randn(layer.bias.shape, generator=g))
-        for norm_layer in net.norms if norm != "none" else []:
+            if isinstance(layer, PopWeightNormLinear):  # gains of both signs, away from g_init
+                layer.g.add_(torch.randn(layer.g.shape, generator=g))
+        for norm_layer in net.norms if norm in ("layer", "batch") else []:
             norm_layer.weight.add_(0.3 * torch.randn(norm_layer.weight.shape, generator=g))
             norm_layer.bias.add_(0.3 * torch.randn(norm_layer.bias.shape, generator=g))
     return net
@@ -249,7 +253,7 @@ def test_every_analytic_activation_is_tested():
 @pytest.mark.parametrize("network", [{}, {"output_scale": 0.3}, {"linear_last_hidden": True}],
                          ids=["plain", "output_scale", "linear_last_hidden"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
-@pytest.mark.parametrize("norm", ["none", "layer", "batch"])
+@pytest.mark.parametrize("norm", ["none", "layer", "batch", "weight", "weight_hidden"])
 def test_backward_to_grads_equals_autograd_bit_for_bit(name, members, network, dtype, norm):
     """Outputs, gradients and (batch norm, training mode) the running statistics: a network through
     autograd against its twin through forward_saved and backward_to_grads."""
@@ -276,7 +280,7 @@ def test_backward_to_grads_equals_autograd_bit_for_bit(name, members, network, d
 
 
 def test_analytic_backward_only_where_it_is_exact():
-    """Weight norm, residual connections and a second input keep autograd."""
+    """Residual connections and a second input keep autograd."""
     relu = ActivationConfig(name="relu")
     gens = [torch.Generator().manual_seed(k) for k in range(2)]
 
@@ -288,7 +292,8 @@ def test_analytic_backward_only_where_it_is_exact():
     assert pop(activation=ActivationConfig(name="softsign")).analytic_backward
     assert pop(norm=LayerNormConfig(name="layer")).analytic_backward
     assert pop(norm=BatchNormConfig(name="batch")).analytic_backward
-    assert not pop(norm=WeightNormConfig(name="weight")).analytic_backward
+    assert pop(norm=WeightNormConfig(name="weight")).analytic_backward
+    assert pop(norm=WeightNormConfig(name="weight", output_layer=False)).analytic_backward
     assert not pop(residual=True).analytic_backward
     assert not pop(extra_in=1).analytic_backward
 
@@ -1042,7 +1047,7 @@ def test_threads_minus_one_picks_one_thread_per_8_members_within_the_cores(membe
 
 @pytest.mark.parametrize("overrides,analytic", [([], True), (["regularization.l2=1e-4"], False),
                                                 (["normalization=layer"], True), (["activation=softsign"], True),
-                                                (["normalization=weight"], False), (["normalization=batch"], True)],
+                                                (["normalization=weight"], True), (["normalization=batch"], True)],
                          ids=["plain", "l2_penalty", "layer_norm", "softsign", "weight_norm", "batch_norm"])
 def test_training_writes_gradients_without_autograd_only_where_exact(tmp_path, monkeypatch, overrides, analytic):
     """Training takes the analytic gradients for a plain network without a penalty, and autograd
