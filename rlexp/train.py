@@ -9,7 +9,7 @@ import gc
 import sys
 
 if __name__ == "__main__":
-    gc.disable()  # ~200k objects made at start-up (torch, hydra) all live on: no collections until Trainer.fit
+    gc.disable()  # the imports below make ~200k objects (torch, hydra) that all live on: no collections meanwhile
 
 from pathlib import Path
 from typing import Any, Dict
@@ -21,6 +21,10 @@ from omegaconf import DictConfig
 
 from rlexp.config import ConfigError  # importing rlexp.config registers the schemas
 from rlexp.trainer import run_job
+
+if __name__ == "__main__":
+    gc.freeze()  # keep the collector off the imported objects from now on
+    gc.enable()
 
 
 def job_identity() -> tuple[Path, str, Dict[str, str]]:

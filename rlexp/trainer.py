@@ -351,7 +351,6 @@ class Trainer:
         try:
             self.logs = open_member_logs(cfg.logger, self.out_dir, self.seeds, self.cell, tags, config)
             gc.freeze()  # the objects made so far (torch, hydra, ...) live on: keep the collector off them
-            gc.enable()  # `python -m rlexp.train` starts with it off
             ALGOS[cfg.algo.name].train(self)
         except BaseException as exc:
             error = "".join(traceback.format_exception_only(type(exc), exc)).strip()

@@ -346,6 +346,21 @@ def rerun_run(runs):
 ALL_OPTIONS = [(g, o) for g in GROUPS for o in options(g)]
 
 
+def test_the_entry_point_imports_without_collections_and_leaves_the_collector_on(tmp_path):
+    """`python -m rlexp.train` imports torch and Hydra with the garbage collector off (start-up speed),
+    then freezes what the imports made and turns the collector back on, whatever the run does next."""
+    probe = ("import gc, runpy, sys\n"
+             "sys.argv = ['rlexp.train', '--help']\n"
+             "try:\n    runpy.run_module('rlexp.train', run_name='__main__')\n"
+             "except SystemExit:\n    pass\n"
+             "print('probe', gc.isenabled(), gc.get_freeze_count())\n")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=cli_env(tmp_path), capture_output=True,
+                         text=True, timeout=TIMEOUT)
+    _, enabled, frozen = out.stdout.strip().splitlines()[-1].split()
+    assert enabled == "True"
+    assert int(frozen) > 100_000  # torch's and Hydra's objects, out of every later collection's way
+
+
 def test_every_group_has_options():
     for group in GROUPS:
         assert options(group), f"conf/{group}/ has no option"

@@ -10,8 +10,6 @@ from the recorded step rewards, and so on.
 from __future__ import annotations
 
 import copy
-import dataclasses
-import gc
 import json
 import math
 import os
@@ -24,7 +22,6 @@ import torch
 import torch.nn.functional as F
 
 import rlexp.config  # noqa: F401  (registers the structured-config schemas with Hydra)
-from rlexp.algos import ALGOS
 from rlexp.algos import dqn as dqn_module
 from rlexp.algos.dqn import dqn_loss, epsilon, td_loss
 from rlexp.config import (
@@ -1064,18 +1061,3 @@ def test_training_writes_gradients_without_autograd_only_where_exact(tmp_path, m
     assert job["status"] == "ok"
     updates = 2 * ((300 - 100) // 20)
     assert len(calls) == (updates if analytic else 0)
-
-
-def test_a_job_trains_with_the_garbage_collector_on_when_started_with_it_off(tmp_path, monkeypatch):
-    """`python -m rlexp.train` turns the collector off for start-up; the job turns it back on before
-    training (after freezing what start-up made), so a long run never accumulates cyclic garbage."""
-    spec, seen = ALGOS["dqn"], []
-    monkeypatch.setitem(ALGOS, "dqn", dataclasses.replace(
-        spec, train=lambda trainer: seen.append(gc.isenabled()) or spec.train(trainer)))
-    gc.disable()
-    try:
-        job = run_job(_compose(TINY + ["total_steps=40", "algo.learning_starts=20"]), tmp_path)
-    finally:
-        gc.enable()
-    assert job["status"] == "ok"
-    assert seen == [True]
