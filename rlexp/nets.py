@@ -99,13 +99,17 @@ class PopLinear(nn.Module):
         return torch.baddbmm(self.bias.unsqueeze(1), x, self.weight.mT), (x, self.weight)
 
     def backward_to_grads(self, saved: tuple, grad: torch.Tensor, input_grad: bool = True) -> Optional[torch.Tensor]:
-        """As autograd runs baddbmm's backward: writes the weight's and bias's gradients for the gradient
-        ``grad`` [P, B, out] wrt the output and returns the one wrt the input [P, B, in] (or None)."""
-        x, weight = saved
+        """As autograd runs baddbmm's backward: writes the parameters' gradients for the gradient ``grad``
+        [P, B, out] wrt the output and returns the one wrt the input [P, B, in] (or None)."""
+        x, weight = saved[:2]
         _ensure_grads(self.weight, self.bias)
-        self.weight.grad.copy_(torch.bmm(x.mT, grad).mT)  # [P, in, out] seen as [P, out, in], as autograd has it
         torch.sum(grad, 1, out=self.bias.grad)
+        self._weight_grads(saved, torch.bmm(x.mT, grad).mT)  # [P, in, out] seen as [P, out, in], as autograd has it
         return torch.bmm(grad, weight) if input_grad else None
+
+    def _weight_grads(self, saved: tuple, grad_weight: torch.Tensor) -> None:
+        """Write the gradients that come from the one wrt the weight used, [P, out, in]."""
+        self.weight.grad.copy_(grad_weight)
 
 
 class PopWeightNormLinear(PopLinear):
@@ -124,31 +128,32 @@ class PopWeightNormLinear(PopLinear):
         """sqrt(||v_i||^2 + eps) per member and output unit: [P, out]."""
         return torch.sqrt(self.weight.square().sum(-1) + self.eps)
 
+    def _scaled(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The effective weight [P, out, in], the norms ||v|| and g / ||v|| [P, out]."""
+        norms = self.unit_norms()
+        scale = self.g / norms
+        return self.weight * scale.unsqueeze(-1), norms, scale
+
     def effective_weight(self) -> torch.Tensor:
-        return self.weight * (self.g / self.unit_norms()).unsqueeze(-1)
+        return self._scaled()[0]
 
     def forward_saved(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple]:
-        """``forward`` without autograd, and what ``backward_to_grads`` needs (the norms ||v|| too)."""
-        norms = self.unit_norms()  # [P, out]
-        scale = self.g / norms  # [P, out]
-        weight = self.weight * scale.unsqueeze(-1)  # effective_weight's ops
+        """``forward`` without autograd, and what ``backward_to_grads`` needs (the norms and scales too)."""
+        weight, norms, scale = self._scaled()
         return torch.baddbmm(self.bias.unsqueeze(1), x, weight.mT), (x, weight, norms, scale)
 
-    def backward_to_grads(self, saved: tuple, grad: torch.Tensor, input_grad: bool = True) -> Optional[torch.Tensor]:
-        """As autograd composes it through w = v * (g / sqrt(sum(v^2) + eps)): writes the gradients of v,
-        g and the bias and returns the one wrt the input (or None). Each line is the backward of one op
-        of ``effective_weight``, in autograd's formula: mul, div (both operands), sqrt, sum, square."""
-        x, weight, norms, scale = saved
+    def _weight_grads(self, saved: tuple, grad_weight: torch.Tensor) -> None:
+        """The gradients of v and g as autograd composes them through w = v * (g / sqrt(sum(v^2) + eps)):
+        each line is the backward of one op of ``_scaled``, in autograd's formula (mul, div for both
+        operands, sqrt, sum, square), the two gradients of v summed."""
+        _, _, norms, scale = saved
         v = self.weight
-        _ensure_grads(v, self.bias, self.g)
-        torch.sum(grad, 1, out=self.bias.grad)
-        grad_w = torch.bmm(x.mT, grad).mT  # [P, out, in] wrt the effective weight
-        grad_scale = (grad_w * v).sum(-1, keepdim=True).squeeze(-1)  # [P, out] wrt scale = g / norms
+        _ensure_grads(self.g)
+        grad_scale = (grad_weight * v).sum(-1, keepdim=True).squeeze(-1)  # [P, out] wrt scale = g / norms
         torch.div(grad_scale, norms, out=self.g.grad)
         grad_norms = -grad_scale * (scale / norms)  # autograd's (g / norms) / norms
         grad_squares = (grad_norms / (2 * norms)).unsqueeze(-1).expand_as(v)  # [P, out, in] wrt v^2
-        torch.add(grad_w * scale.unsqueeze(-1), grad_squares * (2.0 * v), out=v.grad)
-        return torch.bmm(grad, weight) if input_grad else None
+        torch.add(grad_weight * scale.unsqueeze(-1), grad_squares * (2.0 * v), out=v.grad)
 
 
 class PopLayerNorm(nn.Module):
