@@ -1,19 +1,22 @@
 """Optimizers (the ``optimizer`` config group).
 
 All are elementwise, so one optimizer over stacked [P, ...] tensors equals P optimizers, one per
-member. ``rmsprop_tf`` reproduces tf.train.RMSPropOptimizer (TensorFlow 1.x) exactly.
+member. ``rmsprop_tf`` reproduces tf.train.RMSPropOptimizer (TensorFlow 1.x) exactly; the others run
+torch.optim's own ops bit for bit. None is a torch.optim.Optimizer, whose first construction in a
+process imports torch._dynamo (about 1.2 s of start-up): each exposes ``param_groups`` (one group; its
+"lr" may be changed between steps, as schedules do) and ``step()``.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable
+from typing import Callable, Dict, Iterable, Union
 
 import torch
 
 from rlexp.config import OptimizerConfig
 
 
-class RMSpropTF(torch.optim.Optimizer):
+class RMSpropTF:
     """tf.train.RMSPropOptimizer(learning_rate, decay, momentum, epsilon), non-centered.
 
     Per element: ms starts at 1.0 (TensorFlow initializes the rms slot with ones), then
@@ -22,43 +25,29 @@ class RMSpropTF(torch.optim.Optimizer):
     ``weight_decay`` adds ``weight_decay * p`` to g first (an L2 penalty's gradient).
     """
 
-    def __init__(
-        self,
-        params: Iterable[torch.Tensor],
-        lr: float = 1e-3,
-        decay: float = 0.9,
-        momentum: float = 0.0,
-        epsilon: float = 1e-10,
-        weight_decay: float = 0.0,
-    ) -> None:
-        defaults = dict(lr=lr, decay=decay, momentum=momentum, epsilon=epsilon, weight_decay=weight_decay)
-        super().__init__(params, defaults)
+    def __init__(self, params: Iterable[torch.Tensor], lr: float = 1e-3, decay: float = 0.9, momentum: float = 0.0,
+                 epsilon: float = 1e-10, weight_decay: float = 0.0) -> None:
+        self.params = list(params)
+        self.param_groups = [{"params": self.params, "lr": lr, "decay": decay, "momentum": momentum,
+                              "epsilon": epsilon, "weight_decay": weight_decay}]
+        self.ms = [torch.ones_like(p) for p in self.params]
+        self.mom = [torch.zeros_like(p) for p in self.params]
 
     @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad = p.grad
-                if group["weight_decay"] != 0.0:
-                    grad = grad.add(p, alpha=group["weight_decay"])
-                state = self.state[p]
-                if not state:
-                    state["ms"] = torch.ones_like(p)
-                    state["mom"] = torch.zeros_like(p)
-                ms, mom = state["ms"], state["mom"]
-                ms.add_((grad * grad - ms) * (1.0 - group["decay"]))
-                mom.mul_(group["momentum"]).addcdiv_(grad, (ms + group["epsilon"]).sqrt(), value=group["lr"])
-                p.sub_(mom)
-        return None
+    def step(self) -> None:
+        group = self.param_groups[0]
+        for p, ms, mom in zip(self.params, self.ms, self.mom):
+            grad = p.grad
+            if group["weight_decay"] != 0.0:
+                grad = grad.add(p, alpha=group["weight_decay"])
+            ms.add_((grad * grad - ms) * (1.0 - group["decay"]))
+            mom.mul_(group["momentum"]).addcdiv_(grad, (ms + group["epsilon"]).sqrt(), value=group["lr"])
+            p.sub_(mom)
 
 
 class FusedAdam:
     """torch.optim.Adam / AdamW with ``fused=True``: the same kernel (torch._fused_adam_ /
-    torch._fused_adamw_) and state, without torch.optim.Optimizer, whose first construction in a
-    process imports torch._dynamo (about 1.2 s of start-up). Exposes ``param_groups`` (one group;
-    its "lr" may be changed between steps, as schedules do) and ``step()``."""
+    torch._fused_adamw_) and state."""
 
     def __init__(self, params: Iterable[torch.Tensor], lr: float, betas: tuple, eps: float, weight_decay: float,
                  decoupled: bool = False) -> None:
@@ -80,6 +69,70 @@ class FusedAdam:
                     found_inf=None)
 
 
+class ForeachRMSprop:
+    """torch.optim.RMSprop with ``foreach=True``: its ops in its order, bit for bit, without its
+    per-step bookkeeping (~45 us a step here) or its first construction's import. v starts at 0;
+    v = alpha v + (1 - alpha) g^2; centered subtracts the running mean's square; p -= lr g / (sqrt(v) + eps),
+    through a momentum buffer when momentum > 0."""
+
+    def __init__(self, params: Iterable[torch.Tensor], lr: float, alpha: float, eps: float, momentum: float,
+                 centered: bool, weight_decay: float) -> None:
+        self.params = list(params)
+        self.param_groups = [{"params": self.params, "lr": lr, "alpha": alpha, "eps": eps, "momentum": momentum,
+                              "centered": centered, "weight_decay": weight_decay}]
+        self.square_avg = [torch.zeros_like(p) for p in self.params]
+        self.grad_avg = [torch.zeros_like(p) for p in self.params] if centered else []
+        self.momentum_buffer = [torch.zeros_like(p) for p in self.params] if momentum > 0 else []
+
+    @torch.no_grad()
+    def step(self) -> None:
+        group = self.param_groups[0]
+        lr, alpha = group["lr"], group["alpha"]
+        grads = [p.grad for p in self.params]
+        if group["weight_decay"] != 0:
+            grads = torch._foreach_add(grads, self.params, alpha=group["weight_decay"])
+        torch._foreach_mul_(self.square_avg, alpha)
+        torch._foreach_addcmul_(self.square_avg, grads, grads, value=1 - alpha)
+        if group["centered"]:
+            torch._foreach_lerp_(self.grad_avg, grads, 1 - alpha)
+            avg = torch._foreach_addcmul(self.square_avg, self.grad_avg, self.grad_avg, value=-1)
+            torch._foreach_sqrt_(avg)
+        else:
+            avg = torch._foreach_sqrt(self.square_avg)
+        torch._foreach_add_(avg, group["eps"])
+        if group["momentum"] > 0:
+            torch._foreach_mul_(self.momentum_buffer, group["momentum"])
+            torch._foreach_addcdiv_(self.momentum_buffer, grads, avg)
+            torch._foreach_add_(self.params, self.momentum_buffer, alpha=-lr)
+        else:
+            torch._foreach_addcdiv_(self.params, grads, avg, value=-lr)
+
+
+class FusedSGD:
+    """torch.optim.SGD with ``fused=True``: the same kernel (torch._fused_sgd_) and momentum buffers,
+    which the first step fills from the gradient."""
+
+    def __init__(self, params: Iterable[torch.Tensor], lr: float, momentum: float, nesterov: bool,
+                 weight_decay: float) -> None:
+        self.params = list(params)
+        self.param_groups = [{"params": self.params, "lr": lr, "momentum": momentum, "nesterov": nesterov,
+                              "weight_decay": weight_decay}]
+        self.momentum_buffer = [torch.empty_like(p) for p in self.params] if momentum != 0 else []
+        self.first_step = True
+
+    @torch.no_grad()
+    def step(self) -> None:
+        group = self.param_groups[0]
+        torch._fused_sgd_(self.params, [p.grad for p in self.params], self.momentum_buffer,
+                          weight_decay=group["weight_decay"], momentum=group["momentum"], lr=group["lr"],
+                          dampening=0.0, nesterov=group["nesterov"], maximize=False,
+                          is_first_step=self.first_step and group["momentum"] != 0, grad_scale=None, found_inf=None)
+        self.first_step = False
+
+
+Optimizer = Union[FusedAdam, ForeachRMSprop, RMSpropTF, FusedSGD]
+
+
 def _adam(params, c: OptimizerConfig) -> FusedAdam:
     return FusedAdam(params, c.lr, (c.beta1, c.beta2), c.eps, c.weight_decay)
 
@@ -88,23 +141,19 @@ def _adamw(params, c: OptimizerConfig) -> FusedAdam:
     return FusedAdam(params, c.lr, (c.beta1, c.beta2), c.eps, c.weight_decay, decoupled=True)
 
 
-def _rmsprop(params, c: OptimizerConfig) -> torch.optim.Optimizer:
-    return torch.optim.RMSprop(
-        params, lr=c.lr, alpha=c.alpha, eps=c.eps, momentum=c.momentum, centered=c.centered,
-        weight_decay=c.weight_decay, foreach=True,
-    )
+def _rmsprop(params, c: OptimizerConfig) -> ForeachRMSprop:
+    return ForeachRMSprop(params, c.lr, c.alpha, c.eps, c.momentum, c.centered, c.weight_decay)
 
 
-def _rmsprop_tf(params, c: OptimizerConfig) -> torch.optim.Optimizer:
+def _rmsprop_tf(params, c: OptimizerConfig) -> RMSpropTF:
     return RMSpropTF(params, lr=c.lr, decay=c.decay, momentum=c.momentum, epsilon=c.epsilon, weight_decay=c.weight_decay)
 
 
-def _sgd(params, c: OptimizerConfig) -> torch.optim.Optimizer:
-    return torch.optim.SGD(params, lr=c.lr, momentum=c.momentum, nesterov=c.nesterov, weight_decay=c.weight_decay,
-                           fused=True)
+def _sgd(params, c: OptimizerConfig) -> FusedSGD:
+    return FusedSGD(params, c.lr, c.momentum, c.nesterov, c.weight_decay)
 
 
-OPTIMIZERS: Dict[str, Callable[[Iterable[torch.Tensor], OptimizerConfig], torch.optim.Optimizer]] = {
+OPTIMIZERS: Dict[str, Callable[[Iterable[torch.Tensor], OptimizerConfig], Optimizer]] = {
     "adam": _adam,
     "adamw": _adamw,
     "rmsprop": _rmsprop,
@@ -113,6 +162,6 @@ OPTIMIZERS: Dict[str, Callable[[Iterable[torch.Tensor], OptimizerConfig], torch.
 }
 
 
-def make_optimizer(params: Iterable[torch.Tensor], cfg: OptimizerConfig) -> torch.optim.Optimizer:
+def make_optimizer(params: Iterable[torch.Tensor], cfg: OptimizerConfig) -> Optimizer:
     """The optimizer a config names, over the given (population-stacked) parameters."""
     return OPTIMIZERS[cfg.name](list(params), cfg)
