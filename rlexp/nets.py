@@ -149,7 +149,7 @@ class PopWeightNormLinear(PopLinear):
         _, _, norms, scale = saved
         v = self.weight
         _ensure_grads(self.g)
-        grad_scale = (grad_weight * v).sum(-1, keepdim=True).squeeze(-1)  # [P, out] wrt scale = g / norms
+        grad_scale = (grad_weight * v).sum(-1)  # [P, out] wrt scale = g / norms
         torch.div(grad_scale, norms, out=self.g.grad)
         grad_norms = -grad_scale * (scale / norms)  # autograd's (g / norms) / norms
         grad_squares = (grad_norms / (2 * norms)).unsqueeze(-1).expand_as(v)  # [P, out, in] wrt v^2

@@ -3,20 +3,31 @@
 All are elementwise, so one optimizer over stacked [P, ...] tensors equals P optimizers, one per
 member. ``rmsprop_tf`` reproduces tf.train.RMSPropOptimizer (TensorFlow 1.x) exactly; the others run
 torch.optim's own ops bit for bit. None is a torch.optim.Optimizer, whose first construction in a
-process imports torch._dynamo (about 1.2 s of start-up): each exposes ``param_groups`` (one group; its
-"lr" may be changed between steps, as schedules do) and ``step()``.
+process imports torch._dynamo (about 1.2 s of start-up): each is a ``OneGroup``.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, Union
+from typing import Callable, Dict, Iterable
 
 import torch
 
 from rlexp.config import OptimizerConfig
 
 
-class RMSpropTF:
+class OneGroup:
+    """What the pipeline and schedules use of an optimizer: ``params``, ``param_groups`` (one group:
+    the params and the hyperparameters; its "lr" may change between steps) and ``step()``."""
+
+    def __init__(self, params: Iterable[torch.Tensor], **hyper: object) -> None:
+        self.params = list(params)
+        self.param_groups = [{"params": self.params, **hyper}]
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+
+class RMSpropTF(OneGroup):
     """tf.train.RMSPropOptimizer(learning_rate, decay, momentum, epsilon), non-centered.
 
     Per element: ms starts at 1.0 (TensorFlow initializes the rms slot with ones), then
@@ -27,9 +38,7 @@ class RMSpropTF:
 
     def __init__(self, params: Iterable[torch.Tensor], lr: float = 1e-3, decay: float = 0.9, momentum: float = 0.0,
                  epsilon: float = 1e-10, weight_decay: float = 0.0) -> None:
-        self.params = list(params)
-        self.param_groups = [{"params": self.params, "lr": lr, "decay": decay, "momentum": momentum,
-                              "epsilon": epsilon, "weight_decay": weight_decay}]
+        super().__init__(params, lr=lr, decay=decay, momentum=momentum, epsilon=epsilon, weight_decay=weight_decay)
         self.ms = [torch.ones_like(p) for p in self.params]
         self.mom = [torch.zeros_like(p) for p in self.params]
 
@@ -45,15 +54,13 @@ class RMSpropTF:
             p.sub_(mom)
 
 
-class FusedAdam:
+class FusedAdam(OneGroup):
     """torch.optim.Adam / AdamW with ``fused=True``: the same kernel (torch._fused_adam_ /
     torch._fused_adamw_) and state."""
 
     def __init__(self, params: Iterable[torch.Tensor], lr: float, betas: tuple, eps: float, weight_decay: float,
                  decoupled: bool = False) -> None:
-        self.params = list(params)
-        self.param_groups = [{"params": self.params, "lr": lr, "betas": betas, "eps": eps,
-                              "weight_decay": weight_decay}]
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         self.exp_avg = [torch.zeros_like(p) for p in self.params]
         self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
         self.steps = [torch.zeros((), dtype=torch.float32, device=p.device) for p in self.params]
@@ -69,7 +76,7 @@ class FusedAdam:
                     found_inf=None)
 
 
-class ForeachRMSprop:
+class ForeachRMSprop(OneGroup):
     """torch.optim.RMSprop with ``foreach=True``: its ops in its order, bit for bit, without its
     per-step bookkeeping (~45 us a step here) or its first construction's import. v starts at 0;
     v = alpha v + (1 - alpha) g^2; centered subtracts the running mean's square; p -= lr g / (sqrt(v) + eps),
@@ -77,9 +84,8 @@ class ForeachRMSprop:
 
     def __init__(self, params: Iterable[torch.Tensor], lr: float, alpha: float, eps: float, momentum: float,
                  centered: bool, weight_decay: float) -> None:
-        self.params = list(params)
-        self.param_groups = [{"params": self.params, "lr": lr, "alpha": alpha, "eps": eps, "momentum": momentum,
-                              "centered": centered, "weight_decay": weight_decay}]
+        super().__init__(params, lr=lr, alpha=alpha, eps=eps, momentum=momentum, centered=centered,
+                         weight_decay=weight_decay)
         self.square_avg = [torch.zeros_like(p) for p in self.params]
         self.grad_avg = [torch.zeros_like(p) for p in self.params] if centered else []
         self.momentum_buffer = [torch.zeros_like(p) for p in self.params] if momentum > 0 else []
@@ -108,15 +114,13 @@ class ForeachRMSprop:
             torch._foreach_addcdiv_(self.params, grads, avg, value=-lr)
 
 
-class FusedSGD:
+class FusedSGD(OneGroup):
     """torch.optim.SGD with ``fused=True``: the same kernel (torch._fused_sgd_) and momentum buffers,
     which the first step fills from the gradient."""
 
     def __init__(self, params: Iterable[torch.Tensor], lr: float, momentum: float, nesterov: bool,
                  weight_decay: float) -> None:
-        self.params = list(params)
-        self.param_groups = [{"params": self.params, "lr": lr, "momentum": momentum, "nesterov": nesterov,
-                              "weight_decay": weight_decay}]
+        super().__init__(params, lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
         self.momentum_buffer = [torch.empty_like(p) for p in self.params] if momentum != 0 else []
         self.first_step = True
 
@@ -128,9 +132,6 @@ class FusedSGD:
                           dampening=0.0, nesterov=group["nesterov"], maximize=False,
                           is_first_step=self.first_step and group["momentum"] != 0, grad_scale=None, found_inf=None)
         self.first_step = False
-
-
-Optimizer = Union[FusedAdam, ForeachRMSprop, RMSpropTF, FusedSGD]
 
 
 def _adam(params, c: OptimizerConfig) -> FusedAdam:
@@ -153,7 +154,7 @@ def _sgd(params, c: OptimizerConfig) -> FusedSGD:
     return FusedSGD(params, c.lr, c.momentum, c.nesterov, c.weight_decay)
 
 
-OPTIMIZERS: Dict[str, Callable[[Iterable[torch.Tensor], OptimizerConfig], Optimizer]] = {
+OPTIMIZERS: Dict[str, Callable[[Iterable[torch.Tensor], OptimizerConfig], OneGroup]] = {
     "adam": _adam,
     "adamw": _adamw,
     "rmsprop": _rmsprop,
@@ -162,6 +163,6 @@ OPTIMIZERS: Dict[str, Callable[[Iterable[torch.Tensor], OptimizerConfig], Optimi
 }
 
 
-def make_optimizer(params: Iterable[torch.Tensor], cfg: OptimizerConfig) -> Optimizer:
+def make_optimizer(params: Iterable[torch.Tensor], cfg: OptimizerConfig) -> OneGroup:
     """The optimizer a config names, over the given (population-stacked) parameters."""
     return OPTIMIZERS[cfg.name](list(params), cfg)
