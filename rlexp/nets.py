@@ -594,10 +594,11 @@ class PopMLP(nn.Module):
         network's current mode, with less overhead per call.
 
         A network without residual connections or second input runs its components' ``fast_forward``
-        functions in a list (plain linear layers: raw ops on detached views of their parameters). Views see in-place changes
-        (optimizer steps, target copies, restores); storage is replaced only when a GradientPipeline
-        moves parameters into its flat buffer, which it counts (``GradientPipeline.storage_moves``):
-        the views are made anew when that count changed, one attribute read per call. Otherwise it
+        functions in a list (plain linear layers: raw ops on detached views of their parameters).
+        Views see in-place changes (optimizer steps, target copies, restores); storage is replaced
+        only when a GradientPipeline moves parameters into its flat buffer, which it counts
+        (``GradientPipeline.storage_moves``): the views are made anew when that count changed, one
+        attribute read per call, so a function made before a pipeline sees its updates. Otherwise it
         is ``forward`` under ``torch.no_grad()``.
         """
         if not self._sequential:
@@ -605,11 +606,12 @@ class PopMLP(nn.Module):
                 with torch.no_grad():
                     return self.forward(x, extra)
             return run
-        scale, steps, built = self.output_scale, [c.fast_forward() for c in self._components], [GradientPipeline.storage_moves]
+        scale, components = self.output_scale, self._components
+        steps, built = [c.fast_forward() for c in components], [GradientPipeline.storage_moves]
 
         def run_steps(x: torch.Tensor, extra: Optional[torch.Tensor] = None) -> torch.Tensor:
             if built[0] != GradientPipeline.storage_moves:  # a pipeline moved parameters since
-                built[0], steps[:] = GradientPipeline.storage_moves, [c.fast_forward() for c in self._components]
+                built[0], steps[:] = GradientPipeline.storage_moves, [c.fast_forward() for c in components]
             with torch.no_grad():
                 for step in steps:
                     x = step(x)
@@ -676,4 +678,5 @@ def soft_update_(target: nn.Module, online: nn.Module, tau: float) -> None:
 @torch.no_grad()
 def hard_update_(target: nn.Module, online: nn.Module) -> None:
     """Hard target update, in place: target <- online (parameters and buffers)."""
-    torch._foreach_copy_(list(target.parameters()) + list(target.buffers()), list(online.parameters()) + list(online.buffers()))
+    torch._foreach_copy_(list(target.parameters()) + list(target.buffers()),
+                         list(online.parameters()) + list(online.buffers()))

@@ -555,17 +555,21 @@ def test_scheme_and_activation_gains():
     assert scheme_gain(he, activation_config("tanh")) == pytest.approx(5.0 / 3.0)
     assert scheme_gain(he, activation_config("sigmoid")) == pytest.approx(1.0)
     assert scheme_gain(he, activation_config("softsign")) == pytest.approx(1.0)
-    assert scheme_gain(he, activation_config("leaky_relu", negative_slope=0.2)) == pytest.approx(math.sqrt(2.0 / (1.0 + 0.2**2)))
-    assert activation_gain(activation_config("leaky_relu", negative_slope=0.5)) == pytest.approx(math.sqrt(2.0 / (1.0 + 0.5**2)))
+    leaky = activation_config("leaky_relu", negative_slope=0.2)
+    assert scheme_gain(he, leaky) == pytest.approx(math.sqrt(2.0 / (1.0 + 0.2**2)))
+    leaky = activation_config("leaky_relu", negative_slope=0.5)
+    assert activation_gain(leaky) == pytest.approx(math.sqrt(2.0 / (1.0 + 0.5**2)))
     assert activation_gain(activation_config("leaky_relu")) == pytest.approx(math.sqrt(2.0 / (1.0 + 0.01**2)))
-    assert scheme_gain(GainInitConfig(name="orthogonal", gain=None), activation_config("tanh")) == pytest.approx(5.0 / 3.0)
+    orthogonal = GainInitConfig(name="orthogonal", gain=None)
+    assert scheme_gain(orthogonal, activation_config("tanh")) == pytest.approx(5.0 / 3.0)
     assert scheme_gain(GainInitConfig(name="he_uniform", gain=0.7), activation_config("relu")) == pytest.approx(0.7)
     # null gain -> 1 for default / xavier / lecun whatever the activation
     for cfg in (InitConfig(name="default"), InitConfig(name="lecun"), GainInitConfig(name="xavier", gain=None),
                 GainInitConfig(name="xavier_normal", gain=None), GainInitConfig(name="xavier_uniform", gain=None)):
         assert scheme_gain(cfg, activation_config("relu")) == pytest.approx(1.0)
     # structured configs behave like the dataclasses
-    assert scheme_gain(structured(GainInitConfig, name="he", gain=None), activation_config("tanh")) == pytest.approx(5.0 / 3.0)
+    he = structured(GainInitConfig, name="he", gain=None)
+    assert scheme_gain(he, activation_config("tanh")) == pytest.approx(5.0 / 3.0)
     assert scheme_gain(structured(InitConfig, name="lecun"), activation_config("relu")) == pytest.approx(1.0)
 
 
