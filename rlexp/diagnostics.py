@@ -135,12 +135,12 @@ class Explosions:
         return self.q_strikes >= self.patience, self.grad_strikes >= self.patience
 
 
-# a component stage's output that is non-finite -> (where suffix, detail)
-_STAGE_PROBLEMS = {
-    "linear": ("linear", "linear output overflows (largest |input| {largest:.3g})"),
-    "norm": ("norm", "normalization output is non-finite"),
-    "activation": ("activation", "activation output is non-finite"),
-    "output": ("output", "output scaling overflows"),
+# the stage whose output is non-finite (the ``where`` suffix) -> detail
+_STAGE_DETAILS = {
+    "linear": "linear output overflows (largest |input| {largest:.3g})",
+    "norm": "normalization output is non-finite",
+    "activation": "activation output is non-finite",
+    "output": "output scaling overflows",
 }
 
 
@@ -182,9 +182,8 @@ def locate_nonfinite(
                 if problem is not None:
                     found.append(("nonfinite_loss", f"{name}.{problem[0]}", problem[1]))
                 largest = value[member].abs().max().item()
-            elif stage in _STAGE_PROBLEMS and not torch.isfinite(value[member]).all():
-                where, detail = _STAGE_PROBLEMS[stage]
-                found.append(("nonfinite_loss", f"{name}.{where}", detail.format(largest=largest)))
+            elif stage in _STAGE_DETAILS and not torch.isfinite(value[member]).all():
+                found.append(("nonfinite_loss", f"{name}.{stage}", _STAGE_DETAILS[stage].format(largest=largest)))
 
         members = net.layers[0].weight.shape[0]
         batch = x.unsqueeze(0).expand(members, *x.shape)  # [P, B, in]

@@ -481,6 +481,12 @@ def scale_gradient(x: torch.Tensor, scale: float) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- the network
+def _describe(component: Component) -> str:
+    """``PopRMSNorm``, ``PopActivation(gelu)``: for messages."""
+    detail = component.extra_repr()
+    return f"{type(component).__name__}({detail})" if detail else type(component).__name__
+
+
 class PopMLP(nn.Module):
     """Population MLP: [P, B, n_in] -> [P, B, n_out].
 
@@ -537,11 +543,12 @@ class PopMLP(nn.Module):
         self._components = [c for components, _ in self._blocks for c in components]
         self.uses_batch_stats = any(c.uses_batch_stats for c in self._components)  # acting must run in eval mode
         self._sequential = not any(self.residual) and not extra_in  # one chain of components
-        missing = [type(c).__name__ for c in self._components if not c.written_backward]
+        missing = sorted({_describe(c) for c in self._components if not c.written_backward})
         # gradients written without autograd (forward_saved, backward_to_grads)
         self.analytic_backward = self._sequential and not missing
-        if self._sequential and missing:
-            log.debug(f"PopMLP: no written backward for {', '.join(sorted(set(missing)))}: gradients by autograd")
+        if not self.analytic_backward:
+            why = f"no written backward for {', '.join(missing)}" if missing else "residual or second input"
+            log.debug(f"PopMLP: {why}: gradients by autograd")
         gain = scheme_gain(init, activation)
         for i, layer in enumerate(self.layers):
             layer.reset_parameters(init, gain, generators, last=i == hidden)
@@ -632,10 +639,10 @@ class PopMLP(nn.Module):
         """
         forward, device = self.inference(), self.layers[0].weight.device
         torch_path = lambda x: forward(torch.from_numpy(x).to(device)).cpu().numpy()  # noqa: E731
-        missing = [type(c).__name__ for c in self._components if c.host_forward() is None]
+        missing = sorted({_describe(c) for c in self._components if c.host_forward() is None})
         if missing or self.extra_in or device.type != "cpu":
             if missing:
-                log.debug(f"PopMLP.host_inference: no numpy form for {', '.join(sorted(set(missing)))}: torch runs")
+                log.debug(f"PopMLP.host_inference: no numpy form for {', '.join(missing)}: torch runs")
             return torch_path
         scale = self.output_scale
         blocks: List[Tuple[List[HostForward], bool]] = []
