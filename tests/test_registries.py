@@ -267,3 +267,15 @@ def test_checks_refuse_unknown_names_and_bad_values():
         check_normalization(OmegaConf.structured(entry.schema(name=name)))
     for name, entry in INITIALIZERS.items():
         check_init(OmegaConf.structured(entry.schema(name=name)))
+
+
+def test_a_zero_weight_is_located_at_the_spectral_norm():
+    """sigma(W) = 0 for member k's zero weight: W / sigma is 0/0 while every parameter is finite."""
+    net = make_net("relu", "spectral", torch.float32)
+    with torch.no_grad():
+        net.layers[1].weight[1].zero_()
+        net.layers[1].u[1] = F.normalize(torch.ones(HIDDEN[1]), dim=0)
+    x = inputs(torch.float32)
+    assert locate_nonfinite(net, "q", 1, x[1], "replay.obs") == (
+        "nonfinite_loss", "q.1.spectral_norm", "W/sigma is non-finite: sigma = 0")
+    assert locate_nonfinite(net, "q", 0, x[0], "replay.obs") is None
