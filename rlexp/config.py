@@ -58,6 +58,7 @@ class GainInitConfig(InitConfig):
 @dataclass
 class NormalizationConfig:
     name: str = MISSING
+    power_iterations: int = 1  # spectral: power-iteration steps per training-mode forward
 
 
 @dataclass
@@ -333,6 +334,7 @@ SCHEMAS: Dict[str, Dict[str, type]] = {
         "tanh": ActivationConfig,
         "softsign": ActivationConfig,
         "sigmoid": ActivationConfig,
+        "mish": ActivationConfig,
     },
     "init": {
         "default": InitConfig,
@@ -350,6 +352,8 @@ SCHEMAS: Dict[str, Dict[str, type]] = {
         "layer": LayerNormConfig,
         "batch": BatchNormConfig,
         "weight": WeightNormConfig,
+        "rms": LayerNormConfig,
+        "spectral": NormalizationConfig,
     },
     "clipping": {
         "none": ClippingConfig,

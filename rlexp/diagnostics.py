@@ -5,6 +5,7 @@ Everything here reads parameters, gradients and activations and never writes the
 
 Names (stable, documented in the README) use the network's name and the layer index, e.g.
 ``grad_norm/q.0`` for the first linear layer of the Q network; the output layer is the last index.
+Activations are read from the network's own forward through its observer argument.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Deque, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from rlexp.grad import UpdateStats
-from rlexp.nets import PopMLP, PopWeightNormLinear
+from rlexp.nets import PopMLP
 
 Stats = Dict[str, torch.Tensor]  # metric name -> [P]
 
@@ -71,15 +72,11 @@ def activation_stats(hidden: Sequence[torch.Tensor], prefix: str, tau: float) ->
     return stats
 
 
-def weight_norm_stats(net: PopMLP, prefix: str) -> Stats:
-    """Smallest and largest per-unit ||v|| of each weight-normalized layer (g/||v|| divides by it)."""
-    stats: Stats = {}
-    for i, layer in enumerate(net.layers):
-        if isinstance(layer, PopWeightNormLinear):
-            v_norm = layer.weight.detach().norm(dim=-1)  # [P, out]
-            stats[f"wn_v_min/{prefix}.{i}"] = v_norm.amin(1)
-            stats[f"wn_v_max/{prefix}.{i}"] = v_norm.amax(1)
-    return stats
+def layer_stats(net: PopMLP, prefix: str) -> Stats:
+    """Each linear layer's reparametrization statistics, e.g. ``wn_v_min/q.0`` (the smallest per-unit
+    ||v|| of a weight-normalized layer, which g/||v|| divides by)."""
+    return {f"{metric}/{prefix}.{i}": value for i, layer in enumerate(net.layers)
+            for metric, value in layer.instruments().items()}
 
 
 def update_instruments(update: UpdateStats, names: Sequence[str]) -> Stats:
@@ -102,29 +99,23 @@ def activity_instruments(
     net: PopMLP, prefix: str, x: torch.Tensor, tau: float, extra: Optional[torch.Tensor] = None
 ) -> Tuple[torch.Tensor, Stats]:
     """A forward pass of x [P, B, in] that returns the output and the hidden layers' activation
-    statistics with the weight-norm ||v|| extremes (no gradient)."""
+    statistics with the linear layers' own (weight-norm ||v|| extremes; no gradient)."""
     with torch.no_grad():
         out, hidden = hidden_outputs(net, x, extra)
-        return out, {**weight_norm_stats(net, prefix), **activation_stats(hidden, prefix, tau)}
+        return out, {**layer_stats(net, prefix), **activation_stats(hidden, prefix, tau)}
 
 
 def hidden_outputs(
     net: PopMLP, x: torch.Tensor, extra: Optional[torch.Tensor] = None
 ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
-    """Forward pass that also returns each hidden layer's output [P, B, H] (after the activation)."""
-    hidden = []
-    for i, (layer, norm, residual, activated) in enumerate(net._hidden):
-        if extra is not None and i == net.extra_at:
-            x = torch.cat([x, extra], -1)
-        h = layer(x)
-        h = norm(h) if net.has_norm else h
-        h = net.act(h) if activated else h
-        x = x + h if residual else h
-        hidden.append(x)
-    if extra is not None and net.extra_at == len(net._hidden):
-        x = torch.cat([x, extra], -1)
-    out = net._output(x)
-    return (out * net.output_scale if net.output_scale != 1.0 else out), hidden
+    """The network's forward pass, and each hidden layer's output [P, B, H] (after the activation
+    and the residual connection)."""
+    hidden: List[torch.Tensor] = []
+
+    def observe(layer: int, stage: str, value: torch.Tensor) -> None:
+        if stage == "hidden":
+            hidden.append(value)
+    return net(x, extra, observe=observe), hidden
 
 
 class Explosions:
@@ -144,6 +135,15 @@ class Explosions:
         return self.q_strikes >= self.patience, self.grad_strikes >= self.patience
 
 
+# the stage whose output is non-finite (the ``where`` suffix) -> detail
+_STAGE_DETAILS = {
+    "linear": "linear output overflows (largest |input| {largest:.3g})",
+    "norm": "normalization output is non-finite",
+    "activation": "activation output is non-finite",
+    "output": "output scaling overflows",
+}
+
+
 def locate_nonfinite(
     net: PopMLP,
     prefix: str,
@@ -152,10 +152,13 @@ def locate_nonfinite(
     input_name: str,
     extra: Optional[torch.Tensor] = None,
 ) -> Optional[Tuple[str, str, str]]:
-    """Re-run member ``member``'s batch x [B, in] (and extra [B, extra_in]) through ``net`` layer by layer.
+    """Re-run member ``member``'s batch x [B, in] (and extra [B, extra_in]) through ``net``.
 
     Returns (cause, where, detail) for the first non-finite parameter, input, effective weight,
     linear output, norm output or activation, in forward order; None when everything is finite.
+    The network's own forward runs (every member on this batch) with an observer that inspects
+    member ``member``'s slice; in training mode, so a batch norm uses the batch's statistics, and
+    the buffers it or a power iteration changes are restored: no side effects.
     """
     with torch.no_grad():
         named = sorted(zip(parameter_names(net, prefix), net.parameters()), key=lambda item: forward_order(item[0]))
@@ -166,46 +169,35 @@ def locate_nonfinite(
         for value, label in ((x, input_name), (extra, "action")):
             if value is not None and not torch.isfinite(value).all():
                 return "nonfinite_obs", label, f"{int((~torch.isfinite(value)).sum())} non-finite input values"
-        h = x.unsqueeze(0)  # [1, B, in]
-        layers = list(net.layers)
-        for i, layer in enumerate(layers):
-            name = f"{prefix}.{i}"
-            if extra is not None and i == net.extra_at:
-                h = torch.cat([h, extra.unsqueeze(0)], -1)
-            weight = layer.effective_weight()[member : member + 1]  # [1, out, in]
-            if not torch.isfinite(weight).all():
-                v_norm = layer.weight[member].norm(dim=-1)
-                return ("nonfinite_loss", f"{name}.weight_norm",
-                        f"g/||v|| is non-finite: smallest per-unit ||v|| = {v_norm.min().item():.3g}")
-            bias = layer.bias[member : member + 1].unsqueeze(1)
-            pre = torch.baddbmm(bias, h, weight.mT)
-            largest = h.abs().max().item()
-            if not torch.isfinite(pre).all():
-                return "nonfinite_loss", f"{name}.linear", f"linear output overflows (largest |input| {largest:.3g})"
-            if i == len(layers) - 1:
-                out = pre * net.output_scale
-                if not torch.isfinite(out).all():
-                    return "nonfinite_loss", f"{name}.output", "output scaling overflows"
-                return None
-            if net.has_norm:
-                norm = net.norms[i]
-                pre = _member_norm(norm, pre, member)
-                if not torch.isfinite(pre).all():
-                    return "nonfinite_loss", f"{name}.norm", "normalization output is non-finite"
-            out = net.act(pre) if net.activated[i] else pre
-            if not torch.isfinite(out).all():
-                return "nonfinite_loss", f"{name}.activation", "activation output is non-finite"
-            h = h + out if net.residual[i] else out
-    return None
+        found: List[Tuple[str, str, str]] = []
+        largest = 0.0
 
+        def observe(layer: int, stage: str, value: torch.Tensor) -> None:
+            nonlocal largest
+            if found:
+                return
+            name = f"{prefix}.{layer}"
+            if stage == "input":  # the layer's effective weight first, then its input's scale
+                problem = net.layers[layer].weight_problem(member)
+                if problem is not None:
+                    found.append(("nonfinite_loss", f"{name}.{problem[0]}", problem[1]))
+                largest = value[member].abs().max().item()
+            elif stage in _STAGE_DETAILS and not torch.isfinite(value[member]).all():
+                found.append(("nonfinite_loss", f"{name}.{stage}", _STAGE_DETAILS[stage].format(largest=largest)))
 
-def _member_norm(norm: torch.nn.Module, x: torch.Tensor, member: int) -> torch.Tensor:
-    """Apply a population norm layer to one member's activations x [1, B, H], without side effects."""
-    weight, bias = norm.weight[member : member + 1].unsqueeze(1), norm.bias[member : member + 1].unsqueeze(1)
-    if hasattr(norm, "running_mean"):  # batch norm, with the batch's statistics, running ones untouched
-        mean, var = x.mean(1, keepdim=True), x.var(1, unbiased=False, keepdim=True)
-        return (x - mean) * torch.rsqrt(var + norm.eps) * weight + bias
-    return torch.nn.functional.layer_norm(x, x.shape[-1:], eps=norm.eps) * weight + bias
+        members = net.layers[0].weight.shape[0]
+        batch = x.unsqueeze(0).expand(members, *x.shape)  # [P, B, in]
+        extras = None if extra is None else extra.unsqueeze(0).expand(members, *extra.shape)
+        buffers = [b.clone() for b in net.buffers()]
+        training = net.training
+        try:
+            net.train()
+            net(batch, extras, observe=observe)
+        finally:
+            net.train(training)
+            for b, before in zip(net.buffers(), buffers):
+                b.copy_(before)
+    return found[0] if found else None
 
 
 def locate_gradient(names: Sequence[str], grads: Sequence[torch.Tensor], member: int) -> Optional[Tuple[str, str]]:

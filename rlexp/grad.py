@@ -160,7 +160,12 @@ class GradientPipeline:
     restore of frozen members and the optimizer step then each run once over the buffer instead of
     once per tensor; what they compute is unchanged (every operation is per member or elementwise).
     The optimizer (``optimizer``, a config) is built over the flat buffer.
+
+    ``storage_moves`` counts the pipelines built (each replaces its parameters' storage): a fast
+    path holding views of parameter memory (PopMLP.inference) makes them anew when it changes.
     """
+
+    storage_moves = 0
 
     def __init__(
         self,
@@ -183,6 +188,7 @@ class GradientPipeline:
             p.data = self.flat[:, offset:offset + n].view(p.shape)
             p.grad = self.flat_grad[:, offset:offset + n].view(p.shape)  # backward adds into it in place
             offset += n
+        GradientPipeline.storage_moves += 1
         self.params = params
         self.grads = [p.grad for p in params]
         self._sizes = [p[0].numel() for p in params]

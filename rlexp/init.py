@@ -7,30 +7,16 @@ member k's initial weights depend only on its seed.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable, Dict, Optional
 
 import torch
 
-from rlexp.config import InitConfig
+from rlexp.activations import activation_gain
+from rlexp.component import require, require_choice
+from rlexp.config import ActivationConfig, GainInitConfig, InitConfig
 
-# gain for He / orthogonal when the config leaves it null, per activation name
-_GAINS: Dict[str, float] = {
-    "relu": math.sqrt(2.0),
-    "elu": math.sqrt(2.0),
-    "gelu": math.sqrt(2.0),
-    "silu": math.sqrt(2.0),
-    "tanh": 5.0 / 3.0,
-    "softsign": 1.0,
-    "sigmoid": 1.0,
-    "linear": 1.0,
-}
-
-
-def activation_gain(activation: str, negative_slope: float = 0.01) -> float:
-    """Recommended gain for an activation (torch.nn.init.calculate_gain; ReLU's for ELU/GELU/SiLU)."""
-    if activation == "leaky_relu":
-        return math.sqrt(2.0 / (1.0 + negative_slope**2))
-    return _GAINS[activation]
+Fill = Callable[[torch.Tensor, float, torch.Generator], None]  # (one member's [out, in], gain, generator)
 
 
 def _default(w: torch.Tensor, gain: float, g: torch.Generator) -> None:
@@ -67,29 +53,47 @@ def _lecun(w: torch.Tensor, gain: float, g: torch.Generator) -> None:
     w.normal_(0.0, gain / math.sqrt(w.shape[1]), generator=g)
 
 
-# name -> (fill function, how the gain is chosen when the config gives none)
-INITIALIZERS: Dict[str, Callable[[torch.Tensor, float, torch.Generator], None]] = {
-    "default": _default,
-    "xavier": _xavier_uniform,
-    "xavier_uniform": _xavier_uniform,
-    "xavier_normal": _xavier_normal,
-    "he": _he_normal,
-    "he_normal": _he_normal,
-    "he_uniform": _he_uniform,
-    "orthogonal": _orthogonal,
-    "lecun": _lecun,
+@dataclass(frozen=True)
+class Initializer:
+    """One scheme: ``fill`` draws a member's matrix; ``activation_gain``: a null gain means the
+    activation's (He, orthogonal), else 1; ``schema`` its config class."""
+
+    schema: type
+    fill: Fill
+    activation_gain: bool = False
+
+
+INITIALIZERS: Dict[str, Initializer] = {
+    "default": Initializer(InitConfig, _default),
+    "xavier": Initializer(GainInitConfig, _xavier_uniform),
+    "xavier_uniform": Initializer(GainInitConfig, _xavier_uniform),
+    "xavier_normal": Initializer(GainInitConfig, _xavier_normal),
+    "he": Initializer(GainInitConfig, _he_normal, activation_gain=True),
+    "he_normal": Initializer(GainInitConfig, _he_normal, activation_gain=True),
+    "he_uniform": Initializer(GainInitConfig, _he_uniform, activation_gain=True),
+    "orthogonal": Initializer(GainInitConfig, _orthogonal, activation_gain=True),
+    "lecun": Initializer(InitConfig, _lecun),
 }
-_UNIT_GAIN = {"default", "xavier", "xavier_uniform", "xavier_normal", "lecun"}
 
 
-def scheme_gain(cfg: InitConfig, activation: str, negative_slope: float = 0.01) -> float:
-    """The gain a scheme uses for hidden layers: cfg.gain, else 1 (default/xavier/lecun) or the activation's."""
+def check_init(cfg: InitConfig, key: str = "init") -> None:
+    """Refuse an unknown scheme, an unknown last_layer mode and non-positive scales or gains
+    (ConfigError at ``key``.<field>)."""
+    require_choice(cfg.name, f"{key}.name", INITIALIZERS)
+    require_choice(cfg.last_layer, f"{key}.last_layer", ("same", "uniform"))
+    require(cfg.last_layer_scale > 0, f"{key}.last_layer_scale", cfg.last_layer_scale, "a value > 0")
+    for k in ("gain", "last_layer_gain"):
+        value = getattr(cfg, k, None)
+        if value is not None:
+            require(value > 0, f"{key}.{k}", value, "a value > 0 (or null)")
+
+
+def scheme_gain(cfg: InitConfig, activation: ActivationConfig) -> float:
+    """The gain a scheme uses for hidden layers: cfg.gain, else the activation's (He, orthogonal) or 1."""
     gain: Optional[float] = getattr(cfg, "gain", None)
     if gain is not None:
         return float(gain)
-    if cfg.name in _UNIT_GAIN:
-        return 1.0
-    return activation_gain(activation, negative_slope)
+    return activation_gain(activation) if INITIALIZERS[cfg.name].activation_gain else 1.0
 
 
 @torch.no_grad()
@@ -107,7 +111,7 @@ def init_linear(
     config's last-layer settings apply: ``uniform`` draws weight and bias from U(+-last_layer_scale),
     ``same`` uses the scheme with ``last_layer_gain`` if set.
     """
-    fill = INITIALIZERS[cfg.name]
+    fill = INITIALIZERS[cfg.name].fill
     for member, g in enumerate(generators):
         w = torch.empty(weight.shape[1:], dtype=weight.dtype)  # [out, in], filled on the CPU
         if last and cfg.last_layer == "uniform":

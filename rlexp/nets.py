@@ -1,95 +1,76 @@
 """Population networks: every parameter carries a leading member dimension P.
 
-A population linear layer holds weight [P, out, in] and bias [P, out] and runs one batched matmul
-over inputs [P, B, in]. Norms normalize per member and per sample (layer) or over each member's own
-batch (batch). Nothing here reduces across members, so member k's outputs and gradients depend on
-member k's parameters and inputs alone.
+A network is made of components (``rlexp.component``): population linear layers (plain,
+weight-normalized, spectrally normalized) holding weight [P, out, in] and bias [P, out] and running
+one batched matmul over inputs [P, B, in], norms (layer, batch, RMS) that normalize per member and
+sample or over each member's own batch, and activations (``rlexp.activations``). Nothing reduces
+across members, so member k's outputs and gradients depend on member k's parameters and inputs alone.
+
+The ``normalization`` registry says how a normalization changes a hidden block: a norm component
+after its linear layer, and/or another linear layer. ``PopMLP`` composes the blocks and runs them
+in one loop.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional
+import logging
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlexp.config import ActivationConfig, InitConfig, NetworkConfig, NormalizationConfig
+from rlexp.activations import ACTIVATIONS, PopActivation
+from rlexp.component import Component, HostForward, ensure_grads, numpy_view, require, require_choice
+from rlexp.config import (
+    ActivationConfig,
+    BatchNormConfig,
+    InitConfig,
+    LayerNormConfig,
+    NetworkConfig,
+    NormalizationConfig,
+    WeightNormConfig,
+)
+from rlexp.grad import GradientPipeline
 from rlexp.init import init_linear, scheme_gain
 
+log = logging.getLogger(__name__)
 
-ACTIVATIONS: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "relu": torch.relu,
-    "leaky_relu": F.leaky_relu,
-    "elu": F.elu,
-    "gelu": F.gelu,
-    "silu": F.silu,
-    "tanh": torch.tanh,
-    "softsign": F.softsign,
-    "sigmoid": torch.sigmoid,
-}
+# observe(layer index, stage, value [P, B, H]): stage "input" (a layer's input, after a second input
+# joined it), a component's stage ("linear", "norm", "activation"), "hidden" (a hidden layer's
+# output, after the residual) or "output" (the network's output, after output_scale)
+Observer = Callable[[int, str, torch.Tensor], None]
 
 
-def _softsign_backward(g: torch.Tensor, h: torch.Tensor, y: torch.Tensor, cfg: ActivationConfig) -> torch.Tensor:
-    """softsign's derivative as autograd composes it for y = h / (|h| + 1) (ATen has no kernel for it):
-    division's two gradients, the second through abs's sgn, summed; bit for bit autograd's (tested)."""
-    d = h.abs() + 1
-    return g / d + (-g * (y / d)) * h.sgn()
-
-
-# activation name -> its derivative as autograd computes it (the same ATen backward kernels; softsign's
-# composition): (grad wrt the output, pre-activation h, output y, config) -> grad wrt h
-ACTIVATION_BACKWARD: Dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor, ActivationConfig], torch.Tensor]] = {
-    "relu": lambda g, h, y, cfg: torch.ops.aten.threshold_backward(g, y, 0),
-    "leaky_relu": lambda g, h, y, cfg: torch.ops.aten.leaky_relu_backward(g, h, cfg.negative_slope, False),
-    "elu": lambda g, h, y, cfg: torch.ops.aten.elu_backward(g, cfg.alpha, 1, 1, False, h),
-    "gelu": lambda g, h, y, cfg: torch.ops.aten.gelu_backward(g, h),
-    "silu": lambda g, h, y, cfg: torch.ops.aten.silu_backward(g, h),
-    "tanh": lambda g, h, y, cfg: torch.ops.aten.tanh_backward(g, y),
-    "sigmoid": lambda g, h, y, cfg: torch.ops.aten.sigmoid_backward(g, y),
-    "softsign": _softsign_backward,
-}
-
-
-# activation name -> the same function in numpy, in place on a float32 array (host_inference)
-NUMPY_ACTIVATIONS: Dict[str, Callable[[np.ndarray, ActivationConfig], np.ndarray]] = {
-    "relu": lambda h, cfg: np.maximum(h, 0, out=h),
-    "leaky_relu": lambda h, cfg: np.where(h > 0, h, h * np.float32(cfg.negative_slope)),
-    "elu": lambda h, cfg: np.where(h > 0, h, np.float32(cfg.alpha) * np.expm1(np.minimum(h, 0))),
-    "tanh": lambda h, cfg: np.tanh(h, out=h),
-    "softsign": lambda h, cfg: np.divide(h, np.abs(h) + 1, out=h),
-}
-
-
-def make_activation(cfg: ActivationConfig) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The activation function a config names, with its parameters (leaky_relu slope, elu alpha)."""
-    if cfg.name == "leaky_relu":
-        slope = cfg.negative_slope
-        return lambda x: F.leaky_relu(x, slope)
-    if cfg.name == "elu":
-        alpha = cfg.alpha
-        return lambda x: F.elu(x, alpha)
-    return ACTIVATIONS[cfg.name]
-
-
-def _ensure_grads(*params: torch.Tensor) -> None:
-    """Give parameters without a ``.grad`` an (uninitialized) one, for gradients written in place."""
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.empty_like(p)
-
-
-class PopLinear(nn.Module):
+# ---------------------------------------------------------------- linear layers
+class PopLinear(Component):
     """y = x W^T + b for each member: x [P, B, in] -> [P, B, out]."""
+
+    stage = "linear"
+    written_backward = True
 
     def __init__(self, members: int, n_in: int, n_out: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(members, n_out, n_in))
         self.bias = nn.Parameter(torch.zeros(members, n_out))
 
+    def reset_parameters(self, init: InitConfig, gain: float, generators: List[torch.Generator], last: bool) -> None:
+        """Fill weight and bias with ``init`` (see init_linear); ``last``: the output layer."""
+        init_linear(self.weight, self.bias, init, gain, generators, last=last)
+
     def effective_weight(self) -> torch.Tensor:
         return self.weight  # [P, out, in]
+
+    def weight_problem(self, member: int) -> Optional[Tuple[str, str]]:
+        """(where, detail) when member's effective weight is non-finite while its parameters are
+        finite; None for a plain layer, whose weight is a parameter."""
+        return None
+
+    def instruments(self) -> Dict[str, torch.Tensor]:
+        """Per-member statistics of the layer's reparametrization, {metric: [P]} (none here)."""
+        return {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.baddbmm(self.bias.unsqueeze(1), x, self.effective_weight().mT)
@@ -102,7 +83,7 @@ class PopLinear(nn.Module):
         """As autograd runs baddbmm's backward: writes the parameters' gradients for the gradient ``grad``
         [P, B, out] wrt the output and returns the one wrt the input [P, B, in] (or None)."""
         x, weight = saved[:2]
-        _ensure_grads(self.weight, self.bias)
+        ensure_grads(self.weight, self.bias)
         torch.sum(grad, 1, out=self.bias.grad)
         self._weight_grads(saved, torch.bmm(x.mT, grad).mT)  # [P, in, out] seen as [P, out, in], as autograd has it
         return torch.bmm(grad, weight) if input_grad else None
@@ -110,6 +91,21 @@ class PopLinear(nn.Module):
     def _weight_grads(self, saved: tuple, grad_weight: torch.Tensor) -> None:
         """Write the gradients that come from the one wrt the weight used, [P, out, in]."""
         self.weight.grad.copy_(grad_weight)
+
+    def fast_forward(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``forward`` as one raw op on detached views of the parameters (no-grad acting)."""
+        bias, weight_t = self.bias.detach().unsqueeze(1), self.weight.detach().mT  # [P, 1, out], [P, in, out]
+        return lambda x: torch.baddbmm(bias, x, weight_t)
+
+    def host_forward(self) -> Optional[HostForward]:
+        """x [P, B, in] -> [P, B, out] in numpy on views of the parameters."""
+        weight_t, bias = numpy_view(self.weight).transpose(0, 2, 1), numpy_view(self.bias)[:, None, :]
+
+        def linear(x: np.ndarray) -> np.ndarray:
+            h = np.matmul(x, weight_t)
+            h += bias
+            return h
+        return linear
 
 
 class PopWeightNormLinear(PopLinear):
@@ -137,6 +133,20 @@ class PopWeightNormLinear(PopLinear):
     def effective_weight(self) -> torch.Tensor:
         return self._scaled()[0]
 
+    def fast_forward(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        return self.forward
+
+    def weight_problem(self, member: int) -> Optional[Tuple[str, str]]:
+        if torch.isfinite(self.effective_weight()[member]).all():
+            return None
+        v_norm = self.weight[member].norm(dim=-1)
+        return "weight_norm", f"g/||v|| is non-finite: smallest per-unit ||v|| = {v_norm.min().item():.3g}"
+
+    def instruments(self) -> Dict[str, torch.Tensor]:
+        """The smallest and largest per-unit ||v|| (g/||v|| divides by it): wn_v_min, wn_v_max [P]."""
+        v_norm = self.weight.detach().norm(dim=-1)  # [P, out]
+        return {"wn_v_min": v_norm.amin(1), "wn_v_max": v_norm.amax(1)}
+
     def forward_saved(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple]:
         """``forward`` without autograd, and what ``backward_to_grads`` needs (the norms and scales too)."""
         weight, norms, scale = self._scaled()
@@ -148,16 +158,96 @@ class PopWeightNormLinear(PopLinear):
         operands, sqrt, sum, square), the two gradients of v summed."""
         _, _, norms, scale = saved
         v = self.weight
-        _ensure_grads(self.g)
+        ensure_grads(self.g)
         grad_scale = (grad_weight * v).sum(-1)  # [P, out] wrt scale = g / norms
         torch.div(grad_scale, norms, out=self.g.grad)
         grad_norms = -grad_scale * (scale / norms)  # autograd's (g / norms) / norms
         grad_squares = (grad_norms / (2 * norms)).unsqueeze(-1).expand_as(v)  # [P, out, in] wrt v^2
         torch.add(grad_weight * scale.unsqueeze(-1), grad_squares * (2.0 * v), out=v.grad)
 
+    def host_forward(self) -> Optional[HostForward]:
+        """x (g v / ||v||)^T = (x v^T) g / ||v|| in numpy on views of the parameters."""
+        weight, bias = numpy_view(self.weight), numpy_view(self.bias)[:, None, :]  # [P, out, in], [P, 1, out]
+        weight_t, g, eps = weight.transpose(0, 2, 1), numpy_view(self.g), np.float32(self.eps)
 
-class PopLayerNorm(nn.Module):
+        def weight_norm_linear(x: np.ndarray) -> np.ndarray:
+            h = np.matmul(x, weight_t)
+            h *= (g / np.sqrt(np.square(weight).sum(-1) + eps))[:, None, :]
+            h += bias
+            return h
+        return weight_norm_linear
+
+
+class PopSpectralNormLinear(PopLinear):
+    """Spectrally normalized linear layer (Gogianu et al. 2021): w = W / sigma(W) per member.
+
+    sigma = u^T W v estimates W's largest singular value by power iteration on a persistent unit
+    vector u [P, out] (buffer ``u``): each training-mode forward runs ``power_iterations`` steps
+    v = W^T u / ||W^T u||, u = W v / ||W v|| without gradient, then v = W^T u / ||W^T u||; the gradient
+    flows through W in sigma, as torch.nn.utils.parametrizations.spectral_norm. Eval mode uses u as it
+    is. The vector normalizations divide by max(||.||, 1e-12).
+    """
+
+    written_backward = False
+    EPS = 1e-12
+    INIT_ITERATIONS = 15  # power iterations once the weight is drawn (as torch's spectral_norm)
+
+    def __init__(self, members: int, n_in: int, n_out: int, power_iterations: int) -> None:
+        super().__init__(members, n_in, n_out)
+        self.power_iterations = power_iterations
+        self.register_buffer("u", F.normalize(torch.ones(members, n_out), dim=-1))  # [P, out]
+
+    def reset_parameters(self, init: InitConfig, gain: float, generators: List[torch.Generator], last: bool) -> None:
+        super().reset_parameters(init, gain, generators, last)
+        self._power_iteration(self.INIT_ITERATIONS)
+
+    @torch.no_grad()
+    def _power_iteration(self, iterations: int) -> None:
+        """Move u towards W's first left singular vector, in place."""
+        u, weight = self.u, self.weight.detach()
+        for _ in range(iterations):
+            v = self._right(weight, u)
+            u = F.normalize(torch.bmm(weight, v.unsqueeze(-1)).squeeze(-1), dim=-1, eps=self.EPS)  # [P, out]
+        self.u.copy_(u)
+
+    def _right(self, weight: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """v = W^T u / ||W^T u||: [P, in]."""
+        return F.normalize(torch.bmm(u.unsqueeze(1), weight).squeeze(1), dim=-1, eps=self.EPS)
+
+    def sigma(self) -> torch.Tensor:
+        """u^T W v per member, [P], with the gradient through W."""
+        u = self.u.clone()
+        v = self._right(self.weight.detach(), u)
+        return (u * torch.bmm(self.weight, v.unsqueeze(-1)).squeeze(-1)).sum(-1)
+
+    def effective_weight(self) -> torch.Tensor:
+        if self.training:
+            self._power_iteration(self.power_iterations)
+        return self.weight / self.sigma()[:, None, None]  # [P, out, in]
+
+    def weight_problem(self, member: int) -> Optional[Tuple[str, str]]:
+        sigma = self.sigma()[member]
+        if torch.isfinite(self.weight[member] / sigma).all():
+            return None
+        return "spectral_norm", f"W/sigma is non-finite: sigma = {sigma.item():.3g}"
+
+    def instruments(self) -> Dict[str, torch.Tensor]:
+        """The spectral norm estimate the layer divides by: sn_sigma [P]."""
+        return {"sn_sigma": self.sigma().detach()}
+
+    def fast_forward(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        return self.forward
+
+    def host_forward(self) -> Optional[HostForward]:
+        return None  # the power iteration runs in torch
+
+
+# ---------------------------------------------------------------- norms
+class PopLayerNorm(Component):
     """LayerNorm over features, per member and sample, with a per-member affine: [P, B, H]."""
+
+    stage = "norm"
+    written_backward = True
 
     def __init__(self, members: int, width: int, eps: float) -> None:
         super().__init__()
@@ -174,18 +264,57 @@ class PopLayerNorm(nn.Module):
         x_hat, mean, rstd = torch.native_layer_norm(x, x.shape[-1:], None, None, self.eps)
         return x_hat * self.weight.unsqueeze(1) + self.bias.unsqueeze(1), (x, x_hat, mean, rstd)
 
-    def backward_to_grads(self, saved: tuple, grad: torch.Tensor) -> torch.Tensor:
+    def backward_to_grads(self, saved: tuple, grad: torch.Tensor, input_grad: bool = True) -> torch.Tensor:
         """As autograd runs it: writes the weight's and bias's gradients (the affine's, summed over the
         batch) and returns the gradient wrt the input [P, B, H] (ATen's layer-norm backward kernel)."""
         x, x_hat, mean, rstd = saved
-        _ensure_grads(self.weight, self.bias)
+        ensure_grads(self.weight, self.bias)
         torch.sum(grad * x_hat, 1, out=self.weight.grad)
         torch.sum(grad, 1, out=self.bias.grad)
         return torch.ops.aten.native_layer_norm_backward(grad * self.weight.unsqueeze(1), x, x.shape[-1:], mean, rstd,
                                                          None, None, [True, False, False])[0]
 
+    def host_forward(self) -> Optional[HostForward]:
+        """Over features, per member and sample, in numpy on views of the parameters."""
+        weight, bias = numpy_view(self.weight)[:, None, :], numpy_view(self.bias)[:, None, :]
+        eps = np.float32(self.eps)
 
-class PopBatchNorm(nn.Module):
+        def layer_norm(h: np.ndarray) -> np.ndarray:
+            h = h - h.mean(-1, keepdims=True)
+            h /= np.sqrt(np.square(h).mean(-1, keepdims=True) + eps)
+            h *= weight
+            h += bias
+            return h
+        return layer_norm
+
+
+class PopRMSNorm(Component):
+    """RMSNorm over features, per member and sample, with a per-member scale: [P, B, H].
+
+    y = x / sqrt(mean(x^2) + eps) * weight: torch.nn.RMSNorm for each member.
+    """
+
+    stage = "norm"
+
+    def __init__(self, members: int, width: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(members, width))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, x.shape[-1:], eps=self.eps) * self.weight.unsqueeze(1)
+
+    def host_forward(self) -> Optional[HostForward]:
+        weight, eps = numpy_view(self.weight)[:, None, :], np.float32(self.eps)
+
+        def rms_norm(h: np.ndarray) -> np.ndarray:
+            h = h / np.sqrt(np.square(h).mean(-1, keepdims=True) + eps)
+            h *= weight
+            return h
+        return rms_norm
+
+
+class PopBatchNorm(Component):
     """BatchNorm over each member's own batch: mean/var over B of [P, B, H], per member and feature.
 
     Training mode normalizes with the batch statistics and updates the running ones (momentum,
@@ -193,6 +322,10 @@ class PopBatchNorm(nn.Module):
     each member. It runs as one F.batch_norm over the [B, P * H] view, whose P * H channels are
     exactly the members' features, so nothing is shared between members.
     """
+
+    stage = "norm"
+    written_backward = True
+    uses_batch_stats = True
 
     def __init__(self, members: int, width: int, eps: float, momentum: float) -> None:
         super().__init__()
@@ -227,29 +360,106 @@ class PopBatchNorm(nn.Module):
                                                   self.running_var.view(-1), self.training, self.momentum, self.eps)
         return self._members(y), (channels, weight, mean, invstd, self.training)
 
-    def backward_to_grads(self, saved: tuple, grad: torch.Tensor) -> torch.Tensor:
+    def backward_to_grads(self, saved: tuple, grad: torch.Tensor, input_grad: bool = True) -> torch.Tensor:
         """As autograd runs it (ATen's batch-norm backward kernel on the [B, P * H] view): writes the
         weight's and bias's gradients and returns the gradient wrt the input [P, B, H]."""
         channels, weight, mean, invstd, training = saved
         grad_in, grad_weight, grad_bias = torch.ops.aten.native_batch_norm_backward(
             self._channels(grad), channels, weight, self.running_mean.view(-1), self.running_var.view(-1), mean,
             invstd, training, self.eps, [True, True, True])
-        _ensure_grads(self.weight, self.bias)
+        ensure_grads(self.weight, self.bias)
         self.weight.grad.copy_(grad_weight.view(self.weight.shape))
         self.bias.grad.copy_(grad_bias.view(self.bias.shape))
         return self._members(grad_in)
 
+    def host_forward(self) -> Optional[HostForward]:
+        """Eval mode only (the running statistics), in numpy on views of the parameters and buffers."""
+        weight, bias = numpy_view(self.weight)[:, None, :], numpy_view(self.bias)[:, None, :]
+        mean, var = numpy_view(self.running_mean)[:, None, :], numpy_view(self.running_var)[:, None, :]
+        eps = np.float32(self.eps)
 
-# normalization name -> the norm module after each hidden linear layer (weight norm changes the
-# linear layer itself instead, see PopMLP)
-NORMALIZATIONS: Dict[str, Callable[[NormalizationConfig, int, int], nn.Module]] = {
-    "none": lambda cfg, members, width: nn.Identity(),
-    "layer": lambda cfg, members, width: PopLayerNorm(members, width, cfg.eps),
-    "batch": lambda cfg, members, width: PopBatchNorm(members, width, cfg.eps, cfg.momentum),
-    "weight": lambda cfg, members, width: nn.Identity(),
+        def batch_norm(h: np.ndarray) -> np.ndarray:
+            h = h - mean
+            h /= np.sqrt(var + eps)
+            h *= weight
+            h += bias
+            return h
+        return batch_norm
+
+
+# ---------------------------------------------------------------- the normalization registry
+# (config, members, n_in, n_out, output layer) -> the block's linear layer
+LinearFactory = Callable[[NormalizationConfig, int, int, int, bool], PopLinear]
+# (config, members, width) -> the norm component after a hidden linear layer
+NormFactory = Callable[[NormalizationConfig, int, int], Component]
+
+
+def plain_linear(cfg: NormalizationConfig, members: int, n_in: int, n_out: int, output: bool) -> PopLinear:
+    return PopLinear(members, n_in, n_out)
+
+
+def _weight_norm_linear(cfg: WeightNormConfig, members: int, n_in: int, n_out: int, output: bool) -> PopLinear:
+    if output and not cfg.output_layer:
+        return PopLinear(members, n_in, n_out)
+    return PopWeightNormLinear(members, n_in, n_out, cfg.eps, cfg.g_init)
+
+
+def _spectral_linear(cfg: NormalizationConfig, members: int, n_in: int, n_out: int, output: bool) -> PopLinear:
+    if output:  # the output layer is not normalized
+        return PopLinear(members, n_in, n_out)
+    return PopSpectralNormLinear(members, n_in, n_out, cfg.power_iterations)
+
+
+def _positive_eps(cfg: NormalizationConfig, key: str) -> None:
+    require(cfg.eps > 0, f"{key}.eps", cfg.eps, "a value > 0")
+
+
+def _check_batch(cfg: BatchNormConfig, key: str) -> None:
+    _positive_eps(cfg, key)
+    require(0 < cfg.momentum <= 1, f"{key}.momentum", cfg.momentum, "a value in (0, 1]")
+
+
+def _check_weight(cfg: WeightNormConfig, key: str) -> None:
+    require(cfg.eps >= 0, f"{key}.eps", cfg.eps, "a value >= 0")
+    require(cfg.g_init > 0, f"{key}.g_init", cfg.g_init, "a value > 0")
+
+
+def _check_spectral(cfg: NormalizationConfig, key: str) -> None:
+    require(cfg.power_iterations >= 1, f"{key}.power_iterations", cfg.power_iterations, "an integer >= 1")
+
+
+@dataclass(frozen=True)
+class Normalization:
+    """How a normalization changes each layer: ``linear`` builds the linear layer (of hidden layers
+    and the output layer), ``norm`` (None: no norm) the component after each hidden linear layer;
+    ``check(cfg, key)`` refuses bad values; ``schema`` its config class."""
+
+    schema: type
+    linear: LinearFactory = plain_linear
+    norm: Optional[NormFactory] = None
+    check: Callable[[NormalizationConfig, str], None] = lambda cfg, key: None
+
+
+NORMALIZATIONS: Dict[str, Normalization] = {
+    "none": Normalization(NormalizationConfig),
+    "layer": Normalization(LayerNormConfig, norm=lambda cfg, members, width: PopLayerNorm(members, width, cfg.eps),
+                           check=_positive_eps),
+    "batch": Normalization(BatchNormConfig, check=_check_batch,
+                           norm=lambda cfg, members, width: PopBatchNorm(members, width, cfg.eps, cfg.momentum)),
+    "rms": Normalization(LayerNormConfig, norm=lambda cfg, members, width: PopRMSNorm(members, width, cfg.eps),
+                         check=_positive_eps),
+    "weight": Normalization(WeightNormConfig, linear=_weight_norm_linear, check=_check_weight),
+    "spectral": Normalization(NormalizationConfig, linear=_spectral_linear, check=_check_spectral),
 }
 
 
+def check_normalization(cfg: NormalizationConfig, key: str = "normalization") -> None:
+    """Refuse an unknown normalization or values out of range (ConfigError at ``key``.<field>)."""
+    require_choice(cfg.name, f"{key}.name", NORMALIZATIONS)
+    NORMALIZATIONS[cfg.name].check(cfg, key)
+
+
+# ---------------------------------------------------------------- gradient scaling
 class _ScaleGradient(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:  # type: ignore[override]
@@ -270,13 +480,23 @@ def scale_gradient(x: torch.Tensor, scale: float) -> torch.Tensor:
     return _ScaleGradient.apply(x, scale)
 
 
+# ---------------------------------------------------------------- the network
+def _describe(component: Component) -> str:
+    """``PopRMSNorm``, ``PopActivation(gelu)``: for messages."""
+    detail = component.extra_repr()
+    return f"{type(component).__name__}({detail})" if detail else type(component).__name__
+
+
 class PopMLP(nn.Module):
     """Population MLP: [P, B, n_in] -> [P, B, n_out].
 
-    Hidden layer: linear (weight-normalized if normalization=weight) -> layer/batch norm -> activation
+    Hidden layer: linear (the normalization's) -> the normalization's norm, if any -> activation
     (none on the last hidden layer with ``network.linear_last_hidden``), plus x + (...) when
-    ``network.residual`` and the widths match. Output: linear, times output_scale. A critic's action
-    (``extra``) is concatenated to the input of layer ``extra_at`` (0 = with the observation).
+    ``network.residual`` and the widths match. Output: linear (the normalization's), times
+    output_scale. A critic's action (``extra``) is concatenated to the input of layer ``extra_at``
+    (0 = with the observation).
+
+    ``layers`` holds the linear layers, ``norms`` the hidden layers' norms (empty without one).
     """
 
     def __init__(
@@ -294,210 +514,158 @@ class PopMLP(nn.Module):
     ) -> None:
         super().__init__()
         sizes = [n_in, *network.hidden, n_out]
-        weight_norm = normalization.name == "weight"
+        entry, activation_entry = NORMALIZATIONS[normalization.name], ACTIVATIONS[activation.name]
+        hidden = len(network.hidden)
         self.layers = nn.ModuleList()
         self.norms = nn.ModuleList()
+        self.activations = nn.ModuleList()
+        self.activated = [not (network.linear_last_hidden and i == hidden - 1) for i in range(hidden)]
         self.residual: List[bool] = []
         self.extra_in, self.extra_at = extra_in, extra_at  # a second input joins layer extra_at's input
+        # per layer: its components in forward order, and whether a residual connection adds its input
+        self._blocks: List[Tuple[List[Component], bool]] = []
         for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-            last = i == len(sizes) - 2
             a = a + extra_in if i == extra_at else a
-            if weight_norm and (not last or normalization.output_layer):
-                layer: PopLinear = PopWeightNormLinear(members, a, b, normalization.eps, normalization.g_init)
-            else:
-                layer = PopLinear(members, a, b)
+            layer = entry.linear(normalization, members, a, b, i == hidden)
             self.layers.append(layer)
-            if not last:
-                self.norms.append(NORMALIZATIONS[normalization.name](normalization, members, b))
+            components: List[Component] = [layer]
+            if i < hidden:
+                if entry.norm is not None:
+                    self.norms.append(entry.norm(normalization, members, b))
+                    components.append(self.norms[-1])
+                if self.activated[i]:
+                    self.activations.append(PopActivation(activation_entry, activation))
+                    components.append(self.activations[-1])
                 self.residual.append(network.residual and a == b)
-        hidden = len(network.hidden)
-        self.activated = [not (network.linear_last_hidden and i == hidden - 1) for i in range(hidden)]
-        self.has_norm = normalization.name in ("layer", "batch")
-        # plain lists for the forward pass (slicing a ModuleList on every call is slow)
-        self._hidden = list(zip(self.layers[:-1], self.norms, self.residual, self.activated))
-        self._output = self.layers[-1]
-        self.act = make_activation(activation)
+            self._blocks.append((components, i < hidden and self.residual[i]))
         self.activation = activation
-        self.uses_batch_stats = normalization.name == "batch"  # acting must then run in eval mode
         self.output_scale = network.output_scale
-        # plain linear layers, no norm, residual or second input: inference() may run on raw ops
-        self._plain = not (weight_norm or self.has_norm or any(self.residual) or extra_in)
-        # no residual or second input, and an activation with a known derivative (any normalization):
-        # the gradients can be written without autograd (forward_saved, backward_to_grads)
-        self.analytic_backward = not any(self.residual) and not extra_in and activation.name in ACTIVATION_BACKWARD
-        gain = scheme_gain(init, activation.name, getattr(activation, "negative_slope", 0.01))
+        self._components = [c for components, _ in self._blocks for c in components]
+        self.uses_batch_stats = any(c.uses_batch_stats for c in self._components)  # acting must run in eval mode
+        self._sequential = not any(self.residual) and not extra_in  # one chain of components
+        missing = sorted({_describe(c) for c in self._components if not c.written_backward})
+        # gradients written without autograd (forward_saved, backward_to_grads)
+        self.analytic_backward = self._sequential and not missing
+        if not self.analytic_backward:
+            why = f"no written backward for {', '.join(missing)}" if missing else "residual or second input"
+            log.debug(f"PopMLP: {why}: gradients by autograd")
+        gain = scheme_gain(init, activation)
         for i, layer in enumerate(self.layers):
-            init_linear(layer.weight, layer.bias, init, gain, generators, last=i == len(self.layers) - 1)
+            layer.reset_parameters(init, gain, generators, last=i == hidden)
 
-    def forward(self, x: torch.Tensor, extra: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """x [P, B, n_in] (and extra [P, B, extra_in] when the network takes one) -> [P, B, n_out]."""
-        for i, (layer, norm, residual, activated) in enumerate(self._hidden):
+    def forward(self, x: torch.Tensor, extra: Optional[torch.Tensor] = None,
+                observe: Optional[Observer] = None) -> torch.Tensor:
+        """x [P, B, n_in] (and extra [P, B, extra_in] when the network takes one) -> [P, B, n_out].
+        ``observe(layer, stage, value)`` sees every layer's input and every component's output."""
+        last = len(self._blocks) - 1
+        for i, (components, residual) in enumerate(self._blocks):
             if extra is not None and i == self.extra_at:
                 x = torch.cat([x, extra], -1)
-            h = layer.forward(x)
-            h = norm(h) if self.has_norm else h
-            h = self.act(h) if activated else h
+            if observe is not None:
+                observe(i, "input", x)
+            h = x
+            for component in components:
+                h = component.forward(h)  # [P, B, H]
+                if observe is not None:
+                    observe(i, component.stage, h)
             x = x + h if residual else h
-        if extra is not None and self.extra_at == len(self._hidden):
-            x = torch.cat([x, extra], -1)
-        out = self._output.forward(x)
-        return out * self.output_scale if self.output_scale != 1.0 else out
+            if observe is not None and i < last:
+                observe(i, "hidden", x)
+        out = x * self.output_scale if self.output_scale != 1.0 else x
+        if observe is not None:
+            observe(last, "output", out)
+        return out
 
-    def forward_saved(self, x: torch.Tensor) -> tuple[torch.Tensor, List[tuple]]:
+    def forward_saved(self, x: torch.Tensor) -> tuple[torch.Tensor, List[object]]:
         """``forward`` without autograd (networks with ``analytic_backward`` only): the output
-        [P, B, n_out] and what ``backward_to_grads`` needs (each linear layer's input and weight, the
-        pre-activation and output, and a norm's input and statistics)."""
-        saved: List[tuple] = []
+        [P, B, n_out] and, per component, what its ``backward_to_grads`` needs."""
+        saved: List[object] = []
         with torch.no_grad():
-            for layer, norm, _, activated in self._hidden:
-                h, linear = layer.forward_saved(x)  # [P, B, H]
-                normed = None
-                if self.has_norm:
-                    h, normed = norm.forward_saved(h)
-                y = self.act(h) if activated else h
-                saved.append((linear, h, y, activated, normed))
-                x = y
-            out, linear = self._output.forward_saved(x)
-            saved.append((linear, None, None, False, None))
-            return (out * self.output_scale if self.output_scale != 1.0 else out), saved
+            for component in self._components:
+                x, record = component.forward_saved(x)
+                saved.append(record)
+            return (x * self.output_scale if self.output_scale != 1.0 else x), saved
 
-    def backward_to_grads(self, saved: List[tuple], grad_out: torch.Tensor) -> None:
+    def backward_to_grads(self, saved: List[object], grad_out: torch.Tensor) -> None:
         """Write the gradient of sum(out * grad_out) with respect to every parameter into its
         ``.grad`` (overwritten, as after zeroing and one backward), for ``out`` = ``forward_saved``'s
-        output and ``saved`` its record; grad_out [P, B, n_out]. The same kernels and order as
-        autograd, so the gradients are the ones ``out.backward(grad_out)`` gives, bit for bit."""
+        output and ``saved`` its record; grad_out [P, B, n_out]. Each component runs autograd's
+        kernels in autograd's order, so the gradients are ``out.backward(grad_out)``'s, bit for bit."""
         with torch.no_grad():
             grad = grad_out * self.output_scale if self.output_scale != 1.0 else grad_out  # [P, B, out]
-            for i in range(len(self.layers) - 1, -1, -1):
-                grad = self.layers[i].backward_to_grads(saved[i][0], grad, input_grad=i > 0)  # [P, B, in]
-                if i > 0:  # grad is now the gradient wrt layer i-1's output
-                    _, h, y, activated, normed = saved[i - 1]
-                    if activated:
-                        grad = ACTIVATION_BACKWARD[self.activation.name](grad, h, y, self.activation)
-                    if normed is not None:
-                        grad = self.norms[i - 1].backward_to_grads(normed, grad)
+            for j in range(len(self._components) - 1, -1, -1):
+                grad = self._components[j].backward_to_grads(saved[j], grad, input_grad=j > 0)
 
     def inference(self) -> Callable[..., torch.Tensor]:
-        """A forward function without gradient, for acting: the same outputs as
-        ``forward`` in the network's current mode, with less overhead per call.
+        """A forward function without gradient, for acting: the same outputs as ``forward`` in the
+        network's current mode, with less overhead per call.
 
-        For a plain network (no norm, weight norm, residual or second input) it runs the same ops
-        on detached views of the parameters. Parameters change in place (optimizer steps, target
-        copies, restores), which the views see; when a parameter's storage is replaced (a gradient
-        pipeline moves it into its flat buffer) the views are made anew. Otherwise it is
-        ``forward`` under ``torch.no_grad()``.
+        A network without residual connections or second input runs its components' ``fast_forward``
+        functions in a list (plain linear layers: raw ops on detached views of their parameters).
+        Views see in-place changes (optimizer steps, target copies, restores); storage is replaced
+        only when a GradientPipeline moves parameters into its flat buffer, which it counts
+        (``GradientPipeline.storage_moves``): the views are made anew when that count changed, one
+        attribute read per call, so a function made before a pipeline sees its updates. Otherwise it
+        is ``forward`` under ``torch.no_grad()``.
         """
-        if not self._plain:
+        if not self._sequential:
             def run(x: torch.Tensor, extra: Optional[torch.Tensor] = None) -> torch.Tensor:
                 with torch.no_grad():
                     return self.forward(x, extra)
             return run
-        act, scale, params = self.act, self.output_scale, list(self.parameters())
-        views: List[tuple] = []
-        storage: List[int] = []
+        scale, components = self.output_scale, self._components
+        steps, built = [c.fast_forward() for c in components], [GradientPipeline.storage_moves]
 
-        def run_plain(x: torch.Tensor, extra: Optional[torch.Tensor] = None) -> torch.Tensor:
-            if storage != [p.data_ptr() for p in params]:  # first call, or a parameter moved
-                storage[:] = [p.data_ptr() for p in params]
-                views[:] = [(layer.bias.detach().unsqueeze(1), layer.weight.detach().mT, activated)
-                            for (layer, _, _, activated) in self._hidden]
-                views.append((self._output.bias.detach().unsqueeze(1), self._output.weight.detach().mT, False))
+        def run_steps(x: torch.Tensor, extra: Optional[torch.Tensor] = None) -> torch.Tensor:
+            if built[0] != GradientPipeline.storage_moves:  # a pipeline moved parameters since
+                built[0], steps[:] = GradientPipeline.storage_moves, [c.fast_forward() for c in components]
             with torch.no_grad():
-                for bias, weight_t, activated in views:
-                    x = torch.baddbmm(bias, x, weight_t)
-                    x = act(x) if activated else x
+                for step in steps:
+                    x = step(x)
                 return x * scale if scale != 1.0 else x
-        return run_plain
+        return run_steps
 
     def host_inference(self) -> Callable[[np.ndarray], np.ndarray]:
         """A forward function from host arrays to host arrays, for acting from the environments'
         observations: float32 [P, B, n_in] -> [P, B, n_out], no gradient, the network's current mode.
 
-        On the CPU, for an activation numpy computes (NUMPY_ACTIVATIONS) and no second input, numpy
-        runs the layers (weight norm, layer norm, batch norm with running statistics, residuals) on
-        views of the parameters' memory: no torch dispatch per call (a third of the time per acting
-        step in CleanRL's DQN loop, about half in isolation). Its outputs equal ``forward``'s up to
-        float32 rounding order (a test bounds the difference). Otherwise (and for batch norm in
-        training mode) it moves the array to the network's device and back around ``inference``.
+        On the CPU, when every component has a numpy form (``host_forward``) and there is no second
+        input, numpy runs the layers on views of the parameters' memory: no torch dispatch per call (a
+        third of the time per acting step in CleanRL's DQN loop). It gives the same greedy actions as
+        ``forward`` except at near-ties, where float32 rounding order decides (tested). Views are
+        made anew when a pipeline moved parameters (see ``inference``). Otherwise (and for batch
+        statistics in training mode) it moves the array to the network's device and back around
+        ``inference``.
         """
-        forward, device = self.inference(), self._output.weight.device
+        forward, device = self.inference(), self.layers[0].weight.device
         torch_path = lambda x: forward(torch.from_numpy(x).to(device)).cpu().numpy()  # noqa: E731
-        if self.activation.name not in NUMPY_ACTIVATIONS or self.extra_in or device.type != "cpu":
+        missing = sorted({_describe(c) for c in self._components if c.host_forward() is None})
+        if missing or self.extra_in or device.type != "cpu":
+            if missing:
+                log.debug(f"PopMLP.host_inference: no numpy form for {', '.join(missing)}: torch runs")
             return torch_path
-        act, cfg, scale = NUMPY_ACTIVATIONS[self.activation.name], self.activation, self.output_scale
-        tensors = list(self.parameters()) + list(self.buffers())
-        blocks = [*self._hidden, (self._output, nn.Identity(), False, False)]
-        layers: List[tuple] = []
-        storage: List[int] = []
+        scale = self.output_scale
+        blocks: List[Tuple[List[HostForward], bool]] = []
+        built = [-1]
 
-        def current() -> List[tuple]:
-            pointers = [t.data_ptr() for t in tensors]
-            if storage != pointers:  # first call, or a parameter moved (views see in-place changes)
-                storage[:] = pointers
-                layers[:] = [(_numpy_linear(layer), _numpy_norm(norm), residual, activated)
-                             for layer, norm, residual, activated in blocks]
-            return layers
+        def current() -> List[Tuple[List[HostForward], bool]]:
+            if built[0] != GradientPipeline.storage_moves:  # first call, or a pipeline moved parameters
+                built[0] = GradientPipeline.storage_moves
+                blocks[:] = [([c.host_forward() for c in components], residual)  # type: ignore[misc]
+                             for components, residual in self._blocks]
+            return blocks
 
         def run_numpy(x: np.ndarray) -> np.ndarray:
             if self.uses_batch_stats and self.training:  # batch statistics: torch's forward
                 return torch_path(x)
             with np.errstate(all="ignore"):  # a diverging member's overflow is a result, as in torch
-                for linear, norm, residual, activated in current():
-                    h = linear(x)  # [P, B, out]
-                    h = norm(h) if norm is not None else h
-                    h = act(h, cfg) if activated else h
+                for steps, residual in current():
+                    h = x
+                    for step in steps:
+                        h = step(h)  # [P, B, H]
                     x = x + h if residual else h
                 return x * np.float32(scale) if scale != 1.0 else x
         return run_numpy
-
-
-def _numpy(t: torch.Tensor) -> np.ndarray:
-    return t.detach().numpy()
-
-
-def _numpy_linear(layer: PopLinear) -> Callable[[np.ndarray], np.ndarray]:
-    """A population linear layer in numpy on views of its parameters: x [P, B, in] -> [P, B, out]."""
-    weight, bias = _numpy(layer.weight), _numpy(layer.bias)[:, None, :]  # [P, out, in], [P, 1, out]
-    weight_t = weight.transpose(0, 2, 1)
-    if not isinstance(layer, PopWeightNormLinear):
-        def linear(x: np.ndarray) -> np.ndarray:
-            h = np.matmul(x, weight_t)
-            h += bias
-            return h
-        return linear
-    g, eps = _numpy(layer.g), np.float32(layer.eps)  # [P, out]
-
-    def weight_norm_linear(x: np.ndarray) -> np.ndarray:  # x (g v / ||v||)^T = (x v^T) g / ||v||
-        h = np.matmul(x, weight_t)
-        h *= (g / np.sqrt(np.square(weight).sum(-1) + eps))[:, None, :]
-        h += bias
-        return h
-    return weight_norm_linear
-
-
-def _numpy_norm(norm: nn.Module) -> Optional[Callable[[np.ndarray], np.ndarray]]:
-    """A hidden layer's norm in numpy on views of its parameters (batch norm with its running
-    statistics); None for no norm."""
-    if isinstance(norm, nn.Identity):
-        return None
-    weight, bias, eps = _numpy(norm.weight)[:, None, :], _numpy(norm.bias)[:, None, :], np.float32(norm.eps)
-    if isinstance(norm, PopLayerNorm):
-        def layer_norm(h: np.ndarray) -> np.ndarray:  # over features, per member and sample
-            h = h - h.mean(-1, keepdims=True)
-            h /= np.sqrt(np.square(h).mean(-1, keepdims=True) + eps)
-            h *= weight
-            h += bias
-            return h
-        return layer_norm
-    mean, var = _numpy(norm.running_mean)[:, None, :], _numpy(norm.running_var)[:, None, :]
-
-    def batch_norm(h: np.ndarray) -> np.ndarray:  # eval mode: the running statistics
-        h = h - mean
-        h /= np.sqrt(var + eps)
-        h *= weight
-        h += bias
-        return h
-    return batch_norm
 
 
 def weight_parameters(module: nn.Module) -> List[torch.Tensor]:
@@ -517,4 +685,5 @@ def soft_update_(target: nn.Module, online: nn.Module, tau: float) -> None:
 @torch.no_grad()
 def hard_update_(target: nn.Module, online: nn.Module) -> None:
     """Hard target update, in place: target <- online (parameters and buffers)."""
-    torch._foreach_copy_(list(target.parameters()) + list(target.buffers()), list(online.parameters()) + list(online.buffers()))
+    torch._foreach_copy_(list(target.parameters()) + list(target.buffers()),
+                         list(online.parameters()) + list(online.buffers()))

@@ -43,7 +43,7 @@ from rlexp.config import (
 )
 from rlexp.envs import PopulationEnv
 from rlexp.grad import CAUSES, GradientPipeline, Health
-from rlexp.nets import ACTIVATION_BACKWARD, PopMLP, PopWeightNormLinear, weight_parameters
+from rlexp.nets import PopMLP, PopWeightNormLinear, weight_parameters
 from rlexp.optim import make_optimizer
 from rlexp.replay import Batch, ReplayBuffer
 from rlexp.streams import MemberStreams, member_generator

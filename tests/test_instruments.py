@@ -41,11 +41,11 @@ from rlexp.diagnostics import (
     activation_stats,
     hidden_outputs,
     layer_of,
+    layer_stats,
     locate_gradient,
     locate_nonfinite,
     parameter_names,
     per_layer,
-    weight_norm_stats,
 )
 from rlexp.grad import GradientPipeline, Health
 from rlexp.nets import PopMLP, PopWeightNormLinear, weight_parameters
@@ -285,7 +285,7 @@ def test_weight_norm_stats_are_smallest_and_largest_unit_norms_of_v():
     with torch.no_grad():
         net.layers[1].weight[0, 2] *= 1e-4  # member 0: one collapsed direction
         net.layers[2].weight[1, 0] *= 50.0  # member 1: one large direction
-    stats = weight_norm_stats(net, "q")
+    stats = layer_stats(net, "q")
     assert set(stats) == {f"wn_{m}/q.{i}" for m in ("v_min", "v_max") for i in range(3)}
     for i, layer in enumerate(net.layers):
         for p in range(2):
@@ -296,7 +296,7 @@ def test_weight_norm_stats_are_smallest_and_largest_unit_norms_of_v():
     # an output layer without weight normalization has no entry
     plain_out = make_net(2, norm=WeightNormConfig(name="weight", output_layer=False))
     assert not isinstance(plain_out.layers[2], PopWeightNormLinear)
-    assert set(weight_norm_stats(plain_out, "q")) == {f"wn_{m}/q.{i}" for m in ("v_min", "v_max") for i in range(2)}
+    assert set(layer_stats(plain_out, "q")) == {f"wn_{m}/q.{i}" for m in ("v_min", "v_max") for i in range(2)}
 
 
 def test_zero_v_with_eps0_is_located_at_the_weight_norm():
@@ -306,7 +306,7 @@ def test_zero_v_with_eps0_is_located_at_the_weight_norm():
     with torch.no_grad():
         net.layers[1].weight[0, 3] = 0.0  # member 0, layer 1, unit 3: ||v|| = 0, g/||v|| = inf
     batch = make_batch(P, B, seed=2)
-    stats = weight_norm_stats(net, "q")
+    stats = layer_stats(net, "q")
     assert stats["wn_v_min/q.1"][0].item() == 0.0
     out = net(batch.obs)
     assert not torch.isfinite(out[0]).all() and torch.isfinite(out[1]).all()

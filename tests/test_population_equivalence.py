@@ -98,7 +98,7 @@ def plain_member(pop: PopMLP, k: int, activation: str, norm: str) -> Tuple[nn.Se
         modules.append(lin)
         pairs += [(layer.weight, lin.weight), (layer.bias, lin.bias)]
         if i < len(pop.layers) - 1:
-            pn = pop.norms[i]
+            pn = pop.norms[i] if len(pop.norms) else None  # a norm after every hidden layer, or none
             if norm == "layer":
                 ln = nn.LayerNorm(out_f, eps=pn.eps, dtype=dtype)
             elif norm == "batch":
