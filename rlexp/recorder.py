@@ -266,7 +266,9 @@ class Recorder:
                 self.histories[k].add(step, record)
         alive = self.members - sum(self.member_done)
         best = [np.mean(r) for r in self.env.last_returns if r]
-        info = f"alive {alive}/{self.members}  return {np.mean(best):.1f}  {sps:.0f} steps/s" if best else f"{sps:.0f} steps/s"
+        info = f"{sps:.0f} steps/s"
+        if best:
+            info = f"alive {alive}/{self.members}  return {np.mean(best):.1f}  {info}"
         self.progress.update(step, info)
 
     def _finish_member(self, k: int, step: int, status: str, diverged_at: Optional[int] = None,

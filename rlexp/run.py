@@ -1,30 +1,22 @@
-"""The run context an algorithm trains with, and the job runner that builds it.
+"""The run context: all an algorithm sees of a job.
 
-``RunContext`` is all an algorithm sees of a job: the typed config, the device, the population's
-seeds, environments, random streams and normalizers, factories for networks and gradient pipelines,
-and the recorder (metrics, divergence, instruments). ``run_population`` runs one job with the
-algorithm it is handed (``train(ctx)``) and writes the output contract (``summary.json``,
-``seed_<k>/summary.json``, ``seed_<k>/metrics.jsonl``, W&B runs). It never picks the algorithm and
-sets no process-wide state (threads, garbage collector): the entry point, ``rlexp.train``, does.
+An algorithm is ``train(ctx: RunContext) -> None``. The context holds the typed config, the device,
+the population's seeds, environments, random streams and normalizers, factories for networks and
+gradient pipelines, and the recorder (steps, statistics, divergence, instruments). The job runner
+(``rlexp.runner``) builds it; an algorithm never imports the runner or the entry point.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
-import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
-from rlexp.config import SCHEMAS, ActivationConfig, Config, ConfigError, InitConfig, NetworkConfig, NormalizationConfig
+from rlexp.config import SCHEMAS, ActivationConfig, Config, InitConfig, NetworkConfig, NormalizationConfig
 from rlexp.envs import PopulationEnv
 from rlexp.grad import GradientPipeline
-from rlexp.jobs import job_summary, record_crash, start_job, write_json
-from rlexp.loggers import print_summary
 from rlexp.nets import PopMLP, weight_parameters
 from rlexp.normalize import ObsNormalizer, RewardScaler
 from rlexp.recorder import Recorder
@@ -112,46 +104,4 @@ class RunContext:
         return pipeline
 
 
-Algorithm = Callable[[RunContext], None]
-
-
-def run_population(cfg: DictConfig, out_dir: Path, train: Algorithm, device: torch.device, cell: str = "default",
-                   choices: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-    """Run one job in ``out_dir`` with the algorithm ``train`` and return its summary.
-
-    A finished job there is skipped with ``resume`` and refused (ConfigError) without it. A job
-    that raises leaves a crashed summary (and ``error.txt``) and raises on; divergence is a result.
-    ``cfg`` must be valid (``rlexp.build.validate``); ``device`` is ``cfg.device`` resolved.
-    """
-    config = OmegaConf.to_container(cfg, resolve=True)  # plain dict, for logs and summaries
-    recorded = start_job(out_dir, config, cfg.resume)
-    if recorded is not None:
-        return recorded
-    start = time.perf_counter()
-    try:
-        ctx = RunContext.create(OmegaConf.to_object(cfg), device)  # dataclasses: fast attribute access
-    except ConfigError:
-        raise  # bad input: refused before any work, nothing recorded
-    except BaseException as exc:
-        record_crash(out_dir, config, cell, choices or {}, exc, time.perf_counter() - start)
-        raise
-    choices = choices or {}
-    recorder = ctx.recorder
-    out_dir.mkdir(parents=True, exist_ok=True)
-    error: Optional[str] = None
-    try:
-        recorder.open(out_dir, cell, [f"{g}:{o}" for g, o in sorted(choices.items())], config)
-        train(ctx)
-    except BaseException as exc:
-        error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        (out_dir / "error.txt").write_text(traceback.format_exc())
-        raise
-    finally:
-        ctx.env.close()
-        members = recorder.close(error)
-        job = job_summary(config, cell, choices, members, time.perf_counter() - recorder.start_time, error)
-        job["first_step_time"] = recorder.first_step_time  # unix time of the first env step (start-up benchmarks)
-        job["threads"] = torch.get_num_threads()  # the torch threads the job ran with
-        write_json(out_dir / "summary.json", job)
-        print_summary(recorder.progress.console, f"{cell}: {ctx.cfg.algo.name} on {ctx.cfg.env.id}", members)
-    return job
+Algorithm = Callable[[RunContext], None]  # an algorithm's train function

@@ -1,8 +1,9 @@
 """Entry point: ``python -m rlexp.train [group=option ...] [-m]``.
 
 One job trains a population of ``num_seeds`` members; ``-m`` sweeps with Hydra's launcher. Here, and
-only here: validate the config, pick the algorithm (``ALGOS[cfg.algo.name]``), hand it to the job
-runner (``rlexp.run.run_population``), and set the process-wide state:
+only here (``prepare``, which the job runner ``rlexp.runner.run_population`` calls once it has
+checked the job's dir): validate the config, pick the algorithm (``ALGOS[cfg.algo.name]``) and set
+the process-wide state:
 
 - the garbage collector: off while ``python -m rlexp.train`` imports torch and Hydra (~200k objects
   that all live on), then those are frozen out of every later collection and it is back on; each job
@@ -22,7 +23,7 @@ if __name__ == "__main__":
 
 import os
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import hydra
 import torch
@@ -33,7 +34,8 @@ from omegaconf import DictConfig
 from rlexp.algos import ALGOS
 from rlexp.build import resolve_device, validate
 from rlexp.config import ConfigError  # importing rlexp.config registers the schemas
-from rlexp.run import run_population
+from rlexp.run import Algorithm
+from rlexp.runner import run_population
 
 if __name__ == "__main__":
     gc.freeze()  # keep the collector off the imported objects from now on
@@ -55,14 +57,20 @@ def set_process_state(cfg: DictConfig) -> None:
     gc.freeze()
 
 
-def run_job(cfg: DictConfig, out_dir: Path, cell: str = "default",
-            choices: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-    """Run one job in ``out_dir`` and return its summary: validate the config (ConfigError on a bad
-    value, before any work), set the process state, then train the configured algorithm. A finished
-    job is skipped with ``resume`` and refused (ConfigError) without it."""
+def prepare(cfg: DictConfig) -> Tuple[Algorithm, torch.device]:
+    """Validate ``cfg`` (ConfigError on a bad value, before any work), set the process state, and pick
+    the algorithm and the device."""
     validate(cfg)
     set_process_state(cfg)
-    return run_population(cfg, out_dir, ALGOS[cfg.algo.name].train, resolve_device(cfg.device), cell, choices)
+    return ALGOS[cfg.algo.name].train, resolve_device(cfg.device)
+
+
+def run_job(cfg: DictConfig, out_dir: Path, cell: str = "default",
+            choices: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """Run one job in ``out_dir`` and return its summary (``rlexp.runner.run_population``): skipped
+    when it is finished and ``resume`` is set, refused (ConfigError) when it is finished and
+    ``resume`` is not, else validated (ConfigError on a bad value), then trained."""
+    return run_population(cfg, out_dir, prepare, cell, choices)
 
 
 def job_identity() -> tuple[Path, str, Dict[str, str]]:

@@ -4,16 +4,16 @@ action spaces. An algorithm is one module with ``train(ctx: RunContext) -> None`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Tuple, Type
+from typing import Dict, Tuple, Type
 
 from rlexp.algos import dqn, ppo, td3
 from rlexp.config import ActorCriticConfig, AlgoConfig, DQNConfig, TD3Config
-from rlexp.run import RunContext
+from rlexp.run import Algorithm
 
 
 @dataclass(frozen=True)
 class AlgoSpec:
-    train: Callable[[RunContext], None]
+    train: Algorithm  # train(ctx: RunContext) -> None
     schema: Type[AlgoConfig]  # the algo group's structured config
     action_spaces: Tuple[str, ...]  # "discrete" and/or "continuous"
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from functools import partial
 from typing import Dict, Optional
 
 import numpy as np
@@ -34,6 +35,7 @@ from rlexp.diagnostics import (
 )
 from rlexp.grad import UpdateStats
 from rlexp.nets import PopMLP, hard_update_, soft_update_
+from rlexp.recorder import Located
 from rlexp.replay import Batch, ReplayBuffer
 from rlexp.run import RunContext
 
@@ -147,7 +149,7 @@ def instruments(
 def locate(
     q_net: PopMLP, target_net: Optional[PopMLP], batch: Batch, member: int, cause: str, names: list[str],
     update: UpdateStats,
-) -> tuple[str, str, str]:
+) -> Located:
     """Where member ``member``'s non-finite update was born: its parameters and batch, then the
     online and target forward passes layer by layer, then the loss, the gradients (nearest the
     output first) and the parameters after the step. Returns (cause, where, detail)."""
@@ -224,8 +226,8 @@ def train(ctx: RunContext) -> None:
                 loss, stats = dqn_loss(q_net, target_net, batch, algo, r_scale, write_grads=analytic)
                 update = pipeline.step(loss, step, diagnose, grads_written=analytic)
                 recorder.record_update(update, stats)
-                recorder.locate_divergence(update, lambda member, cause: locate(q_net, target_net, batch, member,
-                                                                                cause, names, update))
+                recorder.locate_divergence(update, partial(locate, q_net, target_net, batch, names=names,
+                                                                   update=update))
                 if diagnose:
                     record = instruments(q_net, target_net, batch, algo, r_scale, update, names,
                                          cfg.diagnostics.dormant_tau)
@@ -233,7 +235,7 @@ def train(ctx: RunContext) -> None:
                     q_bound = cfg.divergence.q_bound_factor * reward_scale / max(1.0 - algo.gamma, 1e-12)  # [P]
                     recorder.record_instruments(record, step, update.grad_norm_pre_clip, q_abs_max=record["q/abs_max"],
                                                 q_bound=q_bound, output_layer=f"q.{len(q_net.layers) - 1}",
-                                                update=updates, histograms=lambda: histograms(q_net, names, batch))
+                                                update=updates, histograms=partial(histograms, q_net, names, batch))
                 updates += 1
                 if target_net is not None and algo.target_update == "soft":
                     soft_update_(target_net, q_net, algo.tau)

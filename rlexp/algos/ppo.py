@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Dict, List, Optional, Tuple
 
 import gymnasium as gym
@@ -174,12 +175,12 @@ def histograms(actor: Actor, critic: PopMLP, actor_names: List[str], critic_name
             | {f"grad/{k}": p.grad for k, p in zip(critic_names, critic.parameters())})
 
 
-def locate(net: PopMLP, prefix: str, names: List[str], params: List[torch.Tensor], obs: torch.Tensor,
-           update: UpdateStats, member: int, cause: str) -> Located:
+def locate(net: Actor | PopMLP, prefix: str, names: List[str], obs: torch.Tensor, update: UpdateStats, member: int,
+           cause: str) -> Located:
     """Where member ``member``'s non-finite update of ``net`` was born: its forward on the minibatch's
     observations [P, M, obs] layer by layer, then the loss, the gradients and the parameters after the step."""
-    found = locate_nonfinite(net, prefix, member, obs[member], "rollout.obs")
-    return found or locate_in_update(cause, names, params, member, update)
+    found = locate_nonfinite(net.net if isinstance(net, Actor) else net, prefix, member, obs[member], "rollout.obs")
+    return found or locate_in_update(cause, names, list(net.parameters()), member, update)
 
 
 def train(ctx: RunContext) -> None:
@@ -288,10 +289,10 @@ def train(ctx: RunContext) -> None:
                 stats = {k: losses[k] for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")}
                 stats.update(rollout_stats)
                 recorder.record_update({"actor_": actor_update, "critic_": critic_update}, stats)
-                recorder.locate_divergence(actor_update, lambda member, cause: locate(
-                    actor.net, "actor", actor_names, list(actor.parameters()), mb.obs, actor_update, member, cause))
-                recorder.locate_divergence(critic_update, lambda member, cause: locate(
-                    critic, "critic", critic_names, list(critic.parameters()), mb.obs, critic_update, member, cause))
+                recorder.locate_divergence(actor_update, partial(locate, actor, "actor", actor_names, mb.obs,
+                                                                 actor_update))
+                recorder.locate_divergence(critic_update, partial(locate, critic, "critic", critic_names, mb.obs,
+                                                                  critic_update))
                 if diagnose:
                     record = instruments(actor, critic, mb, actor_update, critic_update, actor_names, critic_names,
                                          cfg.diagnostics.dormant_tau, low if continuous else None,
@@ -302,7 +303,7 @@ def train(ctx: RunContext) -> None:
                     recorder.record_instruments(
                         record, step, grad_norm, q_abs_max=record["v/abs_max"], q_bound=bound.to(device),
                         output_layer=f"critic.{len(critic.layers) - 1}", update=updates,
-                        histograms=lambda: histograms(actor, critic, actor_names, critic_names, mb, out))
+                        histograms=partial(histograms, actor, critic, actor_names, critic_names, mb, out))
                 updates += 1
 
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Dict, List, Sequence
+from functools import partial
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -74,14 +75,14 @@ def td3_target(
         return batch.rewards + algo.gamma * (1.0 - batch.terminated) * next_q
 
 
-def locate(nets: Sequence[PopMLP], prefixes: Sequence[str], names: List[str], batch: Batch, update: UpdateStats,
-           member: int, cause: str, critic: bool) -> Located:
-    """Where member ``member``'s non-finite update of ``nets`` (the actor, or the critics with the batch's
-    actions as input) was born: each network's forward on the batch layer by layer, then the loss, the
-    gradients and the parameters after the step."""
-    actions = batch.actions[member] if critic else None
+def locate(nets: Sequence[PopMLP], prefixes: Sequence[str], names: List[str], obs: torch.Tensor,
+           actions: Optional[torch.Tensor], update: UpdateStats, member: int, cause: str) -> Located:
+    """Where member ``member``'s non-finite update of ``nets`` was born: each network's forward on the
+    batch's observations [P, B, obs] (and, for the critics, actions [P, B, A]) layer by layer, then the
+    loss, the gradients and the parameters after the step."""
     for net, prefix in zip(nets, prefixes):
-        found = locate_nonfinite(net, prefix, member, batch.obs[member], "replay.obs", actions)
+        found = locate_nonfinite(net, prefix, member, obs[member], "replay.obs",
+                                 None if actions is None else actions[member])
         if found is not None:
             return found
     return locate_in_update(cause, names, [p for net in nets for p in net.parameters()], member, update)
@@ -161,8 +162,8 @@ def train(ctx: RunContext) -> None:
             critic_loss = sum((q - target).square().mean(1) for q in q_pred)  # [P]
             critic_update = critic_pipe.step(critic_loss, step, diagnose)
             critic_updates += 1
-            recorder.locate_divergence(critic_update, lambda member, cause: locate(
-                critics, critic_prefixes, critic_names, batch, critic_update, member, cause, critic=True))
+            recorder.locate_divergence(critic_update, partial(locate, critics, critic_prefixes, critic_names, batch.obs,
+                                                              batch.actions, critic_update))
             if not update_actor:
                 continue
 
@@ -172,8 +173,8 @@ def train(ctx: RunContext) -> None:
             actor.eval()
             critics.requires_grad_(True)
             actor_update = actor_pipe.step(actor_loss, step, diagnose)
-            recorder.locate_divergence(actor_update, lambda member, cause: locate(
-                [actor], ["actor"], actor_names, batch, actor_update, member, cause, critic=False))
+            recorder.locate_divergence(actor_update, partial(locate, [actor], ["actor"], actor_names, batch.obs, None,
+                                                             actor_update))
             soft_update_(actor_target, actor, algo.tau)
             soft_update_(critic_targets, critics, algo.tau)
             q_detached = q_pred[0].detach()
@@ -190,7 +191,7 @@ def train(ctx: RunContext) -> None:
                 recorder.record_instruments(
                     record, step, grad_norm, q_abs_max=record["q/abs_max"], q_bound=bound.to(device),
                     output_layer=f"critic.{len(critics[0].layers) - 1}", update=actor_updates,
-                    histograms=lambda: histograms(actor, squash, actor_names, batch))
+                    histograms=partial(histograms, actor, squash, actor_names, batch))
             actor_updates += 1
 
 
