@@ -13,14 +13,22 @@ from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Tuple
 
 import torch
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
-from rlexp.config import SCHEMAS, ActivationConfig, Config, InitConfig, NetworkConfig, NormalizationConfig
+from rlexp.config import ActivationConfig, Config, InitConfig, NetworkConfig, NormalizationConfig
 from rlexp.envs import PopulationEnv
 from rlexp.grad import GradientPipeline
 from rlexp.nets import PopMLP, weight_parameters
 from rlexp.normalize import ObsNormalizer, RewardScaler
 from rlexp.recorder import Recorder
 from rlexp.streams import MemberStreams, member_generator
+
+
+def option_schema(group: str, option: str) -> type:
+    """The config dataclass of a group's option, as the config layer stored it in Hydra's ConfigStore
+    (``schema/<group>/<option>``, which every composed config's yaml names)."""
+    return OmegaConf.get_type(ConfigStore.instance().load(f"schema/{group}/{option}.yaml").node)
 
 
 def network_groups(cfg: Config, role: Optional[str]
@@ -34,7 +42,7 @@ def network_groups(cfg: Config, role: Optional[str]
         for group, shared in groups.items():
             name = getattr(override, group)
             if name is not None and name != shared.name:
-                groups[group] = SCHEMAS[group][name](name=name)
+                groups[group] = option_schema(group, name)(name=name)
         if override.last_layer_gain is not None:
             groups["init"] = dataclasses.replace(groups["init"], last_layer_gain=override.last_layer_gain)
         if override.hidden is not None:
