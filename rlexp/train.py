@@ -1,6 +1,16 @@
 """Entry point: ``python -m rlexp.train [group=option ...] [-m]``.
 
-One job trains a population of ``num_seeds`` members; ``-m`` sweeps with Hydra's launcher.
+One job trains a population of ``num_seeds`` members; ``-m`` sweeps with Hydra's launcher. Here, and
+only here (``prepare``, which the job runner ``rlexp.runner.run_population`` calls once it has
+checked the job's dir): validate the config, pick the algorithm (``ALGOS[cfg.algo.name]``) and set
+the process-wide state:
+
+- the garbage collector: off while ``python -m rlexp.train`` imports torch and Hydra (~200k objects
+  that all live on), then those are frozen out of every later collection and it is back on; each job
+  freezes what exists before it trains (a sweep's worker processes never run this module as main);
+- torch's intra-op threads: ``threads`` (0 = torch's default, -1 = ``population_threads``).
+
+Importing this module does nothing else.
 """
 
 from __future__ import annotations
@@ -11,20 +21,56 @@ import sys
 if __name__ == "__main__":
     gc.disable()  # the imports below make ~200k objects (torch, hydra) that all live on: no collections meanwhile
 
+import os
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional, Tuple
 
 import hydra
+import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from rlexp.algos import ALGOS
+from rlexp.build import resolve_device, validate
 from rlexp.config import ConfigError  # importing rlexp.config registers the schemas
-from rlexp.trainer import run_job
+from rlexp.run import Algorithm
+from rlexp.runner import run_population
 
 if __name__ == "__main__":
     gc.freeze()  # keep the collector off the imported objects from now on
     gc.enable()
+
+
+def population_threads(members: int) -> int:
+    """``threads=-1``: torch threads for a population of ``members`` — one per 8 members (a smaller
+    population's matmuls are too small to split), at most the cores this process may use."""
+    return max(1, min(len(os.sched_getaffinity(0)), members // 8))
+
+
+def set_process_state(cfg: DictConfig) -> None:
+    """Before a job: torch's threads from ``cfg.threads``, and the collector kept off every object that
+    exists now (imports, Hydra's config, ...) for the rest of the process."""
+    threads = population_threads(cfg.num_seeds) if cfg.threads == -1 else cfg.threads
+    if threads > 0:
+        torch.set_num_threads(threads)
+    gc.freeze()
+
+
+def prepare(cfg: DictConfig) -> Tuple[Algorithm, torch.device]:
+    """Validate ``cfg`` (ConfigError on a bad value, before any work), set the process state, and pick
+    the algorithm and the device."""
+    validate(cfg)
+    set_process_state(cfg)
+    return ALGOS[cfg.algo.name].train, resolve_device(cfg.device)
+
+
+def run_job(cfg: DictConfig, out_dir: Path, cell: str = "default",
+            choices: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """Run one job in ``out_dir`` and return its summary (``rlexp.runner.run_population``): skipped
+    when it is finished and ``resume`` is set, refused (ConfigError) when it is finished and
+    ``resume`` is not, else validated (ConfigError on a bad value), then trained."""
+    return run_population(cfg, out_dir, prepare, cell, choices)
 
 
 def job_identity() -> tuple[Path, str, Dict[str, str]]:

@@ -41,7 +41,8 @@ from rlexp.config import (
 from rlexp.nets import PopMLP, soft_update_
 from rlexp.normalize import ObsNormalizer, RewardScaler, RunningMeanStd
 from rlexp.replay import Batch, ReplayBuffer
-from rlexp.trainer import network_groups, run_job
+from rlexp.run import RunContext, network_groups
+from rlexp.train import run_job
 
 torch.set_num_threads(1)
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
@@ -123,16 +124,14 @@ def rlexp_cfg(overrides: List[str]):
 
 def test_actor_last_layer_gain_scales_the_output_layer():
     """Same generator, gains 0.01 and 1.0: the output weights differ exactly by the factor 100."""
-    from rlexp.trainer import Trainer
-
-    cfg = compose_config(["algo=ppo", "init=orthogonal", "num_seeds=2", *QUIET])
-    trainer = Trainer(cfg, Path("/nonexistent"))
-    actor = trainer.make_net(4, 2, role="actor")
-    trainer._nets_made -= 1  # the same stream again
-    critic = trainer.make_net(4, 2, role="critic")
+    cfg = rlexp_cfg(["algo=ppo", "init=orthogonal", "num_seeds=2", *QUIET])
+    ctx = RunContext.create(cfg, torch.device("cpu"))
+    actor = ctx.make_net(4, 2, role="actor")
+    ctx.nets_made -= 1  # the same stream again
+    critic = ctx.make_net(4, 2, role="critic")
     torch.testing.assert_close(critic.layers[-1].weight, 100 * actor.layers[-1].weight)
     torch.testing.assert_close(critic.layers[0].weight, actor.layers[0].weight)
-    trainer.env.close()
+    ctx.env.close()
 
 
 # ====================================================================== PPO / A2C

@@ -1,6 +1,6 @@
 """Tests of DQN and the machinery it runs on: the loss (DQN 3.0 switches), replay memory,
 population environments (autoreset, truncation vs termination), member streams, population
-independence of an update, and small end-to-end runs through rlexp.trainer.run_job.
+independence of an update, and small end-to-end runs through rlexp.train.run_job.
 
 Every check compares rlexp against a direct computation written out here: a member-by-member
 F.linear forward in float64, the Bellman target and losses from their formulas, episode returns summed
@@ -47,7 +47,7 @@ from rlexp.nets import PopMLP, PopWeightNormLinear, weight_parameters
 from rlexp.optim import make_optimizer
 from rlexp.replay import Batch, ReplayBuffer
 from rlexp.streams import MemberStreams, member_generator
-from rlexp.trainer import population_threads, run_job
+from rlexp.train import population_threads, run_job
 
 torch.set_num_threads(1)
 

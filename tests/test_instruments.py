@@ -51,7 +51,8 @@ from rlexp.grad import GradientPipeline, Health
 from rlexp.nets import PopMLP, PopWeightNormLinear, weight_parameters
 from rlexp.optim import make_optimizer
 from rlexp.replay import Batch
-from rlexp.trainer import Trainer, run_job
+from rlexp.recorder import Recorder
+from rlexp.train import run_job
 
 torch.set_num_threads(1)
 
@@ -581,9 +582,9 @@ Q_FACTOR = 0.01  # bound = 0.01 * r_max / (1 - gamma) = 1.0 on CartPole: Q value
 
 
 def _spy_record_instruments(monkeypatch) -> List[tuple]:
-    """Wrap Trainer.record_instruments: record (step, q_abs_max, q_bound, grad_norm) of every call."""
+    """Wrap Recorder.record_instruments: record (step, q_abs_max, q_bound, grad_norm) of every call."""
     calls: List[tuple] = []
-    original = Trainer.record_instruments
+    original = Recorder.record_instruments
     signature = inspect.signature(original)
 
     def spy(self, *args, **kwargs):
@@ -592,7 +593,7 @@ def _spy_record_instruments(monkeypatch) -> List[tuple]:
                       a["grad_norm"].tolist()))
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(Trainer, "record_instruments", spy)
+    monkeypatch.setattr(Recorder, "record_instruments", spy)
     return calls
 
 
@@ -639,13 +640,13 @@ def test_value_explosion_after_patience_consecutive_records(divergence, tmp_path
 def test_all_members_diverged_ends_early_and_the_table_names_cause_and_where(tmp_path, capsys, monkeypatch):
     seeds = 2
     logged: List[int] = []
-    original_log = Trainer._log
+    original_log = Recorder._log
 
     def spy_log(self, step):
         logged.append(step)
         return original_log(self, step)
 
-    monkeypatch.setattr(Trainer, "_log", spy_log)
+    monkeypatch.setattr(Recorder, "_log", spy_log)
     cfg = compose_config(BASE + [f"num_seeds={seeds}", "divergence.q_bound_factor=0.001"])
     job = run_job(cfg, tmp_path)  # returns normally
     printed = capsys.readouterr().out

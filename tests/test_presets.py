@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 import rlexp.config  # noqa: F401  (registers the schemas)
 from rlexp.build import validate
-from rlexp.trainer import run_job
+from rlexp.train import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
 CHANGES = sorted(p.stem for p in (ROOT / "conf" / "nan_hunt_change").glob("*.yaml"))

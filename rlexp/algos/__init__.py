@@ -1,26 +1,27 @@
-"""Algorithm registry: the name in conf/algo/<name>.yaml -> its train function and action spaces."""
+"""Algorithm registry: the name in conf/algo/<name>.yaml -> its train function, config schema and
+action spaces. An algorithm is one module with ``train(ctx: RunContext) -> None``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Dict, Tuple
+from typing import Dict, Tuple, Type
 
 from rlexp.algos import dqn, ppo, td3
-
-if TYPE_CHECKING:
-    from rlexp.trainer import Trainer
+from rlexp.config import ActorCriticConfig, AlgoConfig, DQNConfig, TD3Config
+from rlexp.run import Algorithm
 
 
 @dataclass(frozen=True)
 class AlgoSpec:
-    train: Callable[["Trainer"], None]
+    train: Algorithm  # train(ctx: RunContext) -> None
+    schema: Type[AlgoConfig]  # the algo group's structured config
     action_spaces: Tuple[str, ...]  # "discrete" and/or "continuous"
 
 
 ALGOS: Dict[str, AlgoSpec] = {
-    "dqn": AlgoSpec(dqn.train, ("discrete",)),
-    "ppo": AlgoSpec(ppo.train, ("discrete", "continuous")),
-    "a2c": AlgoSpec(ppo.train, ("discrete", "continuous")),
-    "ddpg": AlgoSpec(td3.train, ("continuous",)),
-    "td3": AlgoSpec(td3.train, ("continuous",)),
+    "dqn": AlgoSpec(dqn.train, DQNConfig, ("discrete",)),
+    "ppo": AlgoSpec(ppo.train, ActorCriticConfig, ("discrete", "continuous")),
+    "a2c": AlgoSpec(ppo.train, ActorCriticConfig, ("discrete", "continuous")),
+    "ddpg": AlgoSpec(td3.train, TD3Config, ("continuous",)),
+    "td3": AlgoSpec(td3.train, TD3Config, ("continuous",)),
 }

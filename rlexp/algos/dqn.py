@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import TYPE_CHECKING, Dict, Optional
+from functools import partial
+from typing import Dict, Optional
 
 import numpy as np
 import torch
@@ -34,10 +35,9 @@ from rlexp.diagnostics import (
 )
 from rlexp.grad import UpdateStats
 from rlexp.nets import PopMLP, hard_update_, soft_update_
+from rlexp.recorder import Located
 from rlexp.replay import Batch, ReplayBuffer
-
-if TYPE_CHECKING:
-    from rlexp.trainer import Trainer
+from rlexp.run import RunContext
 
 
 def epsilon(step: int, algo: DQNConfig, total_steps: int) -> float:
@@ -149,7 +149,7 @@ def instruments(
 def locate(
     q_net: PopMLP, target_net: Optional[PopMLP], batch: Batch, member: int, cause: str, names: list[str],
     update: UpdateStats,
-) -> tuple[str, str, str]:
+) -> Located:
     """Where member ``member``'s non-finite update was born: its parameters and batch, then the
     online and target forward passes layer by layer, then the loss, the gradients (nearest the
     output first) and the parameters after the step. Returns (cause, where, detail)."""
@@ -163,78 +163,79 @@ def locate(
     return locate_in_update(cause, names, list(q_net.parameters()), member, update)
 
 
-def train(trainer: "Trainer") -> None:
-    """Train a DQN population; the trainer provides envs, streams, pipelines, logging."""
-    algo: DQNConfig = trainer.cfg.algo
-    env, device = trainer.env, trainer.device
+def histograms(q_net: PopMLP, names: list[str], batch: Batch) -> Dict[str, torch.Tensor]:
+    """W&B histograms: each parameter's gradient and each hidden layer's output on the batch [P, B, h]."""
+    hidden = hidden_outputs(q_net, batch.obs)[1]
+    return ({f"grad/{n}": p.grad for n, p in zip(names, q_net.parameters())}
+            | {f"activation/q.{i}": h for i, h in enumerate(hidden)})
+
+
+def train(ctx: RunContext) -> None:
+    """Train a DQN population (see the module docstring)."""
+    cfg, env, device, recorder = ctx.cfg, ctx.env, ctx.device, ctx.recorder
+    algo: DQNConfig = cfg.algo
     members, num_envs = env.members, env.num_envs
     n_actions = int(env.action_space.n)
 
-    q_net = trainer.make_net(env.obs_dim, n_actions)
+    q_net = ctx.make_net(env.obs_dim, n_actions)
     q_net.eval()  # acting uses running statistics when the network has batch norm
     q_values = q_net.host_inference()  # acting: host observations to host Q-values [P, E, A], no gradient
     target_net = None
     if algo.target_network:
         target_net = copy.deepcopy(q_net)
         target_net.requires_grad_(False)
-    pipeline = trainer.make_pipeline(q_net)  # the configured optimizer, clipping, penalties
+    pipeline = ctx.make_pipeline(q_net)  # the configured optimizer, clipping, penalties
     analytic = q_net.analytic_backward and not pipeline.has_penalty  # gradients without autograd
     names = parameter_names(q_net, "q")  # q.0.weight, q.0.bias, ... aligned with the pipeline's tensors
     buffer = ReplayBuffer(members, algo.buffer_size, env.obs_dim, device)
     r_max = np.full(members, float(algo.r_max))  # [P] largest |r| seen so far, at least algo.r_max
-    diag = trainer.cfg.diagnostics
     updates = 0
 
     obs = env.reset()  # [P, E, obs] numpy, on the host (raw; obs_norm applies when the network reads it)
-    trainer.obs_norm.update(obs)
+    ctx.obs_norm.update(obs)
     prev_step = 0
-    for step in trainer.steps():
+    for step in recorder.steps():
         # act: epsilon-greedy, each member from its own stream (decided on the host, where the envs are)
-        eps = epsilon(step, algo, trainer.cfg.total_steps)
-        u = trainer.streams.uniform(2 * num_envs)  # [P, 2E]
+        eps = epsilon(step, algo, cfg.total_steps)
+        u = ctx.streams.uniform(2 * num_envs)  # [P, 2E]
         explore = u[:, :num_envs] < eps
         actions = (u[:, num_envs:] * n_actions).astype(np.int64)  # [P, E] the random actions
         if not explore.all():  # the greedy actions, unless no environment uses one this step
-            greedy = q_values(trainer.obs_norm(obs)).argmax(-1)
+            greedy = q_values(ctx.obs_norm(obs)).argmax(-1)
             actions = np.where(explore, actions, greedy)  # [P, E]
 
         result = env.step(actions)
-        trainer.check_observations(result.obs, step)  # fault injection, non-finite observations
-        trainer.obs_norm.update(result.obs)
-        reward = trainer.reward_norm(result.reward, result.terminated | result.truncated, result.valid)
+        recorder.check_observations(result.obs, step)  # fault injection, non-finite observations
+        ctx.obs_norm.update(result.obs)
+        reward = ctx.reward_norm(result.reward, result.terminated | result.truncated, result.valid)
         r_max = np.maximum(r_max, np.where(result.valid, np.abs(reward), 0.0).max(1))
         buffer.add(obs, actions, reward, result.obs, result.terminated, result.valid)
         obs = result.obs
-        trainer.note(epsilon=eps)
+        recorder.note(epsilon=eps)
 
         # learn
         if step > algo.learning_starts and step // algo.train_frequency > prev_step // algo.train_frequency:
             r_scale = torch.as_tensor(r_max, dtype=torch.float32, device=device)  # [P]
             for _ in range(algo.gradient_steps):
-                diagnose = diag.every > 0 and updates % diag.every == 0
-                batch = buffer.sample(trainer.streams.uniform(algo.batch_size))
-                if trainer.obs_norm.enabled:  # stored raw, normalized with the current statistics
-                    batch = dataclasses.replace(batch, obs=trainer.obs_norm.tensor(batch.obs),
-                                                next_obs=trainer.obs_norm.tensor(batch.next_obs))
-                trainer.inject_param(q_net, step)
+                diagnose = recorder.diagnose(updates)
+                batch = buffer.sample(ctx.streams.uniform(algo.batch_size))
+                if ctx.obs_norm.enabled:  # stored raw, normalized with the current statistics
+                    batch = dataclasses.replace(batch, obs=ctx.obs_norm.tensor(batch.obs),
+                                                next_obs=ctx.obs_norm.tensor(batch.next_obs))
+                recorder.inject_param(q_net, step)
                 loss, stats = dqn_loss(q_net, target_net, batch, algo, r_scale, write_grads=analytic)
                 update = pipeline.step(loss, step, diagnose, grads_written=analytic)
-                trainer.record_update(update, stats)
-                if update.newly_diverged is not None:
-                    for member, cause in trainer.newly_diverged(update.newly_diverged):
-                        trainer.set_divergence(member, *locate(q_net, target_net, batch, member, cause, names, update))
+                recorder.record_update(update, stats)
+                recorder.locate_divergence(update, partial(locate, q_net, target_net, batch, names=names,
+                                                                   update=update))
                 if diagnose:
-                    record = instruments(q_net, target_net, batch, algo, r_scale, update, names, diag.dormant_tau)
+                    record = instruments(q_net, target_net, batch, algo, r_scale, update, names,
+                                         cfg.diagnostics.dormant_tau)
                     reward_scale = torch.ones_like(r_scale) if algo.rescale_r else r_scale  # [P]
-                    q_bound = trainer.cfg.divergence.q_bound_factor * reward_scale
-                    trainer.record_instruments(record, step, update.grad_norm_pre_clip, q_abs_max=record["q/abs_max"],
-                                               q_bound=q_bound / max(1.0 - algo.gamma, 1e-12),
-                                               output_layer=f"q.{len(q_net.layers) - 1}")
-                    if diag.histogram_every > 0 and updates % diag.histogram_every == 0:
-                        with torch.no_grad():
-                            hidden = hidden_outputs(q_net, batch.obs)[1]
-                        trainer.log_histograms(step, {f"grad/{n}": p.grad for n, p in zip(names, q_net.parameters())}
-                                               | {f"activation/q.{i}": h for i, h in enumerate(hidden)})
+                    q_bound = cfg.divergence.q_bound_factor * reward_scale / max(1.0 - algo.gamma, 1e-12)  # [P]
+                    recorder.record_instruments(record, step, update.grad_norm_pre_clip, q_abs_max=record["q/abs_max"],
+                                                q_bound=q_bound, output_layer=f"q.{len(q_net.layers) - 1}",
+                                                update=updates, histograms=partial(histograms, q_net, names, batch))
                 updates += 1
                 if target_net is not None and algo.target_update == "soft":
                     soft_update_(target_net, q_net, algo.tau)

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from functools import partial
+from typing import Dict, List, Optional, Tuple
 
 import gymnasium as gym
 import numpy as np
@@ -40,11 +41,11 @@ from rlexp.diagnostics import (
     parameter_names,
     update_instruments,
 )
+from rlexp.grad import UpdateStats
 from rlexp.nets import PopMLP
+from rlexp.recorder import Located
 from rlexp.replay import take_rows
-
-if TYPE_CHECKING:
-    from rlexp.trainer import Trainer
+from rlexp.run import RunContext
 
 LOG_2PI = math.log(2 * math.pi)
 
@@ -165,26 +166,42 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, w: torch.Ten
     return 1.0 - var(returns - values) / var(returns).clamp(min=1e-12)
 
 
-def train(trainer: "Trainer") -> None:
-    """Train a PPO (or A2C) population; the trainer provides envs, streams, pipelines, logging."""
-    algo: ActorCriticConfig = trainer.cfg.algo
-    env, device = trainer.env, trainer.device
+def histograms(actor: Actor, critic: PopMLP, actor_names: List[str], critic_names: List[str], mb: Minibatch,
+               out: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """W&B histograms: the minibatch's actions, the policy's output ``out`` [P, M, A] and each
+    parameter's gradient."""
+    return ({"policy/action": mb.actions.float(), "policy/output": out.detach()}
+            | {f"grad/{k}": p.grad for k, p in zip(actor_names, actor.parameters())}
+            | {f"grad/{k}": p.grad for k, p in zip(critic_names, critic.parameters())})
+
+
+def locate(net: Actor | PopMLP, prefix: str, names: List[str], obs: torch.Tensor, update: UpdateStats, member: int,
+           cause: str) -> Located:
+    """Where member ``member``'s non-finite update of ``net`` was born: its forward on the minibatch's
+    observations [P, M, obs] layer by layer, then the loss, the gradients and the parameters after the step."""
+    found = locate_nonfinite(net.net if isinstance(net, Actor) else net, prefix, member, obs[member], "rollout.obs")
+    return found or locate_in_update(cause, names, list(net.parameters()), member, update)
+
+
+def train(ctx: RunContext) -> None:
+    """Train a PPO (or A2C) population (see the module docstring)."""
+    cfg, env, device, recorder = ctx.cfg, ctx.env, ctx.device, ctx.recorder
+    algo: ActorCriticConfig = cfg.algo
     members, num_envs, obs_dim = env.members, env.num_envs, env.obs_dim
     continuous = isinstance(env.action_space, gym.spaces.Box)
     action_dim = int(np.prod(env.action_space.shape)) if continuous else int(env.action_space.n)
     if continuous:
         low, high = env.action_space.low.astype(np.float32), env.action_space.high.astype(np.float32)
 
-    actor = Actor(trainer.make_net(obs_dim, action_dim, role="actor"), members, action_dim, continuous)
-    critic = trainer.make_net(obs_dim, 1, role="critic")
+    actor = Actor(ctx.make_net(obs_dim, action_dim, role="actor"), members, action_dim, continuous)
+    critic = ctx.make_net(obs_dim, 1, role="critic")
     actor.eval(), critic.eval()  # acting uses running statistics when a network has batch norm
     batch_stats = actor.net.uses_batch_stats or critic.uses_batch_stats  # the update then trains with batch ones
     policy_out, value_of = actor.net.inference(), critic.inference()  # acting: no gradient, less overhead
-    actor_pipe, critic_pipe = trainer.make_pipeline(actor), trainer.make_pipeline(critic)  # an optimizer each
+    actor_pipe, critic_pipe = ctx.make_pipeline(actor), ctx.make_pipeline(critic)  # an optimizer each
     actor_names = parameter_names(actor.net, "actor") + (["actor.log_std"] if continuous else [])
     critic_names = parameter_names(critic, "critic")
-    lr = trainer.cfg.optimizer.lr
-    diag = trainer.cfg.diagnostics
+    lr = cfg.optimizer.lr
 
     T, E = algo.num_steps, num_envs
     shape = (T, members, E)
@@ -196,18 +213,18 @@ def train(trainer: "Trainer") -> None:
     rewards_np, terminated_np, dones_np, valid_np = (np.zeros(shape, dtype=np.float32) for _ in range(4))
 
     steps_per_rollout = T * E
-    num_updates = max(1, (algo.anneal_steps or trainer.cfg.total_steps) // steps_per_rollout)  # lr schedule
+    num_updates = max(1, (algo.anneal_steps or cfg.total_steps) // steps_per_rollout)  # lr schedule
     r_max = np.ones(members)  # [P] largest |r| seen (after scaling), at least 1: the value bound's scale
     updates = 0
     obs = env.reset()  # [P, E, obs] raw, on the host
-    trainer.obs_norm.update(obs)
+    ctx.obs_norm.update(obs)
     t = 0
     rollout = 0
-    for step in trainer.steps():
+    for step in recorder.steps():
         # act: sample from the policy, each member from its own stream
-        obs_in = trainer.obs_norm(obs)  # [P, E, obs]
+        obs_in = ctx.obs_norm(obs)  # [P, E, obs]
         obs_t = torch.from_numpy(obs_in).to(device)
-        u = torch.from_numpy(trainer.streams.uniform(E * action_dim).reshape(members, E, action_dim)).float()
+        u = torch.from_numpy(ctx.streams.uniform(E * action_dim).reshape(members, E, action_dim)).float()
         with torch.no_grad():
             out = policy_out(obs_t)  # [P, E, A]
             action = actor.sample(out, u.to(device))
@@ -216,10 +233,10 @@ def train(trainer: "Trainer") -> None:
         action_np = action.cpu().numpy()  # [P, E] or [P, E, A]
         env_action = np.clip(action_np, low, high) if continuous else action_np
         result = env.step(env_action)
-        trainer.check_observations(result.obs, step)
-        trainer.obs_norm.update(result.obs)
+        recorder.check_observations(result.obs, step)
+        ctx.obs_norm.update(result.obs)
         done = result.terminated | result.truncated
-        reward = trainer.reward_norm(result.reward, done, result.valid)
+        reward = ctx.reward_norm(result.reward, done, result.valid)
         r_max = np.maximum(r_max, np.where(result.valid, np.abs(reward), 0.0).max(1))
         obs_np[t], actions_np[t], log_probs[t], values[t] = obs_in, action_np, log_prob, value
         rewards_np[t], terminated_np[t], dones_np[t], valid_np[t] = reward, result.terminated, done, result.valid
@@ -235,11 +252,11 @@ def train(trainer: "Trainer") -> None:
             for pipe in (actor_pipe, critic_pipe):
                 for group in pipe.optimizer.param_groups:
                     group["lr"] = lr * max(0.0, 1.0 - (rollout - 1) / num_updates)
-            trainer.note(lr=lr * max(0.0, 1.0 - (rollout - 1) / num_updates))
+            recorder.note(lr=lr * max(0.0, 1.0 - (rollout - 1) / num_updates))
         rewards, terminated, dones, valid = (torch.from_numpy(x).to(device)  # [T, P, E]
                                              for x in (rewards_np, terminated_np, dones_np, valid_np))
         with torch.no_grad():
-            last_value = value_of(torch.from_numpy(trainer.obs_norm(obs)).to(device)).squeeze(-1)  # [P, E]
+            last_value = value_of(torch.from_numpy(ctx.obs_norm(obs)).to(device)).squeeze(-1)  # [P, E]
             next_values = torch.cat([values[1:], last_value.unsqueeze(0)])
             advantages, returns = gae(rewards, values, next_values, terminated, dones, algo.gamma, algo.gae_lambda)
 
@@ -253,12 +270,12 @@ def train(trainer: "Trainer") -> None:
         size = n // algo.num_minibatches
         member_rows = np.arange(members)[:, None] * n  # [P, 1] member k's samples are rows k*N ... of [P*N]
         for _ in range(algo.update_epochs):
-            order = np.argsort(trainer.streams.uniform(n), axis=1) + member_rows  # [P, N] rows, shuffled per member
+            order = np.argsort(ctx.streams.uniform(n), axis=1) + member_rows  # [P, N] rows, shuffled per member
             for start in range(0, size * algo.num_minibatches, size):
                 rows = torch.from_numpy(order[:, start:start + size].reshape(-1)).to(device)  # [P * M]
                 mb = Minibatch(*(take_rows(getattr(data, f), rows) for f in Minibatch.__dataclass_fields__))
-                diagnose = diag.every > 0 and updates % diag.every == 0
-                trainer.inject_param(critic, step)  # debug.inject.what=param poisons the critic
+                diagnose = recorder.diagnose(updates)
+                recorder.inject_param(critic, step)  # debug.inject.what=param poisons the critic
                 if batch_stats:
                     actor.train(), critic.train()
                 out = actor.net(mb.obs)
@@ -271,28 +288,22 @@ def train(trainer: "Trainer") -> None:
                 critic_update = critic_pipe.step(losses["critic_loss"], step, diagnose)
                 stats = {k: losses[k] for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")}
                 stats.update(rollout_stats)
-                trainer.record_update({"actor_": actor_update, "critic_": critic_update}, stats)
-                for net, names, update, prefix in ((actor, actor_names, actor_update, "actor"),
-                                                   (critic, critic_names, critic_update, "critic")):
-                    for member, cause in trainer.newly_diverged_in(update):
-                        mlp = net.net if net is actor else net
-                        found = locate_nonfinite(mlp, prefix, member, mb.obs[member], "rollout.obs")
-                        trainer.set_divergence(member, *(found or locate_in_update(
-                            cause, names, list(net.parameters()), member, update)))
+                recorder.record_update({"actor_": actor_update, "critic_": critic_update}, stats)
+                recorder.locate_divergence(actor_update, partial(locate, actor, "actor", actor_names, mb.obs,
+                                                                 actor_update))
+                recorder.locate_divergence(critic_update, partial(locate, critic, "critic", critic_names, mb.obs,
+                                                                  critic_update))
                 if diagnose:
-                    record = instruments(actor, critic, mb, actor_update, critic_update, actor_names,
-                                         critic_names, diag.dormant_tau, low if continuous else None,
+                    record = instruments(actor, critic, mb, actor_update, critic_update, actor_names, critic_names,
+                                         cfg.diagnostics.dormant_tau, low if continuous else None,
                                          high if continuous else None)
-                    bound = trainer.cfg.divergence.q_bound_factor * torch.as_tensor(r_max, dtype=torch.float32) \
-                        / max(1.0 - algo.gamma, 1e-12)
-                    trainer.record_instruments(record, step, torch.maximum(actor_update.grad_norm_pre_clip,
-                                                                           critic_update.grad_norm_pre_clip),
-                                               q_abs_max=record["v/abs_max"], q_bound=bound.to(device),
-                                               output_layer=f"critic.{len(critic.layers) - 1}")
-                    if diag.histogram_every > 0 and updates % diag.histogram_every == 0:
-                        trainer.log_histograms(step, {"policy/action": mb.actions.float(), "policy/output": out.detach()}
-                                               | {f"grad/{k}": p.grad for k, p in zip(actor_names, actor.parameters())}
-                                               | {f"grad/{k}": p.grad for k, p in zip(critic_names, critic.parameters())})
+                    bound = cfg.divergence.q_bound_factor * torch.as_tensor(r_max, dtype=torch.float32) \
+                        / max(1.0 - algo.gamma, 1e-12)  # [P]
+                    grad_norm = torch.maximum(actor_update.grad_norm_pre_clip, critic_update.grad_norm_pre_clip)
+                    recorder.record_instruments(
+                        record, step, grad_norm, q_abs_max=record["v/abs_max"], q_bound=bound.to(device),
+                        output_layer=f"critic.{len(critic.layers) - 1}", update=updates,
+                        histograms=partial(histograms, actor, critic, actor_names, critic_names, mb, out))
                 updates += 1
 
 

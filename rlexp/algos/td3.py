@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import TYPE_CHECKING, Dict, List
+from functools import partial
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -36,10 +37,9 @@ from rlexp.diagnostics import (
 )
 from rlexp.grad import UpdateStats
 from rlexp.nets import PopMLP, soft_update_
+from rlexp.recorder import Located
 from rlexp.replay import Batch, ReplayBuffer
-
-if TYPE_CHECKING:
-    from rlexp.trainer import Trainer
+from rlexp.run import RunContext
 
 
 class ScaledTanh(nn.Module):
@@ -75,49 +75,67 @@ def td3_target(
         return batch.rewards + algo.gamma * (1.0 - batch.terminated) * next_q
 
 
-def train(trainer: "Trainer") -> None:
-    """Train a TD3 (or DDPG) population; the trainer provides envs, streams, pipelines, logging."""
-    algo: TD3Config = trainer.cfg.algo
-    env, device = trainer.env, trainer.device
+def locate(nets: Sequence[PopMLP], prefixes: Sequence[str], names: List[str], obs: torch.Tensor,
+           actions: Optional[torch.Tensor], update: UpdateStats, member: int, cause: str) -> Located:
+    """Where member ``member``'s non-finite update of ``nets`` was born: each network's forward on the
+    batch's observations [P, B, obs] (and, for the critics, actions [P, B, A]) layer by layer, then the
+    loss, the gradients and the parameters after the step."""
+    for net, prefix in zip(nets, prefixes):
+        found = locate_nonfinite(net, prefix, member, obs[member], "replay.obs",
+                                 None if actions is None else actions[member])
+        if found is not None:
+            return found
+    return locate_in_update(cause, names, [p for net in nets for p in net.parameters()], member, update)
+
+
+def histograms(actor: PopMLP, squash: ScaledTanh, actor_names: List[str], batch: Batch) -> Dict[str, torch.Tensor]:
+    """W&B histograms: the actor's actions and pre-tanh outputs on the batch [P, B, A], its gradients."""
+    pre_tanh = actor(batch.obs)
+    return ({"policy/action": squash(pre_tanh), "policy/pre_tanh": pre_tanh}
+            | {f"grad/{k}": p.grad for k, p in zip(actor_names, actor.parameters())})
+
+
+def train(ctx: RunContext) -> None:
+    """Train a TD3 (or DDPG) population (see the module docstring)."""
+    cfg, env, device, recorder = ctx.cfg, ctx.env, ctx.device, ctx.recorder
+    algo: TD3Config = cfg.algo
     members, num_envs, obs_dim = env.members, env.num_envs, env.obs_dim
     action_dim = int(np.prod(env.action_space.shape))
     low, high = env.action_space.low.astype(np.float32), env.action_space.high.astype(np.float32)
     squash = ScaledTanh(low, high, device)
 
-    actor = trainer.make_net(obs_dim, action_dim, role="actor")
-    critics = nn.ModuleList(trainer.make_net(obs_dim, 1, role="critic", extra_in=action_dim)
+    actor = ctx.make_net(obs_dim, action_dim, role="actor")
+    critics = nn.ModuleList(ctx.make_net(obs_dim, 1, role="critic", extra_in=action_dim)
                             for _ in range(2 if algo.twin else 1))
     actor_target, critic_targets = copy.deepcopy(actor), copy.deepcopy(critics)
     actor_target.requires_grad_(False), critic_targets.requires_grad_(False)
     for net in (actor, critics, actor_target, critic_targets):
         net.eval()  # acting and targets use running statistics when a network has batch norm
-    actor_pipe, critic_pipe = trainer.make_pipeline(actor), trainer.make_pipeline(critics)  # an optimizer each
+    actor_pipe, critic_pipe = ctx.make_pipeline(actor), ctx.make_pipeline(critics)  # an optimizer each
     critic_prefixes = ["critic", "critic2"][: len(critics)]
     actor_names = parameter_names(actor, "actor")
     critic_names = [n for c, prefix in zip(critics, critic_prefixes) for n in parameter_names(c, prefix)]
     buffer = ReplayBuffer(members, algo.buffer_size, obs_dim, device, action_dim)
     r_max = np.ones(members)  # [P] largest |r| seen (after scaling), at least 1: the value bound's scale
-    diag = trainer.cfg.diagnostics
     critic_updates = actor_updates = 0
-    actor_update = None
 
     act = actor.inference()  # acting: the same forward, no gradient, less overhead per call
     obs = env.reset()  # [P, E, obs] raw, on the host
-    trainer.obs_norm.update(obs)
+    ctx.obs_norm.update(obs)
     prev_step = 0
-    for step in trainer.steps():
+    for step in recorder.steps():
         # act: uniform random actions until learning starts, then mu(s) + Gaussian noise
-        u = trainer.streams.uniform(num_envs * action_dim).reshape(members, num_envs, action_dim)
+        u = ctx.streams.uniform(num_envs * action_dim).reshape(members, num_envs, action_dim)
         if step <= algo.learning_starts:
             actions = low + u * (high - low)
         else:
-            mu = squash(act(torch.from_numpy(trainer.obs_norm(obs)).to(device))).cpu().numpy()  # [P, E, A]
+            mu = squash(act(torch.from_numpy(ctx.obs_norm(obs)).to(device))).cpu().numpy()  # [P, E, A]
             noise = normal(u, u.shape, torch.device("cpu")).numpy() * algo.exploration_noise * (high - low) / 2
             actions = np.clip(mu + noise, low, high)
         result = env.step(actions)
-        trainer.check_observations(result.obs, step)
-        trainer.obs_norm.update(result.obs)
-        reward = trainer.reward_norm(result.reward, result.terminated | result.truncated, result.valid)
+        recorder.check_observations(result.obs, step)
+        ctx.obs_norm.update(result.obs)
+        reward = ctx.reward_norm(result.reward, result.terminated | result.truncated, result.valid)
         r_max = np.maximum(r_max, np.where(result.valid, np.abs(reward), 0.0).max(1))
         buffer.add(obs, actions, reward, result.obs, result.terminated, result.valid)
         obs = result.obs
@@ -128,14 +146,14 @@ def train(trainer: "Trainer") -> None:
             continue
         prev_step = step
         for _ in range(algo.gradient_steps):
-            batch = buffer.sample(trainer.streams.uniform(algo.batch_size))  # [P, B, ...]
-            if trainer.obs_norm.enabled:  # stored raw, normalized with the current statistics
-                batch = dataclasses.replace(batch, obs=trainer.obs_norm.tensor(batch.obs),
-                                            next_obs=trainer.obs_norm.tensor(batch.next_obs))
+            batch = buffer.sample(ctx.streams.uniform(algo.batch_size))  # [P, B, ...]
+            if ctx.obs_norm.enabled:  # stored raw, normalized with the current statistics
+                batch = dataclasses.replace(batch, obs=ctx.obs_norm.tensor(batch.obs),
+                                            next_obs=ctx.obs_norm.tensor(batch.next_obs))
             update_actor = (critic_updates + 1) % algo.policy_delay == 0
-            diagnose = update_actor and diag.every > 0 and actor_updates % diag.every == 0
-            trainer.inject_param(critics[0], step)  # debug.inject.what=param poisons the critic
-            noise = normal(trainer.streams.uniform(algo.batch_size * action_dim),
+            diagnose = update_actor and recorder.diagnose(actor_updates)
+            recorder.inject_param(critics[0], step)  # debug.inject.what=param poisons the critic
+            noise = normal(ctx.streams.uniform(algo.batch_size * action_dim),
                            (members, algo.batch_size, action_dim), device)
             target = td3_target(actor_target, list(critic_targets), squash, batch, algo, noise)  # [P, B]
             critics.train()
@@ -144,12 +162,8 @@ def train(trainer: "Trainer") -> None:
             critic_loss = sum((q - target).square().mean(1) for q in q_pred)  # [P]
             critic_update = critic_pipe.step(critic_loss, step, diagnose)
             critic_updates += 1
-            for member, cause in trainer.newly_diverged_in(critic_update):
-                found = next(filter(None, (locate_nonfinite(c, prefix, member, batch.obs[member], "replay.obs",
-                                                            batch.actions[member])
-                                           for c, prefix in zip(critics, critic_prefixes))), None)
-                trainer.set_divergence(member, *(found or locate_in_update(
-                    cause, critic_names, list(critics.parameters()), member, critic_update)))
+            recorder.locate_divergence(critic_update, partial(locate, critics, critic_prefixes, critic_names, batch.obs,
+                                                              batch.actions, critic_update))
             if not update_actor:
                 continue
 
@@ -159,32 +173,26 @@ def train(trainer: "Trainer") -> None:
             actor.eval()
             critics.requires_grad_(True)
             actor_update = actor_pipe.step(actor_loss, step, diagnose)
-            histogram = diagnose and diag.histogram_every > 0 and actor_updates % diag.histogram_every == 0
-            actor_updates += 1
-            for member, cause in trainer.newly_diverged_in(actor_update):
-                found = locate_nonfinite(actor, "actor", member, batch.obs[member], "replay.obs")
-                trainer.set_divergence(member, *(found or locate_in_update(
-                    cause, actor_names, list(actor.parameters()), member, actor_update)))
+            recorder.locate_divergence(actor_update, partial(locate, [actor], ["actor"], actor_names, batch.obs, None,
+                                                             actor_update))
             soft_update_(actor_target, actor, algo.tau)
             soft_update_(critic_targets, critics, algo.tau)
             q_detached = q_pred[0].detach()
-            trainer.record_update({"actor_": actor_update, "critic_": critic_update},
-                                  {"q_mean": q_detached.mean(1), "q_max": q_detached.amax(1),
-                                   "td_abs_mean": (q_detached - target).abs().mean(1)})
+            recorder.record_update({"actor_": actor_update, "critic_": critic_update},
+                                   {"q_mean": q_detached.mean(1), "q_max": q_detached.amax(1),
+                                    "td_abs_mean": (q_detached - target).abs().mean(1)})
             if diagnose:
                 record = instruments(actor, critics, critic_targets, squash, batch, target, actor_update,
-                                     critic_update, actor_names, critic_names, critic_prefixes, diag.dormant_tau)
-                bound = trainer.cfg.divergence.q_bound_factor * torch.as_tensor(r_max, dtype=torch.float32) \
-                    / max(1.0 - algo.gamma, 1e-12)
-                trainer.record_instruments(record, step, torch.maximum(actor_update.grad_norm_pre_clip,
-                                                                       critic_update.grad_norm_pre_clip),
-                                           q_abs_max=record["q/abs_max"], q_bound=bound.to(device),
-                                           output_layer=f"critic.{len(critics[0].layers) - 1}")
-                if histogram:
-                    with torch.no_grad():
-                        trainer.log_histograms(step, {"policy/action": squash(actor(batch.obs)),
-                                                      "policy/pre_tanh": actor(batch.obs)}
-                                               | {f"grad/{k}": p.grad for k, p in zip(actor_names, actor.parameters())})
+                                     critic_update, actor_names, critic_names, critic_prefixes,
+                                     cfg.diagnostics.dormant_tau)
+                bound = cfg.divergence.q_bound_factor * torch.as_tensor(r_max, dtype=torch.float32) \
+                    / max(1.0 - algo.gamma, 1e-12)  # [P]
+                grad_norm = torch.maximum(actor_update.grad_norm_pre_clip, critic_update.grad_norm_pre_clip)
+                recorder.record_instruments(
+                    record, step, grad_norm, q_abs_max=record["q/abs_max"], q_bound=bound.to(device),
+                    output_layer=f"critic.{len(critics[0].layers) - 1}", update=actor_updates,
+                    histograms=partial(histograms, actor, squash, actor_names, batch))
+            actor_updates += 1
 
 
 def instruments(

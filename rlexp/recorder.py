@@ -1,0 +1,310 @@
+"""The recorder: what a job measures and reports, per member.
+
+It keeps the population's health (who diverged, when, why and where), accumulates each update's
+statistics on the device, runs the instruments' explosion checks, paces the step loop with its log
+steps, and writes each member's ``metrics.jsonl``, W&B run and ``summary.json``. An algorithm
+calls it after each update (``record_update``, ``locate_divergence``, ``record_instruments``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from rlexp.config import Config
+from rlexp.diagnostics import Explosions, InstrumentHistory
+from rlexp.envs import PopulationEnv
+from rlexp.grad import CAUSES, Health, UpdateStats
+from rlexp.loggers import ConsoleProgress, MemberLog, open_member_logs
+from rlexp.nets import PopMLP
+from rlexp.normalize import ObsNormalizer, RewardScaler
+
+Located = Tuple[str, str, str]  # (cause, where, detail) of a member's divergence
+Locate = Callable[[int, str], Located]  # (member, cause as the pipeline saw it) -> where it was born
+
+
+class Recorder:
+    """Per-member health, statistics, instruments and output files of one job's population."""
+
+    def __init__(self, cfg: Config, env: PopulationEnv, seeds: List[int], device: torch.device,
+                 obs_norm: ObsNormalizer, reward_norm: RewardScaler) -> None:
+        self.cfg = cfg
+        self.env = env
+        self.seeds = seeds
+        self.members = len(seeds)
+        self.obs_norm, self.reward_norm = obs_norm, reward_norm  # their state goes into normalization.json
+        self.health = Health(self.members, device)
+        # per-update statistics, summed (means) or maxed on the device, read once per log step
+        self._sums: Optional[torch.Tensor] = None
+        self._maxs: Optional[torch.Tensor] = None
+        self._sum_keys: List[str] = []
+        self._max_keys: List[str] = []
+        self._updates = 0
+        self._updates_total = 0
+        self._notes: Dict[str, float] = {}
+        # instruments: the latest record ([P] tensors), each member's recent finite records (host)
+        self._instruments: Dict[str, torch.Tensor] = {}
+        self.histories = [InstrumentHistory() for _ in range(self.members)]
+        self.explosions = Explosions(self.members, cfg.divergence.patience, device)
+        self.divergence: Dict[int, Dict[str, Any]] = {}  # member -> {cause, where, detail}
+        self._injected = False
+        self._inject_obs = cfg.debug.inject.what == "obs"  # checked every env step: one bool
+        self.logs: List[MemberLog] = []
+        self.member_done: List[bool] = [False] * self.members
+        self.member_summaries: List[Optional[Dict[str, Any]]] = [None] * self.members
+        self.progress: Optional[ConsoleProgress] = None
+        self.start_time = self._last_log_time = time.perf_counter()
+        self._last_log_step = 0  # the env step (per member) of the latest log record
+        self.first_step_time: Optional[float] = None  # unix time of the first env step
+
+    # ------------------------------------------------------------ for algorithms
+    def steps(self) -> Iterator[int]:
+        """Env steps per member after each vector step (E at a time); logs between steps.
+
+        Ends early when every member has diverged.
+        """
+        per_step = self.env.num_envs
+        log_every = self.cfg.logger.log_every
+        crash_at = self.cfg.debug.crash_at_step
+        step = 0
+        self.first_step_time = time.time()
+        while step < self.cfg.total_steps:
+            step += per_step
+            if 0 <= crash_at <= step:  # tests of failure isolation
+                raise RuntimeError(f"debug.crash_at_step={crash_at}: a forced crash at env step {step}")
+            yield step
+            if step // log_every > (step - per_step) // log_every or step >= self.cfg.total_steps:
+                self._log(step)
+                if all(self.member_done):
+                    return
+
+    def note(self, **scalars: float) -> None:
+        """Remember the latest value of job-wide scalars (epsilon, lr) for the next log record."""
+        self._notes.update(scalars)
+
+    def diagnose(self, update: int) -> bool:
+        """Whether update number ``update`` (0-based) takes an instrument record (diagnostics.every)."""
+        every = self.cfg.diagnostics.every
+        return every > 0 and update % every == 0
+
+    def record_update(self, updates: UpdateStats | Dict[str, UpdateStats], stats: Dict[str, torch.Tensor]) -> None:
+        """Accumulate one update's per-member statistics (all [P]) without leaving the device.
+
+        ``updates``: one pipeline's results, or several keyed by a name prefix ({"actor_": ...,
+        "critic_": ...} gives train/actor_loss, train/critic_grad_norm, ...). ``stats`` ending in
+        ``_max`` are maxed over the log interval as well as averaged.
+        """
+        if isinstance(updates, UpdateStats):
+            updates = {"": updates}
+        means: Dict[str, torch.Tensor] = {}
+        maxes: Dict[str, torch.Tensor] = {}
+        for prefix, update in updates.items():
+            means.update({f"{prefix}loss": update.loss, f"{prefix}grad_norm": update.grad_norm_pre_clip,
+                          f"{prefix}grad_norm_post_clip": update.grad_norm_post_clip})
+            maxes[f"{prefix}grad_norm_max"] = update.grad_norm_pre_clip
+        means.update(stats)
+        maxes.update({k: v for k, v in stats.items() if k.endswith("_max")})
+        mean_values = torch.stack(list(means.values()))  # [K, P]
+        max_values = torch.stack(list(maxes.values()))
+        if self._sums is None or self._updates == 0:
+            self._sum_keys, self._max_keys = list(means), list(maxes)
+            self._sums, self._maxs = mean_values.clone(), max_values.clone()
+        else:
+            self._sums += mean_values
+            self._maxs = torch.maximum(self._maxs, max_values)
+        self._updates += 1
+
+    def locate_divergence(self, update: UpdateStats, locate: Locate) -> None:
+        """For each member the pipeline ``update`` just marked diverged, record where its divergence was
+        born: ``locate(member, cause)`` -> (cause, where, detail); the located cause may refine the
+        pipeline's (a non-finite loss whose origin is a non-finite parameter is nonfinite_param)."""
+        if update.newly_diverged is not None:
+            for member, cause in self._newly_diverged(update.newly_diverged):
+                self._set_divergence(member, *locate(member, cause))
+
+    def record_instruments(self, record: Dict[str, torch.Tensor], step: int, grad_norm: torch.Tensor,
+                           q_abs_max: torch.Tensor, q_bound: torch.Tensor, output_layer: str, update: int,
+                           histograms: Optional[Callable[[], Dict[str, torch.Tensor]]] = None) -> None:
+        """Keep the latest instrument record ([P] each) and run the explosion checks (divergence=on).
+
+        ``q_abs_max`` [P] is the largest |value| the output layer ``output_layer`` gave, ``q_bound`` [P]
+        its bound; ``grad_norm`` [P] the largest gradient norm. ``histograms`` gives [P, ...] tensors
+        for W&B every ``diagnostics.histogram_every`` updates (``update``: the algorithm's count).
+        """
+        self._instruments = record
+        self._check_explosions(record, step, grad_norm, q_abs_max, q_bound, output_layer)
+        every = self.cfg.diagnostics.histogram_every
+        if histograms is not None and every > 0 and update % every == 0:
+            self._log_histograms(step, histograms)
+
+    def check_observations(self, obs: np.ndarray, step: int) -> None:
+        """Mark members whose observations [P, E, obs] are non-finite (debug.inject.what=obs poisons one)."""
+        if self._inject_obs and self._inject_now("obs", step):
+            obs[self.cfg.debug.inject.member] = np.nan
+        if np.isfinite(obs).all():  # the common case, in one pass
+            return
+        finite = np.isfinite(obs.reshape(self.members, -1)).all(1)
+        if not finite.all():
+            ok = torch.from_numpy(finite).to(self.health.alive.device)
+            newly = self.health.mark(ok, CAUSES.index("nonfinite_obs"), step)
+            for member, _ in self._newly_diverged(newly):
+                bad = int((~np.isfinite(obs[member])).sum())
+                self._set_divergence(member, "nonfinite_obs", "env.obs", f"{bad} non-finite observation values")
+
+    def inject_param(self, net: PopMLP, step: int) -> None:
+        """debug.inject.what=param: poison the member's first weight at the first update at/after the step."""
+        if self._inject_now("param", step):
+            with torch.no_grad():
+                net.layers[0].weight[self.cfg.debug.inject.member].view(-1)[0] = float("nan")
+
+    def inject_grad(self, grads: List[torch.Tensor], step: int) -> None:
+        """debug.inject.what=grad (a pipeline's after_backward hook): poison the member's first gradient."""
+        if self._inject_now("grad", step):
+            grads[0][self.cfg.debug.inject.member].view(-1)[0] = float("nan")
+
+    # ------------------------------------------------------------ divergence
+    def _inject_now(self, what: str, step: int) -> bool:
+        inject = self.cfg.debug.inject
+        if self._injected or inject.what != what or step < inject.step:
+            return False
+        self._injected = True
+        return True
+
+    def _newly_diverged(self, newly: torch.Tensor) -> List[Tuple[int, str]]:
+        """(member, cause) for each member in the [P] mask ``newly`` (one host read)."""
+        if not bool(newly.any()):
+            return []
+        causes = self.health.cause.tolist()
+        return [(k, CAUSES[causes[k]]) for k in newly.nonzero().flatten().tolist()]
+
+    def _set_divergence(self, member: int, cause: str, where: str, detail: str) -> None:
+        self.divergence[member] = {"cause": cause, "where": where, "detail": detail}
+
+    def _check_explosions(self, record: Dict[str, torch.Tensor], step: int, grad_norm: torch.Tensor,
+                          q_abs_max: torch.Tensor, q_bound: torch.Tensor, output_layer: str) -> None:
+        div = self.cfg.divergence
+        if div.name == "off":
+            return
+        value, gradient = self.explosions.check(q_abs_max, q_bound, grad_norm, div.grad_norm_bound)
+        cause = torch.where(value, CAUSES.index("value_explosion"), CAUSES.index("grad_explosion"))
+        newly = self.health.mark(~(value | gradient), cause, step)
+        for member, cause_name in self._newly_diverged(newly):
+            if cause_name == "value_explosion":
+                detail = (f"|Q| {q_abs_max[member].item():.4g} > bound {float(q_bound[member]):.4g} on "
+                          f"{div.patience} consecutive records")
+                self._set_divergence(member, cause_name, f"{output_layer}.output", detail)
+            else:
+                layers = {k.split("/", 1)[1]: v[member].item() for k, v in record.items() if k.startswith("grad_norm/")}
+                worst = max(layers, key=layers.get) if layers else "gradient"
+                detail = (f"gradient norm {grad_norm[member].item():.4g} > bound {div.grad_norm_bound:.4g} on "
+                          f"{div.patience} consecutive records; largest in {worst}")
+                self._set_divergence(member, cause_name, worst, detail)
+
+    def _log_histograms(self, step: int, histograms: Callable[[], Dict[str, torch.Tensor]]) -> None:
+        """W&B histograms of [P, ...] tensors (gradients, activations), per live member."""
+        logs = [(k, log) for k, log in enumerate(self.logs) if log.logs_to_wandb and not self.member_done[k]]
+        if not logs:
+            return
+        import wandb
+
+        with torch.no_grad():
+            values = {name: t.detach().float().cpu().numpy() for name, t in histograms().items() if t is not None}
+        for k, log in logs:
+            log.log_wandb({f"hist/{name}": wandb.Histogram(v[k].ravel()) for name, v in values.items()}, step)
+
+    # ------------------------------------------------------------ output files
+    def open(self, out_dir: Path, cell: str, tags: List[str], config: Dict[str, Any]) -> None:
+        """Start the clocks and the console progress, then open each member's logs under ``out_dir``."""
+        self.start_time = self._last_log_time = time.perf_counter()
+        self.progress = ConsoleProgress(self.cfg.total_steps, self.cfg.logger.progress, cell)
+        self.logs = open_member_logs(self.cfg.logger, out_dir, self.seeds, cell, tags, config)
+
+    def _log(self, step: int) -> None:
+        now = time.perf_counter()
+        elapsed = now - self._last_log_time
+        sps = (step - self._last_log_step) / max(elapsed, 1e-9)
+        self._last_log_time, self._last_log_step = now, step
+        train: Dict[str, List[float]] = {}
+        if self._updates > 0:
+            sums = (self._sums / self._updates).tolist()
+            maxs = self._maxs.tolist()
+            train = {f"train/{k}": v for k, v in zip(self._sum_keys, sums)}
+            train.update({f"train/{k}": v for k, v in zip(self._max_keys, maxs)})
+            self._updates_total += self._updates
+            self._updates = 0
+        diverged_at = self.health.diverged_at.tolist()
+        causes = self.health.cause.tolist()
+        episodes = self.env.take_episodes()
+        instruments: Dict[str, List[float]] = {}
+        if self._instruments:
+            names = list(self._instruments)
+            rows = torch.stack([self._instruments[n] for n in names]).tolist()  # one host read
+            instruments = dict(zip(names, rows))
+        for k, log in enumerate(self.logs):
+            if self.member_done[k]:
+                continue
+            metrics: Dict[str, Any] = {"perf/steps_per_s": sps, "train/updates": self._updates_total}
+            metrics.update({f"train/{n}": v for n, v in self._notes.items()})
+            metrics.update({name: values[k] for name, values in train.items()})
+            if episodes[k]:
+                metrics["episode/return"] = float(np.mean([r for r, _ in episodes[k]]))
+                metrics["episode/length"] = float(np.mean([n for _, n in episodes[k]]))
+            if self.env.last_returns[k]:
+                metrics["episode/return_last10"] = float(np.mean(self.env.last_returns[k]))
+            metrics["episode/count"] = int(self.env.episode_count[k])
+            record = {name: values[k] for name, values in instruments.items()}
+            metrics.update(record)
+            log.log(step, metrics)
+            if diverged_at[k] >= 0:
+                self._finish_member(k, step, "diverged", diverged_at[k], CAUSES[causes[k]])
+            else:
+                self.histories[k].add(step, record)
+        alive = self.members - sum(self.member_done)
+        best = [np.mean(r) for r in self.env.last_returns if r]
+        info = f"{sps:.0f} steps/s"
+        if best:
+            info = f"alive {alive}/{self.members}  return {np.mean(best):.1f}  {info}"
+        self.progress.update(step, info)
+
+    def _finish_member(self, k: int, step: int, status: str, diverged_at: Optional[int] = None,
+                       cause: Optional[str] = None, error: Optional[str] = None) -> None:
+        returns = self.env.last_returns[k]
+        summary: Dict[str, Any] = {
+            "status": status,
+            "seed": self.seeds[k],
+            "member": k,
+            "steps": step,
+            "final_return": float(np.mean(returns)) if returns else None,
+            "episodes": int(self.env.episode_count[k]),
+            "wall_s": round(time.perf_counter() - self.start_time, 3),
+            "diverged_at_step": None,
+            "divergence": None,
+        }
+        if diverged_at is not None:
+            summary["diverged_at_step"] = diverged_at
+            located = self.divergence.get(k, {"cause": cause, "where": None, "detail": None})
+            summary["divergence"] = {**located, "last_finite": self.histories[k].last(),
+                                     "first_moved": self.histories[k].first_moved()}
+        if error is not None:
+            summary["error"] = error
+        self.member_summaries[k] = summary
+        self.member_done[k] = True
+        normalization = {"obs": self.obs_norm.state(k), "reward": self.reward_norm.state(k)}
+        if any(normalization.values()):
+            (self.logs[k].dir / "normalization.json").write_text(json.dumps(normalization) + "\n")
+        self.logs[k].finish(summary, failed=status == "crashed")
+
+    def close(self, error: Optional[str]) -> List[Dict[str, Any]]:
+        """Close the progress display and finish every member still running (crashed when ``error``,
+        else ok, at the latest log step); returns the members' summaries."""
+        if self.progress is not None:
+            self.progress.close()
+        for k in range(len(self.logs)):
+            if not self.member_done[k]:
+                self._finish_member(k, self._last_log_step, "crashed" if error else "ok", error=error)
+        return [s for s in self.member_summaries if s is not None]

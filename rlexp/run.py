@@ -1,0 +1,115 @@
+"""The run context: all an algorithm sees of a job.
+
+An algorithm is ``train(ctx: RunContext) -> None``. The context holds the typed config, the device,
+the population's seeds, environments, random streams and normalizers, factories for networks and
+gradient pipelines, and the recorder (steps, statistics, divergence, instruments). The job runner
+(``rlexp.runner``) builds it; an algorithm never imports the runner or the entry point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Tuple
+
+import torch
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from rlexp.config import ActivationConfig, Config, InitConfig, NetworkConfig, NormalizationConfig
+from rlexp.envs import PopulationEnv
+from rlexp.grad import GradientPipeline
+from rlexp.nets import PopMLP, weight_parameters
+from rlexp.normalize import ObsNormalizer, RewardScaler
+from rlexp.recorder import Recorder
+from rlexp.streams import MemberStreams, member_generator
+
+
+def option_schema(group: str, option: str) -> type:
+    """The config dataclass of a group's option, as the config layer stored it in Hydra's ConfigStore
+    (``schema/<group>/<option>``, which every composed config's yaml names)."""
+    return OmegaConf.get_type(ConfigStore.instance().load(f"schema/{group}/{option}.yaml").node)
+
+
+def network_groups(cfg: Config, role: Optional[str]
+                   ) -> Tuple[ActivationConfig, InitConfig, NormalizationConfig, NetworkConfig]:
+    """(activation, init, normalization, network) configs for a network: the shared groups, with
+    the actor's or critic's overrides (an overriding option takes its default parameters)."""
+    groups = {"activation": cfg.activation, "init": cfg.init, "normalization": cfg.normalization}
+    network = cfg.network
+    if role is not None:
+        override = getattr(cfg, role)
+        for group, shared in groups.items():
+            name = getattr(override, group)
+            if name is not None and name != shared.name:
+                groups[group] = option_schema(group, name)(name=name)
+        if override.last_layer_gain is not None:
+            groups["init"] = dataclasses.replace(groups["init"], last_layer_gain=override.last_layer_gain)
+        if override.hidden is not None:
+            network = dataclasses.replace(network, hidden=list(override.hidden))
+        if override.linear_last_hidden is not None:
+            network = dataclasses.replace(network, linear_last_hidden=override.linear_last_hidden)
+    return groups["activation"], groups["init"], groups["normalization"], network
+
+
+@dataclass
+class RunContext:
+    """What an algorithm sees of a job: a population of ``members`` trained together."""
+
+    cfg: Config
+    device: torch.device
+    seeds: List[int]  # member k's seed is seeds[k] = cfg.seed + k
+    env: PopulationEnv  # P x E environments; numpy [P, E, ...] in and out, on the host
+    streams: MemberStreams  # each member's uniform numbers (actions, sampling, shuffling)
+    obs_norm: ObsNormalizer  # identity unless obs_norm is on
+    reward_norm: RewardScaler  # identity unless reward_norm is on
+    recorder: Recorder  # steps, statistics, divergence, instruments, output files
+    nets_made: int = field(default=0, init=False)  # each network built takes the next generator stream
+
+    @classmethod
+    def create(cls, cfg: Config, device: torch.device) -> RunContext:
+        """Seed torch's global generator, then build the population's environments, streams,
+        normalizers and recorder from ``cfg``."""
+        seeds = [cfg.seed + k for k in range(cfg.num_seeds)]
+        torch.manual_seed(cfg.seed)
+        env = PopulationEnv(cfg.env, seeds)
+        obs_norm = ObsNormalizer(cfg.obs_norm, len(seeds), env.obs_dim)
+        reward_norm = RewardScaler(cfg.reward_norm, len(seeds), env.num_envs, cfg.algo.gamma)
+        recorder = Recorder(cfg, env, seeds, device, obs_norm, reward_norm)
+        return cls(cfg, device, seeds, env, MemberStreams(seeds), obs_norm, reward_norm, recorder)
+
+    @property
+    def members(self) -> int:
+        """P, the population's size (num_seeds)."""
+        return len(self.seeds)
+
+    def make_net(self, n_in: int, n_out: int, role: Optional[str] = None, extra_in: int = 0) -> PopMLP:
+        """A population MLP [P, B, n_in] -> [P, B, n_out] from the config groups; each member's
+        weights from its own generator.
+
+        ``role`` "actor" or "critic" applies that network's overrides (``actor.activation=...``);
+        a critic takes ``extra_in`` action inputs at layer ``critic.action_layer``.
+        """
+        purpose = 10 + self.nets_made  # a distinct stream per network built
+        self.nets_made += 1
+        generators = [member_generator(s, purpose) for s in self.seeds]
+        activation, init, normalization, network = network_groups(self.cfg, role)
+        extra_at = self.cfg.critic.action_layer if role == "critic" else 0
+        net = PopMLP(self.members, n_in, n_out, network, activation, normalization, init, generators,
+                     extra_in=extra_in, extra_at=extra_at)
+        return net.to(self.device)
+
+    def make_pipeline(self, net: torch.nn.Module) -> GradientPipeline:
+        """The gradient pipeline (the configured optimizer, clipping, penalties, divergence checks)
+        for one network (or a ModuleList of networks trained by one loss, such as TD3's twin
+        critics); ``pipeline.optimizer`` is its optimizer."""
+        cfg = self.cfg
+        params = [p for p in net.parameters() if p.requires_grad]
+        pipeline = GradientPipeline(params, cfg.optimizer, cfg.clipping, cfg.regularization, weight_parameters(net),
+                                    self.recorder.health)
+        if cfg.debug.inject.what == "grad":
+            pipeline.after_backward = self.recorder.inject_grad
+        return pipeline
+
+
+Algorithm = Callable[[RunContext], None]  # an algorithm's train function

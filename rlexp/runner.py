@@ -1,0 +1,66 @@
+"""The job runner: one job's population trained by the algorithm it is handed.
+
+``run_population`` builds the RunContext, calls the algorithm (``train(ctx)``) and writes the output contract
+(``summary.json``, ``seed_<k>/summary.json``, ``seed_<k>/metrics.jsonl``, W&B runs). It neither
+picks the algorithm nor sets process-wide state (threads, garbage collector): the entry point,
+``rlexp.train``, does both.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from rlexp.config import ConfigError
+from rlexp.jobs import job_summary, record_crash, start_job, write_json
+from rlexp.loggers import print_summary
+from rlexp.run import Algorithm, RunContext
+
+
+def run_population(cfg: DictConfig, out_dir: Path, prepare: Callable[[DictConfig], Tuple[Algorithm, torch.device]],
+                   cell: str = "default", choices: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """Run one job in ``out_dir`` and return its summary.
+
+    A finished job there is skipped with ``resume`` and refused (ConfigError) without it. Otherwise
+    ``prepare(cfg)`` validates the config (a ConfigError: refused, nothing recorded) and gives the
+    algorithm and the device; the algorithm trains a RunContext built from ``cfg``. A job that
+    raises leaves a crashed summary (and ``error.txt``) and raises on; divergence is a result.
+    """
+    config = OmegaConf.to_container(cfg, resolve=True)  # plain dict, for logs and summaries
+    choices = choices or {}
+    recorded = start_job(out_dir, config, cfg.resume)
+    if recorded is not None:
+        return recorded
+    start = time.perf_counter()
+    try:
+        train, device = prepare(cfg)
+        ctx = RunContext.create(OmegaConf.to_object(cfg), device)  # dataclasses: fast attribute access
+    except ConfigError:
+        raise  # bad input: refused before any work, nothing recorded
+    except BaseException as exc:
+        record_crash(out_dir, config, cell, choices, exc, time.perf_counter() - start)
+        raise
+    recorder = ctx.recorder
+    out_dir.mkdir(parents=True, exist_ok=True)
+    error: Optional[str] = None
+    try:
+        recorder.open(out_dir, cell, [f"{g}:{o}" for g, o in sorted(choices.items())], config)
+        train(ctx)
+    except BaseException as exc:
+        error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        (out_dir / "error.txt").write_text(traceback.format_exc())
+        raise
+    finally:
+        ctx.env.close()
+        members = recorder.close(error)
+        job = job_summary(config, cell, choices, members, time.perf_counter() - recorder.start_time, error)
+        job["first_step_time"] = recorder.first_step_time  # unix time of the first env step (start-up benchmarks)
+        job["threads"] = torch.get_num_threads()  # the torch threads the job ran with
+        write_json(out_dir / "summary.json", job)
+        print_summary(recorder.progress.console, f"{cell}: {ctx.cfg.algo.name} on {ctx.cfg.env.id}", members)
+    return job

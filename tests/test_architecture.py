@@ -1,0 +1,177 @@
+"""The package's architecture, read from its source: imports run one way (no cycles), algorithms see
+only the run context, and process-wide state is set by the entry point alone."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import typing
+from pathlib import Path
+from typing import Dict, Iterator, List, Set
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "rlexp"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES: Dict[str, Path] = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def is_type_checking(node: ast.AST) -> bool:
+    """``if TYPE_CHECKING:`` or ``if typing.TYPE_CHECKING:``."""
+    test = node.test if isinstance(node, ast.If) else None
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def runtime_nodes(node: ast.AST) -> Iterator[ast.AST]:
+    """Every node under ``node`` (inside functions too) except those of ``if TYPE_CHECKING:`` blocks."""
+    for child in ast.iter_child_nodes(node):
+        if is_type_checking(child):
+            yield from (n for other in child.orelse for n in [other, *runtime_nodes(other)])
+            continue
+        yield child
+        yield from runtime_nodes(child)
+
+
+def imported_modules(module: str) -> Set[str]:
+    """The rlexp modules that importing ``module`` imports: each named module and the packages it
+    lies in (Python runs a package's ``__init__`` first), apart from ``module``'s own packages."""
+    tree = ast.parse(MODULES[module].read_text())
+    is_package = MODULES[module].name == "__init__.py"
+    names: List[str] = []
+    for node in runtime_nodes(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's package upwards
+                package = module.split(".") if is_package else module.split(".")[:-1]
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+            names += [base] + [f"{base}.{alias.name}" for alias in node.names]
+    own = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 2)}
+    found: Set[str] = set()
+    for name in names:
+        parts = name.split(".")
+        found |= {m for i in range(1, len(parts) + 1) if (m := ".".join(parts[:i])) in MODULES}
+    return found - own
+
+
+IMPORTS: Dict[str, Set[str]] = {m: imported_modules(m) for m in MODULES}
+
+
+def import_cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """One cycle (a list of modules, the first repeated at the end) per strongly connected group of
+    two or more modules (Tarjan's algorithm)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    groups: List[List[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return [cycle_through(sorted(group)[0], set(group), graph) for group in groups]
+
+
+def cycle_through(start: str, group: Set[str], graph: Dict[str, Set[str]]) -> List[str]:
+    """A shortest import path from ``start`` back to itself within ``group`` (breadth first)."""
+    paths = {w: [start, w] for w in sorted(graph[start] & group)}
+    frontier = list(paths)
+    while start not in paths:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v] & group):
+                if w not in paths:
+                    paths[w] = paths[v] + [w]
+                    nxt.append(w)
+        frontier = nxt
+    return paths[start]
+
+
+def test_rlexp_imports_have_no_cycle():
+    cycles = [" -> ".join(c) for c in import_cycles(IMPORTS)]
+    assert not cycles, "import cycles among rlexp modules:\n" + "\n".join(cycles)
+
+
+def test_the_cycle_finder_names_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
+    assert import_cycles(graph) == [["a", "b", "c", "a"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_import_walk_sees_function_level_imports_and_skips_type_checking_blocks(tmp_path, monkeypatch):
+    source = ("from typing import TYPE_CHECKING\nimport rlexp.nets\n"
+              "if TYPE_CHECKING:\n    from rlexp.runner import run_population\n"
+              "def f():\n    from rlexp.algos import dqn\n")
+    path = tmp_path / "probe.py"
+    path.write_text(source)
+    monkeypatch.setitem(MODULES, "rlexp.probe", path)
+    assert imported_modules("rlexp.probe") == {"rlexp.nets", "rlexp.algos", "rlexp.algos.dqn"}
+
+
+def test_no_rlexp_module_imports_rlexp_under_type_checking_in_the_run_path():
+    """The entry point, the runner, the run context, the recorder and the algorithms name the
+    modules they use at run time: no import hidden from the cycle check."""
+    run_path = ["rlexp.train", "rlexp.runner", "rlexp.run", "rlexp.recorder"]
+    run_path += [m for m in MODULES if m.startswith("rlexp.algos")]
+    for module in run_path:
+        tree = ast.parse(MODULES[module].read_text())
+        hidden = [node for node in ast.walk(tree) if is_type_checking(node)]
+        assert not hidden, f"{module} imports under TYPE_CHECKING"
+
+
+def test_algorithms_import_neither_the_runner_nor_the_entry_point():
+    algorithms = [m for m in MODULES if m.startswith("rlexp.algos")]
+    for module in algorithms:
+        assert not IMPORTS[module] & {"rlexp.runner", "rlexp.train"}, module
+    assert "rlexp.algos" not in IMPORTS["rlexp.runner"]  # the entry point picks the algorithm
+    assert "rlexp.algos" in IMPORTS["rlexp.train"]
+
+
+def test_each_algorithm_trains_with_a_run_context_and_declares_its_schema():
+    from rlexp.algos import ALGOS
+    from rlexp.config import AlgoConfig
+    from rlexp.run import RunContext
+
+    for name, spec in ALGOS.items():
+        hints = typing.get_type_hints(spec.train)
+        assert list(inspect.signature(spec.train).parameters) == ["ctx"], name
+        assert hints == {"ctx": RunContext, "return": type(None)}, name
+        assert issubclass(spec.schema, AlgoConfig), name
+
+
+PROCESS_WIDE = {("gc", "disable"), ("gc", "enable"), ("gc", "freeze"), ("gc", "collect"), ("torch", "set_num_threads")}
+
+
+@pytest.mark.parametrize("module", sorted(set(MODULES) - {"rlexp.train"}))
+def test_only_the_entry_point_sets_process_wide_state(module):
+    tree = ast.parse(MODULES[module].read_text())
+    calls = {(node.func.value.id, node.func.attr) for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+             and isinstance(node.func.value, ast.Name)}
+    assert not calls & PROCESS_WIDE, f"{module} calls {sorted(calls & PROCESS_WIDE)}"
