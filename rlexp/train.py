@@ -19,8 +19,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from rlexp.config import ConfigError  # importing rlexp.config registers the schemas
+from rlexp.config import ConfigError
+from rlexp.registry import register
 from rlexp.trainer import run_job
+
+register()  # here, not under __main__: launcher workers import this module to run a job
 
 if __name__ == "__main__":
     gc.freeze()  # keep the collector off the imported objects from now on

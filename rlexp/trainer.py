@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlexp.algos import ALGOS
 from rlexp.build import resolve_device, validate
-from rlexp.config import SCHEMAS, Config, ConfigError
+from rlexp.config import Config, ConfigError
 from rlexp.envs import PopulationEnv
 from rlexp.diagnostics import Explosions, InstrumentHistory
 from rlexp.grad import CAUSES, GradientPipeline, Health, UpdateStats
@@ -31,6 +31,7 @@ from rlexp.jobs import job_summary, record_crash, start_job, write_json
 from rlexp.loggers import ConsoleProgress, MemberLog, open_member_logs, print_summary
 from rlexp.nets import PopMLP, weight_parameters
 from rlexp.normalize import ObsNormalizer, RewardScaler
+from rlexp.registry import SCHEMAS
 from rlexp.streams import MemberStreams, member_generator
 
 
