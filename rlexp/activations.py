@@ -15,8 +15,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rlexp.component import Component, HostForward, require_choice
-from rlexp.config import ActivationConfig, ELUConfig, LeakyReLUConfig
+from rlexp.component import Component, HostForward
+from rlexp.config import ActivationConfig, ELUConfig, LeakyReLUConfig, require_choice
 
 Function = Callable[[torch.Tensor], torch.Tensor]
 # (grad wrt the output, pre-activation h, output y, config) -> grad wrt h

@@ -1,4 +1,4 @@
-"""The protocol every network component implements, and the value checks its registries share.
+"""The protocol every network component implements.
 
 A component is a population module: every parameter has a leading member dimension P and its
 forward maps [P, B, in] -> [P, B, out] without mixing members. Beyond ``forward`` it declares:
@@ -20,13 +20,12 @@ network declares it.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 from torch import nn
 
-from rlexp.config import ConfigError
 
 HostForward = Callable[[np.ndarray], np.ndarray]
 
@@ -61,16 +60,3 @@ def ensure_grads(*params: torch.Tensor) -> None:
 def numpy_view(t: torch.Tensor) -> np.ndarray:
     """The memory of a CPU tensor as a numpy array (no copy: in-place changes show through)."""
     return t.detach().numpy()
-
-
-def require(ok: bool, key: str, value: Any, rule: str) -> None:
-    """Raise ConfigError(key) unless ``ok``: ``value`` is out of range, the fix is ``rule``."""
-    if not ok:
-        raise ConfigError(key, f"{value!r} is out of range", f"set {key} to {rule}")
-
-
-def require_choice(value: str, key: str, options: Iterable[str]) -> None:
-    """Raise ConfigError(key) unless ``value`` is one of ``options``."""
-    options = list(options)
-    if value not in options:
-        raise ConfigError(key, f"unknown value {value!r}", f"use one of: {', '.join(options)}")

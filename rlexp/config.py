@@ -1,18 +1,28 @@
-"""Structured-config schemas: one dataclass per config-group option.
+"""Structured-config schemas: the dataclasses behind every config group, and the one list of
+keys that do not define a grid cell.
 
-Every yaml file in ``conf/<group>/<option>.yaml`` names its schema in its defaults list
-(``/schema/<group>/<option>@_here_``), so Hydra itself refuses an unknown key or a value of the
-wrong type with a message that names the key. Value checks (lr > 0, ...) live in ``rlexp.build``.
+Every option schema of a group carries the union of the group's keys, so a preset that sets one
+option's keys never locks its group: options differ only in default values (a subclass changes
+the defaults where an option's differ), and a key an option does not read is ignored. Each field's
+``help`` says what it does and which options read it; ``rlexp.config_doc`` turns them into
+``docs/configuration.md`` and the ``--help`` text. Each default is written here once; the yamls
+in ``conf/`` name their schema and option. Value checks live beside each registry (``rlexp.build``).
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
-from hydra.core.config_store import ConfigStore
 from hydra.errors import CompactHydraException
 from omegaconf import MISSING
+
+# Seeds make the members of a cell; the other keys pick the machine or the console. Left out of a job's cell
+# (Hydra's override_dirname, the W&B group), of the report's cells and, all but SEED_KEYS, of the config a
+# resumed job must match.
+SEED_KEYS = ("seed", "num_seeds")
+NON_CELL_KEYS = (*SEED_KEYS, "device", "threads", "resume", "logger.mode", "logger.progress")
 
 
 class ConfigError(CompactHydraException):
@@ -23,367 +33,425 @@ class ConfigError(CompactHydraException):
         self.key = key
 
 
+def require(ok: bool, key: str, value: Any, rule: str) -> None:
+    """Raise a ConfigError for ``key`` unless ``ok``: ``value`` is out of range, ``rule`` says what fits."""
+    if not ok:
+        raise ConfigError(key, f"{value!r} is out of range", f"set {key} to {rule}")
+
+
+def require_choice(value: str, key: str, options: Iterable[str]) -> None:
+    """Raise a ConfigError unless ``value`` is one of ``options``."""
+    options = list(options)
+    if value not in options:
+        raise ConfigError(key, f"unknown value {value!r}", f"use one of: {', '.join(options)}")
+
+
+def knob(default: Any, help: str) -> Any:
+    """A dataclass field with its default and one line of meaning (``metadata['help']``)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata={"help": help})
+    if callable(default):  # a nested schema
+        return field(default_factory=default, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+def field_help(schema: type, name: str) -> str:
+    """The help of field ``name`` of ``schema``: its own, else the nearest base class's."""
+    for cls in schema.__mro__:
+        fields = getattr(cls, "__dataclass_fields__", {})
+        if name in fields and fields[name].metadata.get("help"):
+            return fields[name].metadata["help"]
+    return ""
+
+
+NAME_HELP = "the option (the yaml's name in its group)"
+
+
 # ---------------------------------------------------------------- activation
 @dataclass
 class ActivationConfig:
-    name: str = MISSING
+    """Activation of every hidden layer."""
+
+    name: str = knob(MISSING, NAME_HELP)
+    negative_slope: float = knob(0.01, "leaky_relu: slope for x < 0")
+    alpha: float = knob(1.0, "elu: alpha * (exp(x) - 1) for x < 0")
 
 
 @dataclass
 class LeakyReLUConfig(ActivationConfig):
-    negative_slope: float = 0.01
+    """leaky_relu: reads negative_slope."""
 
 
 @dataclass
 class ELUConfig(ActivationConfig):
-    alpha: float = 1.0
+    """elu: reads alpha."""
 
 
 # ---------------------------------------------------------------- init
 @dataclass
 class InitConfig:
-    name: str = MISSING
-    bias: Optional[float] = 0.0  # constant for every bias; null = the scheme's own (default only)
-    last_layer: str = "same"  # same | uniform
-    last_layer_scale: float = 0.01  # uniform: output weight and bias ~ U(-scale, scale)
-    last_layer_gain: Optional[float] = None  # same: gain of the output layer (null = scheme's own)
+    """Weight and bias initialization of every linear layer."""
+
+    name: str = knob(MISSING, NAME_HELP)
+    gain: Optional[float] = knob(None, "all but default, lecun: weight gain; null = 1 for xavier*, "
+                                       "the activation's gain for he* and orthogonal")
+    bias: Optional[float] = knob(0.0, "constant for every bias; null = the scheme's own (default only)")
+    last_layer: str = knob("same", "output layer: same (the scheme) | uniform (U(+-last_layer_scale))")
+    last_layer_scale: float = knob(0.01, "last_layer=uniform: output weight and bias ~ U(-scale, scale)")
+    last_layer_gain: Optional[float] = knob(None, "last_layer=same: gain of the output layer (null = the scheme's)")
+
+
+@dataclass
+class DefaultInitConfig(InitConfig):
+    """default: PyTorch's own nn.Linear init, biases included."""
+
+    bias: Optional[float] = None
 
 
 @dataclass
 class GainInitConfig(InitConfig):
-    gain: Optional[float] = None  # null = the gain of the chosen activation (xavier: 1.0)
+    """he, he_normal, he_uniform, orthogonal: the gain defaults to the activation's."""
+
+
+@dataclass
+class XavierInitConfig(GainInitConfig):
+    """xavier, xavier_uniform, xavier_normal: gain 1."""
+
+    gain: Optional[float] = 1.0
 
 
 # ---------------------------------------------------------------- normalization
 @dataclass
 class NormalizationConfig:
-    name: str = MISSING
-    power_iterations: int = 1  # spectral: power-iteration steps per training-mode forward
+    """Normalization of every hidden layer (weight: of every linear layer)."""
+
+    name: str = knob(MISSING, NAME_HELP)
+    eps: float = knob(1e-5, "layer, batch: added to the variance; weight: inside the sqrt of ||v||^2 "
+                            "(0 = the unguarded division, every option)")
+    momentum: float = knob(0.1, "batch: running-statistics update rate, as torch.nn.BatchNorm1d")
+    g_init: float = knob(1.0, "weight: initial gain g of w = g * v / ||v||")
+    output_layer: bool = knob(True, "weight: the output layer is weight-normalized too (as the seed critic)")
+    power_iterations: int = knob(1, "spectral: power iterations per forward for the largest singular value")
 
 
 @dataclass
 class LayerNormConfig(NormalizationConfig):
-    eps: float = 1e-5
+    """layer: LayerNorm per sample."""
 
 
 @dataclass
 class BatchNormConfig(NormalizationConfig):
-    eps: float = 1e-5
-    momentum: float = 0.1  # running-statistics update rate, as torch.nn.BatchNorm1d
+    """batch: BatchNorm over each member's batch."""
 
 
 @dataclass
 class WeightNormConfig(NormalizationConfig):
-    eps: float = 1e-8  # added inside the square root of ||v||^2; 0 = the unguarded division
-    g_init: float = 1.0
-    output_layer: bool = True  # the output layer is weight-normalized too (as the seed critic)
+    """weight: weight-normalized linear layers."""
+
+    eps: float = 1e-8
 
 
 # ---------------------------------------------------------------- clipping
 @dataclass
 class ClippingConfig:
-    name: str = MISSING
+    """Gradient clipping, per member."""
+
+    name: str = knob(MISSING, NAME_HELP)
+    max_norm: float = knob(1.0, "global_norm: bound of the joint L2 norm; per_tensor: of each tensor's")
+    clip_value: float = knob(1.0, "value: every element clamped to +-clip_value")
+    clip_factor: float = knob(0.01, "agc: lambda, max ||G_i|| / max(||W_i||, eps) per unit")
+    eps: float = knob(1e-3, "agc: floor of the weight norm")
 
 
 @dataclass
 class NormClipConfig(ClippingConfig):
-    max_norm: float = 1.0
+    """global_norm: reads max_norm."""
+
+
+@dataclass
+class PerTensorClipConfig(NormClipConfig):
+    """per_tensor: max_norm 5 (TensorFlow's clip_by_norm as the seed critic used it)."""
+
+    max_norm: float = 5.0
 
 
 @dataclass
 class ValueClipConfig(ClippingConfig):
-    clip_value: float = 1.0
+    """value: reads clip_value."""
 
 
 @dataclass
 class AGCConfig(ClippingConfig):
-    clip_factor: float = 0.01  # lambda: max ||G_i|| / max(||W_i||, eps)
-    eps: float = 1e-3
+    """agc: reads clip_factor and eps."""
 
 
 # ---------------------------------------------------------------- optimizer
 @dataclass
 class OptimizerConfig:
-    name: str = MISSING
-    lr: float = 1e-3
-    weight_decay: float = 0.0
+    """The optimizer of every network (an algorithm sets lr: conf/algo)."""
+
+    name: str = knob(MISSING, NAME_HELP)
+    lr: float = knob(1e-3, "learning rate (the algorithm's yaml sets it for every optimizer)")
+    weight_decay: float = knob(0.0, "L2 penalty in the gradient; adamw: decoupled decay")
+    beta1: float = knob(0.9, "adam, adamw: first-moment decay")
+    beta2: float = knob(0.999, "adam, adamw: second-moment decay")
+    eps: float = knob(1e-8, "adam, adamw, rmsprop: added to the denominator's sqrt")
+    alpha: float = knob(0.99, "rmsprop: squared-gradient average decay")
+    centered: bool = knob(False, "rmsprop: divide by the gradient's variance estimate")
+    decay: float = knob(0.9, "rmsprop_tf: squared-gradient average decay")
+    epsilon: float = knob(1e-10, "rmsprop_tf: added inside the sqrt")
+    momentum: float = knob(0.0, "rmsprop, rmsprop_tf, sgd: momentum")
+    nesterov: bool = knob(False, "sgd: Nesterov momentum (needs momentum > 0)")
 
 
 @dataclass
 class AdamConfig(OptimizerConfig):
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
+    """adam: reads beta1, beta2, eps."""
+
+
+@dataclass
+class AdamWConfig(AdamConfig):
+    """adamw: Adam with decoupled weight decay 0.01."""
+
+    weight_decay: float = 0.01
 
 
 @dataclass
 class RMSpropConfig(OptimizerConfig):
-    alpha: float = 0.99
-    eps: float = 1e-8
-    momentum: float = 0.0
-    centered: bool = False
+    """rmsprop: torch.optim.RMSprop; reads alpha, eps, momentum, centered."""
 
 
 @dataclass
 class RMSpropTFConfig(OptimizerConfig):
-    decay: float = 0.9
-    momentum: float = 0.0
-    epsilon: float = 1e-10
+    """rmsprop_tf: tf.train.RMSPropOptimizer; reads decay, epsilon, momentum."""
 
 
 @dataclass
 class SGDConfig(OptimizerConfig):
-    momentum: float = 0.0
-    nesterov: bool = False
+    """sgd: lr 1e-2; reads momentum, nesterov."""
+
+    lr: float = 1e-2
 
 
 # ---------------------------------------------------------------- network, regularization
 @dataclass
 class NetworkConfig:
-    name: str = MISSING
-    hidden: List[int] = field(default_factory=lambda: [64, 64])
-    residual: bool = False  # hidden layers of equal width become x + act(norm(fc(x)))
-    output_scale: float = 1.0  # the output layer's result is multiplied by this
-    linear_last_hidden: bool = False  # the last hidden layer has no activation (the seed critic's "32 (linear)")
+    """The network's shape, shared by every network of a job."""
+
+    name: str = knob(MISSING, NAME_HELP)
+    hidden: List[int] = knob([64, 64], "widths of the hidden layers")
+    residual: bool = knob(False, "hidden layers of equal width become x + act(norm(fc(x)))")
+    output_scale: float = knob(1.0, "the output layer's result is multiplied by this")
+    linear_last_hidden: bool = knob(False, "the last hidden layer has no activation (the seed critic's)")
 
 
 @dataclass
 class RegularizationConfig:
-    l1: float = 0.0  # loss += l1 * sum |w|, per member
-    l2: float = 0.0  # loss += l2 * sum w^2, per member
-    weights_only: bool = True  # false: biases, gains and norm parameters too
+    l1: float = knob(0.0, "loss += l1 * sum |w|, per member")
+    l2: float = knob(0.0, "loss += l2 * sum w^2, per member")
+    weights_only: bool = knob(True, "false: biases, gains and norm parameters are penalized too")
 
 
-# ---------------------------------------------------------------- algo, env
+# ---------------------------------------------------------------- algo
 @dataclass
 class AlgoConfig:
-    name: str = MISSING
+    """The algorithm and its numbers (counts in env steps are per member)."""
+
+    name: str = knob(MISSING, NAME_HELP)
+    gamma: float = knob(0.99, "discount factor")
+    # replay: dqn, ddpg, td3
+    buffer_size: int = knob(100_000, "dqn, ddpg, td3: replay transitions per member")
+    batch_size: int = knob(128, "dqn, ddpg, td3: transitions per update")
+    learning_starts: int = knob(1_000, "dqn, ddpg, td3: env steps before the first update "
+                                       "(ddpg, td3: of uniform random actions)")
+    train_frequency: int = knob(16, "dqn, ddpg, td3: env steps between update phases")
+    gradient_steps: int = knob(4, "dqn, ddpg, td3: (critic) updates per phase")
+    tau: float = knob(0.005, "dqn (soft), ddpg, td3: target <- (1 - tau) target + tau online")
+    # dqn
+    start_e: float = knob(1.0, "dqn: initial epsilon")
+    end_e: float = knob(0.04, "dqn: final epsilon")
+    exploration_fraction: float = knob(0.16, "dqn: fraction of total_steps of the linear epsilon decay")
+    target_network: bool = knob(True, "dqn: false bootstraps from the online network")
+    target_update: str = knob("hard", "dqn: hard | soft")
+    target_update_period: int = knob(16, "dqn: env steps between hard copies")
+    double: bool = knob(False, "dqn: double Q-learning")
+    loss: str = knob("mse", "dqn: mse | huber")
+    huber_delta: float = knob(1.0, "dqn: the huber loss's delta")
+    clip_delta: float = knob(0.0, "dqn: > 0 clips the TD error reaching Q(s,a) to +-clip_delta")
+    rescale_r: bool = knob(False, "dqn: divide rewards by r_max (max |r| seen so far, at least r_max)")
+    r_max: float = knob(1.0, "dqn: the reward scale (also divergence's value bound)")
+    terminal_masking: bool = knob(True, "dqn: false bootstraps through terminations too")
+    # ppo, a2c
+    num_steps: int = knob(128, "ppo, a2c: env steps per environment between updates (the rollout)")
+    gae_lambda: float = knob(0.95, "ppo, a2c: GAE lambda (1.0 = discounted returns bootstrapped at the end)")
+    update_epochs: int = knob(4, "ppo, a2c: epochs over each rollout")
+    num_minibatches: int = knob(4, "ppo, a2c: minibatches per epoch")
+    clip_coef: float = knob(0.2, "ppo, a2c: surrogate clipping, ratio kept in [1 - clip, 1 + clip]")
+    clip_vloss: bool = knob(True, "ppo, a2c: value loss clipped around the old values by clip_coef")
+    norm_adv: bool = knob(True, "ppo, a2c: advantages normalized per minibatch (per member)")
+    ent_coef: float = knob(0.01, "ppo, a2c: entropy bonus coefficient")
+    vf_coef: float = knob(0.5, "ppo, a2c: value loss coefficient")
+    anneal_lr: bool = knob(True, "ppo, a2c: learning rate decays linearly to 0 over anneal_steps")
+    anneal_steps: Optional[int] = knob(None, "ppo, a2c: env steps per member of the decay (null = total_steps)")
+    # ddpg, td3
+    exploration_noise: float = knob(0.1, "ddpg, td3: Gaussian action noise std (fraction of the half range)")
+    twin: bool = knob(True, "ddpg, td3: two critics, the target takes their minimum")
+    policy_delay: int = knob(2, "ddpg, td3: actor and target updates every policy_delay critic updates")
+    target_noise: float = knob(0.2, "ddpg, td3: target policy smoothing std (fraction of the half range); 0 = off")
+    target_noise_clip: float = knob(0.5, "ddpg, td3: ... clipped to +- this (fraction of the half range)")
 
 
 @dataclass
 class DQNConfig(AlgoConfig):
-    buffer_size: int = 100_000  # transitions per member
-    batch_size: int = 128
-    gamma: float = 0.99
-    learning_starts: int = 1_000  # env steps per member before the first update
-    train_frequency: int = 16  # env steps between update phases
-    gradient_steps: int = 4  # updates per phase
-    start_e: float = 1.0
-    end_e: float = 0.04
-    exploration_fraction: float = 0.16  # of total_steps, for the linear epsilon decay
-    target_network: bool = True  # false: bootstrap from the online network (DQN 3.0 target_q off)
-    target_update: str = "hard"  # hard | soft
-    target_update_period: int = 16  # env steps between hard copies
-    tau: float = 0.005  # soft: target <- (1 - tau) target + tau online, every update
-    double: bool = False
-    loss: str = "mse"  # mse | huber
-    huber_delta: float = 1.0
-    clip_delta: float = 0.0  # > 0: the TD error reaching Q(s,a) is clipped to +-clip_delta
-    rescale_r: bool = False  # divide rewards by r_max (max |r| seen so far, at least r_max)
-    r_max: float = 1.0
-    terminal_masking: bool = True  # false: bootstrap through terminations too
+    """dqn: DQN with DQN 3.0's switches; a CartPole setting that learns in 50k steps."""
 
 
 @dataclass
 class ActorCriticConfig(AlgoConfig):
-    """PPO and A2C (A2C = one epoch over one minibatch, where the clipped ratio is always 1)."""
+    """ppo: CleanRL ppo.py's settings."""
 
-    num_steps: int = 128  # env steps per environment between updates (the rollout length)
-    gamma: float = 0.99
-    gae_lambda: float = 0.95  # 1.0 = discounted returns bootstrapped at the rollout's end
-    update_epochs: int = 4
-    num_minibatches: int = 4
-    clip_coef: float = 0.2  # surrogate clipping: ratio kept in [1 - clip, 1 + clip]
-    clip_vloss: bool = True  # value loss clipped around the old values by clip_coef
-    norm_adv: bool = True  # advantages normalized per minibatch (per member)
-    ent_coef: float = 0.01
-    vf_coef: float = 0.5
-    anneal_lr: bool = True  # learning rate decays linearly to 0 ...
-    anneal_steps: Optional[int] = None  # ... over this many env steps per member (null = total_steps)
+
+@dataclass
+class A2CConfig(ActorCriticConfig):
+    """a2c: the PPO code path with one epoch over one minibatch (the ratio is always 1); SB3's defaults."""
+
+    num_steps: int = 5
+    gae_lambda: float = 1.0
+    update_epochs: int = 1
+    num_minibatches: int = 1
+    clip_vloss: bool = False
+    norm_adv: bool = False
+    ent_coef: float = 0.0
+    anneal_lr: bool = False
 
 
 @dataclass
 class TD3Config(AlgoConfig):
-    """DDPG and TD3 (DDPG = one critic, no target smoothing, actor updated every step)."""
+    """td3: rl-baselines3-zoo's Pendulum-v1 settings."""
 
-    buffer_size: int = 200_000  # transitions per member
+    buffer_size: int = 200_000
     batch_size: int = 256
     gamma: float = 0.98
-    learning_starts: int = 10_000  # env steps per member of uniform random actions before learning
-    train_frequency: int = 1  # env steps between update phases
-    gradient_steps: int = 1  # critic updates per phase
-    tau: float = 0.005  # EMA target update: target <- (1 - tau) target + tau online (0.001 = the seed's DDPG)
-    exploration_noise: float = 0.1  # Gaussian action noise std, as a fraction of the half action range
-    twin: bool = True  # TD3: two critics, the target takes their minimum
-    policy_delay: int = 2  # TD3: actor and target updates every policy_delay critic updates
-    target_noise: float = 0.2  # TD3 target policy smoothing std (fraction of the half range); 0 = off
-    target_noise_clip: float = 0.5  # ... clipped to +- this (fraction of the half range)
+    learning_starts: int = 10_000
+    train_frequency: int = 1
+    gradient_steps: int = 1
 
 
+@dataclass
+class DDPGConfig(TD3Config):
+    """ddpg: one critic, no target smoothing, actor updated every step."""
+
+    twin: bool = False
+    policy_delay: int = 1
+    target_noise: float = 0.0
+
+
+# ---------------------------------------------------------------- actor, critic, normalizers, env
 @dataclass
 class NetOverrideConfig:
     """One network of an actor-critic algorithm; every null field falls back to the shared group."""
 
-    activation: Optional[str] = None  # an option of the activation group, with its default parameters
-    init: Optional[str] = None  # an option of the init group
-    normalization: Optional[str] = None  # an option of the normalization group
-    hidden: Optional[List[int]] = None  # network.hidden
-    linear_last_hidden: Optional[bool] = None  # network.linear_last_hidden
-    last_layer_gain: Optional[float] = None  # the output layer's init gain (init.last_layer_gain)
+    activation: Optional[str] = knob(None, "an option of the activation group, with its default parameters")
+    init: Optional[str] = knob(None, "an option of the init group, with its default parameters")
+    normalization: Optional[str] = knob(None, "an option of the normalization group, with its default parameters")
+    hidden: Optional[List[int]] = knob(None, "widths of the hidden layers (null = network.hidden)")
+    linear_last_hidden: Optional[bool] = knob(None, "null = network.linear_last_hidden")
+    last_layer_gain: Optional[float] = knob(None, "the output layer's init gain (null = init.last_layer_gain)")
 
 
 @dataclass
 class CriticConfig(NetOverrideConfig):
-    action_layer: int = 0  # DDPG/TD3: the action joins the input (0) or the k-th hidden layer's output (k)
+    action_layer: int = knob(0, "ddpg, td3: the action joins the input (0) or the k-th hidden layer's output (k)")
 
 
 @dataclass
 class ObsNormConfig:
-    enabled: bool = False  # (x - mean) / (std + 1e-8) with running statistics per member
-    clip: float = 10.0  # normalized observations are clipped to +- clip
+    enabled: bool = knob(False, "(x - mean) / (std + 1e-8) with running statistics per member")
+    clip: float = knob(10.0, "normalized observations are clipped to +- clip")
 
 
 @dataclass
 class RewardNormConfig:
-    enabled: bool = False  # rewards divided by the running std of the discounted return, per member
-    clip: float = 10.0  # scaled rewards are clipped to +- clip
+    enabled: bool = knob(False, "rewards divided by the running std of the discounted return, per member")
+    clip: float = knob(10.0, "scaled rewards are clipped to +- clip")
 
 
 @dataclass
 class EnvConfig:
-    id: str = MISSING
-    num_envs: int = 1  # environments per member
-    max_episode_steps: Optional[int] = None
-    kwargs: Dict[str, Any] = field(default_factory=dict)
+    """A gymnasium environment (one option per id)."""
+
+    id: str = knob(MISSING, "the gymnasium id")
+    num_envs: int = knob(1, "environments per member (ppo, a2c set their own: conf/algo)")
+    max_episode_steps: Optional[int] = knob(None, "episode step limit (null = the env's own)")
+    kwargs: Dict[str, Any] = knob({}, "keyword arguments of gymnasium.make")
 
 
 # ---------------------------------------------------------------- instruments, divergence, debugging
 @dataclass
 class DiagnosticsConfig:
-    every: int = 50  # updates between instrument records (per-layer statistics); 0 = off
-    histogram_every: int = 1_000  # updates between W&B histograms of gradients and activations; 0 = off
-    dormant_tau: float = 0.025  # a unit is tau-dormant when E|h_i| / mean_k E|h_k| <= tau
+    every: int = knob(50, "updates between instrument records (per-layer statistics); 0 = off")
+    histogram_every: int = knob(1_000, "updates between W&B histograms of gradients and activations; 0 = off")
+    dormant_tau: float = knob(0.025, "a unit is tau-dormant when E|h_i| / mean_k E|h_k| <= tau")
 
 
 @dataclass
 class DivergenceConfig:
-    name: str = MISSING
-    q_bound_factor: float = 100.0  # value_explosion: |Q| > factor * r_max / (1 - gamma) ...
-    grad_norm_bound: float = 1.0e6  # grad_explosion: a member's gradient norm > this ...
-    patience: int = 3  # ... on this many consecutive instrument records
+    """Divergence checks: non-finite values always; on: explosions too."""
+
+    name: str = knob(MISSING, NAME_HELP)
+    q_bound_factor: float = knob(100.0, "on: value explosion when |Q| > factor * r_max / (1 - gamma) ...")
+    grad_norm_bound: float = knob(1.0e6, "on: gradient explosion when a member's gradient norm > this ...")
+    patience: int = knob(3, "on: ... on this many consecutive instrument records")
 
 
 @dataclass
 class InjectConfig:
-    member: int = -1  # the member to poison (-1 = none)
-    step: int = -1  # env step at (or first update at/after) which to poison it
-    what: str = "none"  # none | param | grad | obs
+    member: int = knob(-1, "the member to poison (-1 = none)")
+    step: int = knob(-1, "env step at (or first update at/after) which to poison it")
+    what: str = knob("none", "none | param | grad | obs")
 
 
 @dataclass
 class DebugConfig:
-    inject: InjectConfig = field(default_factory=InjectConfig)
-    crash_at_step: int = -1  # raise a RuntimeError at this env step: tests failure isolation (-1 = never)
+    inject: InjectConfig = knob(InjectConfig, "fault injection: make a member non-finite on purpose")
+    crash_at_step: int = knob(-1, "raise a RuntimeError at this env step: tests failure isolation (-1 = never)")
 
 
 # ---------------------------------------------------------------- logging, top level
 @dataclass
 class LoggerConfig:
-    mode: Optional[str] = None  # offline | online | disabled; null = $WANDB_MODE, else offline
-    project: str = "rlexp"
-    entity: Optional[str] = None
-    log_every: int = 1_000  # env steps per member between log records
-    progress: str = "auto"  # auto | rich | plain | off
-    init_timeout: float = 20.0  # seconds an online W&B run may wait for the server
+    mode: Optional[str] = knob(None, "W&B: offline | online | disabled; null = $WANDB_MODE, else offline")
+    project: str = knob("rlexp", "W&B project")
+    entity: Optional[str] = knob(None, "W&B entity (null = your default)")
+    log_every: int = knob(1_000, "env steps per member between log records")
+    progress: str = knob("auto", "console progress: auto | rich | plain | off")
+    init_timeout: float = knob(20.0, "seconds an online W&B run may wait for the server")
 
 
 @dataclass
 class Config:
-    activation: ActivationConfig = MISSING
-    init: InitConfig = MISSING
-    normalization: NormalizationConfig = MISSING
-    clipping: ClippingConfig = MISSING
-    optimizer: OptimizerConfig = MISSING
-    network: NetworkConfig = MISSING
-    algo: AlgoConfig = MISSING
-    env: EnvConfig = MISSING
-    divergence: DivergenceConfig = MISSING
-    regularization: RegularizationConfig = field(default_factory=RegularizationConfig)
-    actor: NetOverrideConfig = field(default_factory=lambda: NetOverrideConfig(last_layer_gain=0.01))
-    critic: CriticConfig = field(default_factory=lambda: CriticConfig(last_layer_gain=1.0))
-    obs_norm: ObsNormConfig = field(default_factory=ObsNormConfig)
-    reward_norm: RewardNormConfig = field(default_factory=RewardNormConfig)
-    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
-    debug: DebugConfig = field(default_factory=DebugConfig)
-    logger: LoggerConfig = field(default_factory=LoggerConfig)
-    total_steps: int = 50_000  # environment steps per member
-    seed: int = 0  # member k uses seed + k
-    num_seeds: int = 1  # population size P
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    threads: int = 1  # torch intra-op threads; 0 = leave torch's default; -1 = by population size
-    resume: bool = False  # skip jobs whose dir holds a finished job (else starting there is refused)
-
-
-SCHEMAS: Dict[str, Dict[str, type]] = {
-    "activation": {
-        "relu": ActivationConfig,
-        "leaky_relu": LeakyReLUConfig,
-        "elu": ELUConfig,
-        "gelu": ActivationConfig,
-        "silu": ActivationConfig,
-        "tanh": ActivationConfig,
-        "softsign": ActivationConfig,
-        "sigmoid": ActivationConfig,
-        "mish": ActivationConfig,
-    },
-    "init": {
-        "default": InitConfig,
-        "xavier": GainInitConfig,
-        "xavier_uniform": GainInitConfig,
-        "xavier_normal": GainInitConfig,
-        "he": GainInitConfig,
-        "he_uniform": GainInitConfig,
-        "he_normal": GainInitConfig,
-        "orthogonal": GainInitConfig,
-        "lecun": InitConfig,
-    },
-    "normalization": {
-        "none": NormalizationConfig,
-        "layer": LayerNormConfig,
-        "batch": BatchNormConfig,
-        "weight": WeightNormConfig,
-        "rms": LayerNormConfig,
-        "spectral": NormalizationConfig,
-    },
-    "clipping": {
-        "none": ClippingConfig,
-        "global_norm": NormClipConfig,
-        "per_tensor": NormClipConfig,
-        "value": ValueClipConfig,
-        "agc": AGCConfig,
-    },
-    "optimizer": {
-        "adam": AdamConfig,
-        "adamw": AdamConfig,
-        "rmsprop": RMSpropConfig,
-        "rmsprop_tf": RMSpropTFConfig,
-        "sgd": SGDConfig,
-    },
-    "network": {"mlp": NetworkConfig},
-    "algo": {"dqn": DQNConfig, "ppo": ActorCriticConfig, "a2c": ActorCriticConfig, "ddpg": TD3Config,
-             "td3": TD3Config},
-    "env": {"base": EnvConfig},
-    "divergence": {"on": DivergenceConfig, "off": DivergenceConfig},
-}
-
-
-def register_configs() -> None:
-    """Store the top-level schema and every option's schema in Hydra's ConfigStore."""
-    cs = ConfigStore.instance()
-    cs.store(name="schema", node=Config)
-    for group, options in SCHEMAS.items():
-        for option, schema in options.items():
-            cs.store(group=f"schema/{group}", name=option, node=schema)
-
-
-register_configs()
+    activation: ActivationConfig = knob(MISSING, "activation of the hidden layers")
+    init: InitConfig = knob(MISSING, "weight and bias initialization")
+    normalization: NormalizationConfig = knob(MISSING, "normalization of the hidden layers")
+    clipping: ClippingConfig = knob(MISSING, "gradient clipping")
+    optimizer: OptimizerConfig = knob(MISSING, "optimizer")
+    network: NetworkConfig = knob(MISSING, "network shape")
+    algo: AlgoConfig = knob(MISSING, "algorithm")
+    env: EnvConfig = knob(MISSING, "environment")
+    divergence: DivergenceConfig = knob(MISSING, "divergence checks")
+    regularization: RegularizationConfig = knob(RegularizationConfig, "L1/L2 weight penalties")
+    actor: NetOverrideConfig = knob(lambda: NetOverrideConfig(last_layer_gain=0.01),
+                                    "actor-critic algorithms: the actor's overrides of the shared groups")
+    critic: CriticConfig = knob(lambda: CriticConfig(last_layer_gain=1.0),
+                                "actor-critic algorithms: the critic's overrides of the shared groups")
+    obs_norm: ObsNormConfig = knob(ObsNormConfig, "running observation normalization, every algorithm")
+    reward_norm: RewardNormConfig = knob(RewardNormConfig, "running reward scaling, every algorithm")
+    diagnostics: DiagnosticsConfig = knob(DiagnosticsConfig, "instruments: per-layer statistics, histograms")
+    debug: DebugConfig = knob(DebugConfig, "fault injection and crashes, for tests")
+    logger: LoggerConfig = knob(LoggerConfig, "W&B and console")
+    total_steps: int = knob(50_000, "environment steps per member")
+    seed: int = knob(0, "member k is seeded with seed + k")
+    num_seeds: int = knob(1, "population size P: members trained together in one process")
+    device: str = knob("auto", "auto | cpu | cuda | cuda:N")
+    threads: int = knob(1, "torch intra-op threads; 0 = torch's default; -1 = one per 8 members, at most the cores")
+    resume: bool = knob(False, "skip jobs whose dir holds a finished job (else starting there is refused)")

@@ -15,11 +15,13 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Type
 
 import torch
+from omegaconf import DictConfig
 
-from rlexp.config import ClippingConfig, OptimizerConfig, RegularizationConfig
+from rlexp.config import (AGCConfig, ClippingConfig, NormClipConfig, OptimizerConfig, PerTensorClipConfig,
+                          RegularizationConfig, ValueClipConfig, require, require_choice)
 from rlexp.optim import make_optimizer
 
 # A member's gradient is a strided view into the pipeline's flat gradient buffer; backward adds into
@@ -104,13 +106,33 @@ def clip_agc(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg:
 # gradient buffer [P, N] as one tensor
 FLAT_CLIPPERS = ("none", "global_norm", "value")
 
-CLIPPERS: Dict[str, Processor] = {
-    "none": clip_none,
-    "global_norm": clip_global_norm,
-    "per_tensor": clip_per_tensor,
-    "value": clip_value,
-    "agc": clip_agc,
+
+@dataclass(frozen=True)
+class Clipper:
+    """A clipping option: its processor and the schema of its config."""
+
+    process: Processor
+    schema: Type[ClippingConfig]
+
+    def __call__(self, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig,
+                 norm: Optional[torch.Tensor] = None) -> None:
+        self.process(params, grads, cfg, norm)
+
+
+CLIPPERS: Dict[str, Clipper] = {
+    "none": Clipper(clip_none, ClippingConfig),
+    "global_norm": Clipper(clip_global_norm, NormClipConfig),
+    "per_tensor": Clipper(clip_per_tensor, PerTensorClipConfig),
+    "value": Clipper(clip_value, ValueClipConfig),
+    "agc": Clipper(clip_agc, AGCConfig),
 }
+
+
+def check_clipping(cfg: DictConfig, key: str) -> None:
+    """Refuse an unknown clipping option and bounds <= 0 (``key``: the node's dotted path)."""
+    require_choice(cfg.name, f"{key}.name", CLIPPERS)
+    for k in ("max_norm", "clip_value", "clip_factor", "eps"):
+        require(cfg[k] > 0, f"{key}.{k}", cfg[k], "a value > 0")
 
 
 # ---------------------------------------------------------------- member health

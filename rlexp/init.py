@@ -13,8 +13,15 @@ from typing import Callable, Dict, Optional
 import torch
 
 from rlexp.activations import activation_gain
-from rlexp.component import require, require_choice
-from rlexp.config import ActivationConfig, GainInitConfig, InitConfig
+from rlexp.config import (
+    ActivationConfig,
+    DefaultInitConfig,
+    GainInitConfig,
+    InitConfig,
+    XavierInitConfig,
+    require,
+    require_choice,
+)
 
 Fill = Callable[[torch.Tensor, float, torch.Generator], None]  # (one member's [out, in], gain, generator)
 
@@ -64,10 +71,10 @@ class Initializer:
 
 
 INITIALIZERS: Dict[str, Initializer] = {
-    "default": Initializer(InitConfig, _default),
-    "xavier": Initializer(GainInitConfig, _xavier_uniform),
-    "xavier_uniform": Initializer(GainInitConfig, _xavier_uniform),
-    "xavier_normal": Initializer(GainInitConfig, _xavier_normal),
+    "default": Initializer(DefaultInitConfig, _default),
+    "xavier": Initializer(XavierInitConfig, _xavier_uniform),
+    "xavier_uniform": Initializer(XavierInitConfig, _xavier_uniform),
+    "xavier_normal": Initializer(XavierInitConfig, _xavier_normal),
     "he": Initializer(GainInitConfig, _he_normal, activation_gain=True),
     "he_normal": Initializer(GainInitConfig, _he_normal, activation_gain=True),
     "he_uniform": Initializer(GainInitConfig, _he_uniform, activation_gain=True),
@@ -83,7 +90,7 @@ def check_init(cfg: InitConfig, key: str = "init") -> None:
     require_choice(cfg.last_layer, f"{key}.last_layer", ("same", "uniform"))
     require(cfg.last_layer_scale > 0, f"{key}.last_layer_scale", cfg.last_layer_scale, "a value > 0")
     for k in ("gain", "last_layer_gain"):
-        value = getattr(cfg, k, None)
+        value = cfg[k]
         if value is not None:
             require(value > 0, f"{key}.{k}", value, "a value > 0 (or null)")
 

@@ -18,15 +18,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import OmegaConf
-
-from rlexp.config import ConfigError
+from rlexp.config import NON_CELL_KEYS, SEED_KEYS, ConfigError
 
 FINISHED = ("ok", "diverged")
 HYDRA_SUBDIR = ".hydra"
 ATTEMPT = re.compile(r"attempt_(\d+)")
-# keys that may differ between a finished job and its resumption (they do not change the results)
-RESUME_IGNORES = ("resume", "device", "threads", "logger.mode", "logger.progress")
+# keys that may differ between a finished job and its resumption: they pick the machine or the console
+RESUME_IGNORES = tuple(key for key in NON_CELL_KEYS if key not in SEED_KEYS)
 _ABSENT = "<absent>"
 
 
@@ -63,9 +61,6 @@ def hydra_subdir() -> Optional[str]:
     return None if is_finished(Path(out_dir)) else HYDRA_SUBDIR
 
 
-OmegaConf.register_new_resolver("rlexp.hydra_subdir", hydra_subdir, replace=True)
-
-
 def _dir_key() -> str:
     """The key that picks this job's dir: hydra.sweep.dir in a multirun, else hydra.run.dir."""
     try:
@@ -88,7 +83,7 @@ def config_difference(recorded: Dict[str, Any], current: Dict[str, Any]) -> Opti
     None when they agree on every key outside ``RESUME_IGNORES``."""
     old, new = _flatten(recorded), _flatten(current)
     for key in sorted(set(old) | set(new)):
-        if key.startswith(RESUME_IGNORES):
+        if any(key == k or key.startswith(f"{k}.") for k in RESUME_IGNORES):
             continue
         if old.get(key, _ABSENT) != new.get(key, _ABSENT):
             return key, old.get(key, _ABSENT), new.get(key, _ABSENT)

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlexp.activations import ACTIVATIONS, PopActivation
-from rlexp.component import Component, HostForward, ensure_grads, numpy_view, require, require_choice
+from rlexp.component import Component, HostForward, ensure_grads, numpy_view
 from rlexp.config import (
     ActivationConfig,
     BatchNormConfig,
@@ -32,6 +32,8 @@ from rlexp.config import (
     NetworkConfig,
     NormalizationConfig,
     WeightNormConfig,
+    require,
+    require_choice,
 )
 from rlexp.grad import GradientPipeline
 from rlexp.init import init_linear, scheme_gain
@@ -410,17 +412,18 @@ def _spectral_linear(cfg: NormalizationConfig, members: int, n_in: int, n_out: i
     return PopSpectralNormLinear(members, n_in, n_out, cfg.power_iterations)
 
 
-def _positive_eps(cfg: NormalizationConfig, key: str) -> None:
-    require(cfg.eps > 0, f"{key}.eps", cfg.eps, "a value > 0")
+def _check_eps(cfg: NormalizationConfig, key: str) -> None:
+    """eps >= 0 for every option: 0 is the unguarded division (a preset may set it for any option)."""
+    require(cfg.eps >= 0, f"{key}.eps", cfg.eps, "a value >= 0")
 
 
 def _check_batch(cfg: BatchNormConfig, key: str) -> None:
-    _positive_eps(cfg, key)
+    _check_eps(cfg, key)
     require(0 < cfg.momentum <= 1, f"{key}.momentum", cfg.momentum, "a value in (0, 1]")
 
 
 def _check_weight(cfg: WeightNormConfig, key: str) -> None:
-    require(cfg.eps >= 0, f"{key}.eps", cfg.eps, "a value >= 0")
+    _check_eps(cfg, key)
     require(cfg.g_init > 0, f"{key}.g_init", cfg.g_init, "a value > 0")
 
 
@@ -432,22 +435,24 @@ def _check_spectral(cfg: NormalizationConfig, key: str) -> None:
 class Normalization:
     """How a normalization changes each layer: ``linear`` builds the linear layer (of hidden layers
     and the output layer), ``norm`` (None: no norm) the component after each hidden linear layer;
-    ``check(cfg, key)`` refuses bad values; ``schema`` its config class."""
+    ``check(cfg, key)`` refuses bad values; ``min_batch`` the smallest training batch it can
+    normalize (2 where it takes statistics over the batch); ``schema`` its config class."""
 
     schema: type
     linear: LinearFactory = plain_linear
     norm: Optional[NormFactory] = None
     check: Callable[[NormalizationConfig, str], None] = lambda cfg, key: None
+    min_batch: int = 1
 
 
 NORMALIZATIONS: Dict[str, Normalization] = {
     "none": Normalization(NormalizationConfig),
     "layer": Normalization(LayerNormConfig, norm=lambda cfg, members, width: PopLayerNorm(members, width, cfg.eps),
-                           check=_positive_eps),
-    "batch": Normalization(BatchNormConfig, check=_check_batch,
+                           check=_check_eps),
+    "batch": Normalization(BatchNormConfig, check=_check_batch, min_batch=2,
                            norm=lambda cfg, members, width: PopBatchNorm(members, width, cfg.eps, cfg.momentum)),
-    "rms": Normalization(LayerNormConfig, norm=lambda cfg, members, width: PopRMSNorm(members, width, cfg.eps),
-                         check=_positive_eps),
+    "rms": Normalization(NormalizationConfig, norm=lambda cfg, members, width: PopRMSNorm(members, width, cfg.eps),
+                         check=_check_eps),
     "weight": Normalization(WeightNormConfig, linear=_weight_norm_linear, check=_check_weight),
     "spectral": Normalization(NormalizationConfig, linear=_spectral_linear, check=_check_spectral),
 }

@@ -8,11 +8,14 @@ process imports torch._dynamo (about 1.2 s of start-up): each is a ``OneGroup``.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, List, Type
 
 import torch
+from omegaconf import DictConfig
 
-from rlexp.config import OptimizerConfig
+from rlexp.config import (AdamConfig, AdamWConfig, OptimizerConfig, RMSpropConfig, RMSpropTFConfig, SGDConfig, require,
+                          require_choice)
 
 
 class OneGroup:
@@ -154,13 +157,36 @@ def _sgd(params, c: OptimizerConfig) -> FusedSGD:
     return FusedSGD(params, c.lr, c.momentum, c.nesterov, c.weight_decay)
 
 
-OPTIMIZERS: Dict[str, Callable[[Iterable[torch.Tensor], OptimizerConfig], OneGroup]] = {
-    "adam": _adam,
-    "adamw": _adamw,
-    "rmsprop": _rmsprop,
-    "rmsprop_tf": _rmsprop_tf,
-    "sgd": _sgd,
+@dataclass(frozen=True)
+class Optimizer:
+    """An optimizer option: its constructor and the schema of its config."""
+
+    make: Callable[[List[torch.Tensor], OptimizerConfig], OneGroup]
+    schema: Type[OptimizerConfig]
+
+    def __call__(self, params: List[torch.Tensor], cfg: OptimizerConfig) -> OneGroup:
+        return self.make(params, cfg)
+
+
+OPTIMIZERS: Dict[str, Optimizer] = {
+    "adam": Optimizer(_adam, AdamConfig),
+    "adamw": Optimizer(_adamw, AdamWConfig),
+    "rmsprop": Optimizer(_rmsprop, RMSpropConfig),
+    "rmsprop_tf": Optimizer(_rmsprop_tf, RMSpropTFConfig),
+    "sgd": Optimizer(_sgd, SGDConfig),
 }
+
+
+def check_optimizer(cfg: DictConfig, key: str) -> None:
+    """Refuse an unknown optimizer and numbers out of range (``key``: the node's dotted path)."""
+    require_choice(cfg.name, f"{key}.name", OPTIMIZERS)
+    require(cfg.lr > 0, f"{key}.lr", cfg.lr, "a value > 0")
+    for k in ("weight_decay", "eps", "epsilon", "momentum"):
+        require(cfg[k] >= 0, f"{key}.{k}", cfg[k], "a value >= 0")
+    for k in ("beta1", "beta2", "alpha", "decay"):
+        require(0 <= cfg[k] < 1, f"{key}.{k}", cfg[k], "a value in [0, 1)")
+    if cfg.nesterov:
+        require(cfg.momentum > 0, f"{key}.momentum", cfg.momentum, "a value > 0 (nesterov needs momentum)")
 
 
 def make_optimizer(params: Iterable[torch.Tensor], cfg: OptimizerConfig) -> OneGroup:

@@ -24,12 +24,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import yaml
 
+from rlexp.config import NON_CELL_KEYS
 from rlexp.loggers import WANDB_MODES
 
-# settings that never make a cell: seeds and machine/logging knobs (the trainer's own exclusions),
-# Hydra's own keys, and the env (an env id is a task, not a cell)
-IGNORED_KEYS = ("seed", "num_seeds", "device", "threads", "env", "env.id", "schema")
-IGNORED_PREFIXES = ("hydra", "logger")
+# settings that never make a cell besides NON_CELL_KEYS (the trainer's): the env, a task (a column of the
+# score matrix) rather than a cell, and Hydra's own keys
+TASK_KEYS = ("env", "env.id")
 GRID_TAIL = ["env", "seed", "member", "status", "final_return", "steps", "episodes", "wall_s",
              "diverged_at_step", "cause", "where", "detail"]
 FIGURES = {
@@ -119,7 +119,8 @@ def parse_overrides(lines: Any) -> Dict[str, str]:
 
 
 def _cell_key(key: str) -> bool:
-    return key not in IGNORED_KEYS and not key.startswith(IGNORED_PREFIXES)
+    non_cell = any(key == k or key.startswith(f"{k}.") for k in NON_CELL_KEYS)
+    return not non_cell and key not in TASK_KEYS and not key.startswith("hydra")
 
 
 @dataclass
@@ -218,7 +219,7 @@ def varying_keys(jobs: Sequence[Job], order: Sequence[str]) -> List[str]:
 
 def cell_keys(jobs: Sequence[Job], varying: Sequence[str]) -> List[str]:
     """The keys that name a cell: each varying key unless an earlier kept key already fixes its value
-    (``+nan_hunt_change=tanh`` implies ``activation=tanh``, so activation is not repeated)."""
+    (``+experiment=nan_hunt/tanh`` implies ``activation=tanh``, so activation is not repeated)."""
     kept: List[str] = []
     for key in varying:
         values: Dict[Tuple[Optional[str], ...], set] = {}

@@ -33,9 +33,12 @@ from omegaconf import DictConfig
 
 from rlexp.algos import ALGOS
 from rlexp.build import resolve_device, validate
-from rlexp.config import ConfigError  # importing rlexp.config registers the schemas
+from rlexp.config import ConfigError
+from rlexp.registry import register
 from rlexp.run import Algorithm
 from rlexp.runner import run_population
+
+register()  # here, not under __main__: launcher workers import this module to run a job
 
 if __name__ == "__main__":
     gc.freeze()  # keep the collector off the imported objects from now on

@@ -24,7 +24,6 @@ from typing import Any, Dict, List, Sequence
 
 import pytest
 
-import rlexp.config  # noqa: F401  (registers the schemas in Hydra's ConfigStore before any compose)
 import gymnasium as gym
 import torch
 from hydra import compose, initialize_config_dir
@@ -33,14 +32,13 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlexp.algos import ALGOS
-from rlexp.build import REGISTRIES, validate
-from rlexp.config import SCHEMAS, ConfigError, EnvConfig
+from rlexp.build import validate
+from rlexp.config import NON_CELL_KEYS, ConfigError, EnvConfig
+from rlexp.registry import SCHEMAS, register
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 GROUPS = ("activation", "init", "normalization", "clipping", "optimizer", "network", "algo", "env", "divergence")
-# Hydra excludes these from the job's override_dirname (the cell): conf/config.yaml
-CELL_EXCLUDED = ("seed", "num_seeds", "device", "threads", "logger.mode", "logger.progress")
 # A tiny budget (the rest of DQN's defaults are small too) whose cell stays short: rlexp cuts W&B
 # groups to 128 characters, and the tests compare the group with the whole cell.
 TOTAL_STEPS, LEARNING_STARTS, LOG_EVERY, TRAIN_FREQUENCY = 300, 100, 100, 10
@@ -52,6 +50,7 @@ TIMEOUT = 600
 
 # ====================================================================== helpers
 def compose_config(overrides: Sequence[str] = ()):
+    register()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
 
@@ -118,7 +117,7 @@ def describe(proc: subprocess.CompletedProcess) -> str:
 
 def expected_cell(overrides: Sequence[str]) -> str:
     """Hydra's override_dirname: the sorted task overrides minus the excluded keys, or 'default'."""
-    kept = sorted(o for o in overrides if not o.startswith("hydra.") and o.split("=", 1)[0] not in CELL_EXCLUDED)
+    kept = sorted(o for o in overrides if not o.startswith("hydra.") and o.split("=", 1)[0] not in NON_CELL_KEYS)
     return ",".join(kept) or "default"
 
 
@@ -382,17 +381,9 @@ def test_every_option_composes_and_validates(group, option):
             pytest.skip("needs box2d (its error is tested in test_box2d_env_without_box2d_names_the_extra)")
     else:
         assert node.name == option, f"conf/{group}/{option}.yaml names {node.name!r}"
-        if group in REGISTRIES:
-            assert node.name in REGISTRIES[group]
         # the yaml is backed by its option's schema, so Hydra refuses unknown keys and wrong types
         assert OmegaConf.get_type(node) is SCHEMAS[group][option]
     validate(cfg)  # raises ConfigError on a bad value
-
-
-@pytest.mark.parametrize("group", sorted(REGISTRIES))
-def test_every_registry_key_has_a_yaml(group):
-    assert group in GROUPS
-    assert set(REGISTRIES[group]) == set(options(group))
 
 
 @pytest.mark.parametrize("group", [g for g in GROUPS if g != "env"])

@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 
 from rlexp.config import ConfigError
 from rlexp.jobs import config_difference, move_aside, start_job, write_json
+from rlexp.registry import register
 from rlexp.loggers import _fit as fit_wandb  # W&B group names: the cell, cut to 128 characters
 from test_cli import CONF, Launch, compose_config, describe, message_lines, read_jsonl, read_wandb_run, run_cli
 
@@ -50,6 +51,7 @@ RAY_INSTALLED = importlib.util.find_spec("hydra_plugins.hydra_ray_launcher") is 
 
 # ====================================================================== helpers
 def compose_hydra(overrides: Sequence[str]):
+    register()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
 

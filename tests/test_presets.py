@@ -1,5 +1,6 @@
-"""The experiment presets and scripts: nan_hunt really diverges and its single changes change one
-thing each; the benchmark script's smoke run writes consistent figures."""
+"""The experiment presets and scripts: nan_hunt really diverges and its single changes
+(``+experiment=nan_hunt/<change>``) change one thing each; the benchmark script's smoke run writes
+consistent figures."""
 
 import json
 import statistics
@@ -11,33 +12,33 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-import rlexp.config  # noqa: F401  (registers the schemas)
 from rlexp.build import validate
+from rlexp.registry import register
 from rlexp.train import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
-CHANGES = sorted(p.stem for p in (ROOT / "conf" / "nan_hunt_change").glob("*.yaml"))
-# what each single change is expected to alter in the composed config (dotted key -> value)
+CHANGES = sorted(p.stem for p in (ROOT / "conf" / "experiment" / "nan_hunt").glob("*.yaml"))
+# what each single change is expected to alter in the composed config (dotted key -> value); every option
+# of a group has the group's keys, so a change of option alters only the values that differ
 EXPECTED = {
     "none": {},
     "tanh": {"activation.name": "tanh"},
-    "elu": {"activation.name": "elu", "activation.alpha": 1.0},
-    "clip_global_norm": {"clipping.name": "global_norm", "clipping.max_norm": 1.0},
+    "elu": {"activation.name": "elu"},
+    "clip_global_norm": {"clipping.name": "global_norm"},
     "clip_per_tensor": {"clipping.name": "per_tensor", "clipping.max_norm": 5.0},
     # (from init=default, whose bias is PyTorch's own (null), to a scheme with a constant bias 0)
-    "init_he": {"init.name": "he", "init.gain": None, "init.bias": 0.0},
+    "init_he": {"init.name": "he", "init.bias": 0.0},
     "init_xavier": {"init.name": "xavier", "init.gain": 1.0, "init.bias": 0.0},
-    "init_orthogonal": {"init.name": "orthogonal", "init.gain": None, "init.bias": 0.0},
+    "init_orthogonal": {"init.name": "orthogonal", "init.bias": 0.0},
     "wn_eps": {"normalization.eps": 1e-8},
     "target_network": {"algo.target_network": True},
     "lr_1e-3": {"optimizer.lr": 1e-3},
-    # (weight norm's own keys go with it)
-    "layer_norm": {"normalization.name": "layer", "normalization.eps": 1e-5, "normalization.g_init": None,
-                   "normalization.output_layer": None},
+    "layer_norm": {"normalization.name": "layer", "normalization.eps": 1e-5},
 }
 
 
 def compose_config(overrides):
+    register()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         return compose(config_name="config", overrides=overrides)
 
@@ -62,7 +63,7 @@ def test_every_change_is_documented_here():
 @pytest.mark.parametrize("change", CHANGES)
 def test_nan_hunt_change_alters_exactly_its_key(change):
     base = flat(compose_config(["+experiment=nan_hunt"]))
-    cfg = compose_config(["+experiment=nan_hunt", f"+nan_hunt_change={change}"])
+    cfg = compose_config([f"+experiment=nan_hunt/{change}"])
     validate(cfg)
     changed = flat(cfg)
     keys = set(base) | set(changed)
@@ -77,14 +78,14 @@ def test_nan_hunt_baseline_is_the_documented_setting():
     assert cfg["algo.target_network"] is False and cfg["activation.name"] == "relu"
 
 
-def _short(overrides, tmp_path):
-    cfg = compose_config(["+experiment=nan_hunt", *overrides, "total_steps=3000", "num_seeds=2",
+def _short(preset, tmp_path):
+    cfg = compose_config([f"+experiment={preset}", "total_steps=3000", "num_seeds=2",
                           "logger.mode=disabled", "logger.progress=off"])
     return run_job(cfg, tmp_path)
 
 
 def test_nan_hunt_really_diverges_and_is_located(tmp_path):
-    job = _short([], tmp_path)
+    job = _short("nan_hunt", tmp_path)
     assert job["counts"]["diverged"] == 2
     for member in job["members"]:
         div = member["divergence"]
@@ -95,7 +96,7 @@ def test_nan_hunt_really_diverges_and_is_located(tmp_path):
 
 
 def test_nan_hunt_with_tanh_does_not_diverge(tmp_path):
-    job = _short(["+nan_hunt_change=tanh"], tmp_path)
+    job = _short("nan_hunt/tanh", tmp_path)
     assert job["counts"] == {"ok": 2, "diverged": 0, "crashed": 0}
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Dict, Tuple, Type
 
 from rlexp.algos import dqn, ppo, td3
-from rlexp.config import ActorCriticConfig, AlgoConfig, DQNConfig, TD3Config
+from rlexp.config import A2CConfig, ActorCriticConfig, AlgoConfig, DDPGConfig, DQNConfig, TD3Config
 from rlexp.run import Algorithm
 
 
@@ -21,7 +21,7 @@ class AlgoSpec:
 ALGOS: Dict[str, AlgoSpec] = {
     "dqn": AlgoSpec(dqn.train, DQNConfig, ("discrete",)),
     "ppo": AlgoSpec(ppo.train, ActorCriticConfig, ("discrete", "continuous")),
-    "a2c": AlgoSpec(ppo.train, ActorCriticConfig, ("discrete", "continuous")),
-    "ddpg": AlgoSpec(td3.train, TD3Config, ("continuous",)),
+    "a2c": AlgoSpec(ppo.train, A2CConfig, ("discrete", "continuous")),
+    "ddpg": AlgoSpec(td3.train, DDPGConfig, ("continuous",)),
     "td3": AlgoSpec(td3.train, TD3Config, ("continuous",)),
 }
