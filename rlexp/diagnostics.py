@@ -3,7 +3,7 @@
 Everything here reads parameters, gradients and activations and never writes them. Statistics are
 [P] tensors on the device; the trainer brings a whole record to the host once per log step.
 
-Names (stable, documented in the README) use the network's name and the layer index, e.g.
+Names (stable, documented in docs/outputs.md) use the network's name and the layer index, e.g.
 ``grad_norm/q.0`` for the first linear layer of the Q network; the output layer is the last index.
 Activations are read from the network's own forward through its observer argument.
 """

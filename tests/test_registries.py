@@ -252,7 +252,7 @@ def test_checks_refuse_unknown_names_and_bad_values():
     with pytest.raises(ConfigError, match="activation.name"):
         check_activation(OmegaConf.structured(ActivationConfig(name="swish")))
     with pytest.raises(ConfigError, match="critic.normalization.eps"):
-        check_normalization(OmegaConf.structured(NORMALIZATIONS["rms"].schema(name="rms", eps=0.0)),
+        check_normalization(OmegaConf.structured(NORMALIZATIONS["rms"].schema(name="rms", eps=-1e-5)),
                             "critic.normalization")
     with pytest.raises(ConfigError, match="normalization.power_iterations"):
         check_normalization(OmegaConf.structured(NormalizationConfig(name="spectral", power_iterations=0)))

@@ -74,7 +74,7 @@ def td_target(
     with torch.no_grad():
         boot_net = target_net if target_net is not None else q_net
         if q_net.uses_batch_stats:
-            boot_net.eval()  # targets use running statistics (see README: batch normalization)
+            boot_net.eval()  # targets use running statistics (docs/instruments.md: batch normalization)
         next_q = boot_net(batch.next_obs)  # [P, B, A]
         if algo.double:
             next_action = (q_net(batch.next_obs) if boot_net is not q_net else next_q).argmax(-1, keepdim=True)
