@@ -38,6 +38,7 @@ class Recorder:
         self.seeds = seeds
         self.members = len(seeds)
         self.obs_norm, self.reward_norm = obs_norm, reward_norm  # their state goes into normalization.json
+        self.device = device
         self.health = Health(self.members, device)
         # per-update statistics, summed (means) or maxed on the device, read once per log step
         self._sums: Optional[torch.Tensor] = None
@@ -128,15 +129,19 @@ class Recorder:
                 self._set_divergence(member, *locate(member, cause))
 
     def record_instruments(self, record: Dict[str, torch.Tensor], step: int, grad_norm: torch.Tensor,
-                           q_abs_max: torch.Tensor, q_bound: torch.Tensor, output_layer: str, update: int,
-                           histograms: Optional[Callable[[], Dict[str, torch.Tensor]]] = None) -> None:
+                           q_abs_max: torch.Tensor, reward_scale: torch.Tensor | np.ndarray, output_layer: str,
+                           update: int, histograms: Optional[Callable[[], Dict[str, torch.Tensor]]] = None) -> None:
         """Keep the latest instrument record ([P] each) and run the explosion checks (divergence=on).
 
-        ``q_abs_max`` [P] is the largest |value| the output layer ``output_layer`` gave, ``q_bound`` [P]
-        its bound; ``grad_norm`` [P] the largest gradient norm. ``histograms`` gives [P, ...] tensors
-        for W&B every ``diagnostics.histogram_every`` updates (``update``: the algorithm's count).
+        ``q_abs_max`` [P] is the largest |value| the output layer ``output_layer`` gave; its bound is
+        ``divergence.q_bound_factor * reward_scale / (1 - gamma)`` with ``reward_scale`` [P] the
+        largest |reward| per member. ``grad_norm`` [P] is the largest gradient norm. ``histograms``
+        gives [P, ...] tensors for W&B every ``diagnostics.histogram_every`` updates (``update``: the
+        algorithm's count).
         """
         self._instruments = record
+        scale = torch.as_tensor(reward_scale, dtype=torch.float32, device=self.device)  # [P]
+        q_bound = self.cfg.divergence.q_bound_factor * scale / max(1.0 - self.cfg.algo.gamma, 1e-12)  # [P]
         self._check_explosions(record, step, grad_norm, q_abs_max, q_bound, output_layer)
         every = self.cfg.diagnostics.histogram_every
         if histograms is not None and every > 0 and update % every == 0:

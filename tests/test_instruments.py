@@ -582,14 +582,14 @@ Q_FACTOR = 0.01  # bound = 0.01 * r_max / (1 - gamma) = 1.0 on CartPole: Q value
 
 
 def _spy_record_instruments(monkeypatch) -> List[tuple]:
-    """Wrap Recorder.record_instruments: record (step, q_abs_max, q_bound, grad_norm) of every call."""
+    """Wrap Recorder.record_instruments: record (step, q_abs_max, reward_scale, grad_norm) of every call."""
     calls: List[tuple] = []
     original = Recorder.record_instruments
     signature = inspect.signature(original)
 
     def spy(self, *args, **kwargs):
         a = signature.bind(self, *args, **kwargs).arguments
-        calls.append((a["step"], a["q_abs_max"].tolist(), torch.as_tensor(a["q_bound"]).tolist(),
+        calls.append((a["step"], a["q_abs_max"].tolist(), torch.as_tensor(a["reward_scale"]).tolist(),
                       a["grad_norm"].tolist()))
         return original(self, *args, **kwargs)
 
@@ -603,8 +603,9 @@ def test_value_explosion_after_patience_consecutive_records(divergence, tmp_path
     cfg = compose_config(BASE + [f"divergence={divergence}", f"divergence.q_bound_factor={Q_FACTOR}"])
     patience, gamma, g_bound = cfg.divergence.patience, cfg.algo.gamma, cfg.divergence.grad_norm_bound
     job = run_job(cfg, tmp_path)
-    bound = Q_FACTOR * max(cfg.algo.r_max, 1.0) / (1.0 - gamma)  # CartPole rewards are 1
-    assert calls and all(c[2] == pytest.approx([bound] * SEEDS) for c in calls)
+    reward_scale = max(cfg.algo.r_max, 1.0)  # CartPole rewards are 1
+    bound = Q_FACTOR * reward_scale / (1.0 - gamma)
+    assert calls and all(c[2] == pytest.approx([reward_scale] * SEEDS) for c in calls)
     assert all(max(c[3]) < g_bound for c in calls)  # no gradient explosion in the way
 
     # direct computation: per member, the first record ending `patience` consecutive |Q| > bound

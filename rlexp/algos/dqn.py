@@ -232,9 +232,8 @@ def train(ctx: RunContext) -> None:
                     record = instruments(q_net, target_net, batch, algo, r_scale, update, names,
                                          cfg.diagnostics.dormant_tau)
                     reward_scale = torch.ones_like(r_scale) if algo.rescale_r else r_scale  # [P]
-                    q_bound = cfg.divergence.q_bound_factor * reward_scale / max(1.0 - algo.gamma, 1e-12)  # [P]
                     recorder.record_instruments(record, step, update.grad_norm_pre_clip, q_abs_max=record["q/abs_max"],
-                                                q_bound=q_bound, output_layer=f"q.{len(q_net.layers) - 1}",
+                                                reward_scale=reward_scale, output_layer=f"q.{len(q_net.layers) - 1}",
                                                 update=updates, histograms=partial(histograms, q_net, names, batch))
                 updates += 1
                 if target_net is not None and algo.target_update == "soft":

@@ -297,11 +297,9 @@ def train(ctx: RunContext) -> None:
                     record = instruments(actor, critic, mb, actor_update, critic_update, actor_names, critic_names,
                                          cfg.diagnostics.dormant_tau, low if continuous else None,
                                          high if continuous else None)
-                    bound = cfg.divergence.q_bound_factor * torch.as_tensor(r_max, dtype=torch.float32) \
-                        / max(1.0 - algo.gamma, 1e-12)  # [P]
                     grad_norm = torch.maximum(actor_update.grad_norm_pre_clip, critic_update.grad_norm_pre_clip)
                     recorder.record_instruments(
-                        record, step, grad_norm, q_abs_max=record["v/abs_max"], q_bound=bound.to(device),
+                        record, step, grad_norm, q_abs_max=record["v/abs_max"], reward_scale=r_max,
                         output_layer=f"critic.{len(critic.layers) - 1}", update=updates,
                         histograms=partial(histograms, actor, critic, actor_names, critic_names, mb, out))
                 updates += 1

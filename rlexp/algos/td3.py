@@ -185,11 +185,9 @@ def train(ctx: RunContext) -> None:
                 record = instruments(actor, critics, critic_targets, squash, batch, target, actor_update,
                                      critic_update, actor_names, critic_names, critic_prefixes,
                                      cfg.diagnostics.dormant_tau)
-                bound = cfg.divergence.q_bound_factor * torch.as_tensor(r_max, dtype=torch.float32) \
-                    / max(1.0 - algo.gamma, 1e-12)  # [P]
                 grad_norm = torch.maximum(actor_update.grad_norm_pre_clip, critic_update.grad_norm_pre_clip)
                 recorder.record_instruments(
-                    record, step, grad_norm, q_abs_max=record["q/abs_max"], q_bound=bound.to(device),
+                    record, step, grad_norm, q_abs_max=record["q/abs_max"], reward_scale=r_max,
                     output_layer=f"critic.{len(critics[0].layers) - 1}", update=actor_updates,
                     histograms=partial(histograms, actor, squash, actor_names, batch))
             actor_updates += 1
