@@ -8,8 +8,8 @@ for host-side acting. ``PopActivation`` is the network component an entry become
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
 
 import numpy as np
 import torch
@@ -34,8 +34,8 @@ class Activation:
     schema: type
     function: Callable[[ActivationConfig], Function]
     gain: Callable[[ActivationConfig], float]
-    backward: Optional[Backward] = None
-    numpy: Optional[NumpyForm] = None
+    backward: Backward | None = None
+    numpy: NumpyForm | None = None
 
 
 RELU_GAIN = math.sqrt(2.0)
@@ -52,39 +52,66 @@ def _softsign_backward(g: torch.Tensor, h: torch.Tensor, y: torch.Tensor, cfg: A
     return g / d + (-g * (y / d)) * h.sgn()
 
 
-ACTIVATIONS: Dict[str, Activation] = {
+ACTIVATIONS: dict[str, Activation] = {
     "relu": Activation(
-        ActivationConfig, lambda cfg: torch.relu, _fixed(RELU_GAIN),
+        ActivationConfig,
+        lambda cfg: torch.relu,
+        _fixed(RELU_GAIN),
         backward=lambda g, h, y, cfg: torch.ops.aten.threshold_backward(g, y, 0),
-        numpy=lambda cfg: lambda h: np.maximum(h, 0, out=h)),
+        numpy=lambda cfg: lambda h: np.maximum(h, 0, out=h),
+    ),
     "leaky_relu": Activation(
-        LeakyReLUConfig, lambda cfg: lambda x: F.leaky_relu(x, cfg.negative_slope),
+        LeakyReLUConfig,
+        lambda cfg: lambda x: F.leaky_relu(x, cfg.negative_slope),
         lambda cfg: math.sqrt(2.0 / (1.0 + cfg.negative_slope**2)),
         backward=lambda g, h, y, cfg: torch.ops.aten.leaky_relu_backward(g, h, cfg.negative_slope, False),
-        numpy=lambda cfg: lambda h: np.where(h > 0, h, h * np.float32(cfg.negative_slope))),
+        numpy=lambda cfg: lambda h: np.where(h > 0, h, h * np.float32(cfg.negative_slope)),
+    ),
     "elu": Activation(  # gain: ReLU's (torch's calculate_gain has none for ELU)
-        ELUConfig, lambda cfg: lambda x: F.elu(x, cfg.alpha), _fixed(RELU_GAIN),
+        ELUConfig,
+        lambda cfg: lambda x: F.elu(x, cfg.alpha),
+        _fixed(RELU_GAIN),
         backward=lambda g, h, y, cfg: torch.ops.aten.elu_backward(g, cfg.alpha, 1, 1, False, h),
-        numpy=lambda cfg: lambda h: np.where(h > 0, h, np.float32(cfg.alpha) * np.expm1(np.minimum(h, 0)))),
+        numpy=lambda cfg: lambda h: np.where(h > 0, h, np.float32(cfg.alpha) * np.expm1(np.minimum(h, 0))),
+    ),
     "gelu": Activation(  # gain: ReLU's
-        ActivationConfig, lambda cfg: F.gelu, _fixed(RELU_GAIN),
-        backward=lambda g, h, y, cfg: torch.ops.aten.gelu_backward(g, h)),
+        ActivationConfig,
+        lambda cfg: F.gelu,
+        _fixed(RELU_GAIN),
+        backward=lambda g, h, y, cfg: torch.ops.aten.gelu_backward(g, h),
+    ),
     "silu": Activation(  # gain: ReLU's
-        ActivationConfig, lambda cfg: F.silu, _fixed(RELU_GAIN),
-        backward=lambda g, h, y, cfg: torch.ops.aten.silu_backward(g, h)),
+        ActivationConfig,
+        lambda cfg: F.silu,
+        _fixed(RELU_GAIN),
+        backward=lambda g, h, y, cfg: torch.ops.aten.silu_backward(g, h),
+    ),
     "mish": Activation(  # x tanh(softplus(x)); gain: ReLU's, as for ELU, GELU and SiLU
-        ActivationConfig, lambda cfg: F.mish, _fixed(RELU_GAIN),
-        backward=lambda g, h, y, cfg: torch.ops.aten.mish_backward(g, h)),
+        ActivationConfig,
+        lambda cfg: F.mish,
+        _fixed(RELU_GAIN),
+        backward=lambda g, h, y, cfg: torch.ops.aten.mish_backward(g, h),
+    ),
     "tanh": Activation(
-        ActivationConfig, lambda cfg: torch.tanh, _fixed(5.0 / 3.0),
+        ActivationConfig,
+        lambda cfg: torch.tanh,
+        _fixed(5.0 / 3.0),
         backward=lambda g, h, y, cfg: torch.ops.aten.tanh_backward(g, y),
-        numpy=lambda cfg: lambda h: np.tanh(h, out=h)),
+        numpy=lambda cfg: lambda h: np.tanh(h, out=h),
+    ),
     "softsign": Activation(
-        ActivationConfig, lambda cfg: F.softsign, _fixed(1.0), backward=_softsign_backward,
-        numpy=lambda cfg: lambda h: np.divide(h, np.abs(h) + 1, out=h)),
+        ActivationConfig,
+        lambda cfg: F.softsign,
+        _fixed(1.0),
+        backward=_softsign_backward,
+        numpy=lambda cfg: lambda h: np.divide(h, np.abs(h) + 1, out=h),
+    ),
     "sigmoid": Activation(
-        ActivationConfig, lambda cfg: torch.sigmoid, _fixed(1.0),
-        backward=lambda g, h, y, cfg: torch.ops.aten.sigmoid_backward(g, y)),
+        ActivationConfig,
+        lambda cfg: torch.sigmoid,
+        _fixed(1.0),
+        backward=lambda g, h, y, cfg: torch.ops.aten.sigmoid_backward(g, y),
+    ),
 }
 
 
@@ -128,5 +155,5 @@ class PopActivation(Component):
     def fast_forward(self) -> Function:
         return self.function
 
-    def host_forward(self) -> Optional[HostForward]:
+    def host_forward(self) -> HostForward | None:
         return self.entry.numpy(self.cfg) if self.entry.numpy is not None else None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Callable, Dict, Iterable
+from collections.abc import Callable, Iterable
 
 import gymnasium as gym
 import torch
@@ -25,7 +25,6 @@ from rlexp.loggers import WANDB_MODES
 from rlexp.nets import NORMALIZATIONS, check_normalization
 from rlexp.optim import check_optimizer
 from rlexp.registry import SCHEMAS
-
 
 
 def _positive(cfg: DictConfig, prefix: str, keys: Iterable[str]) -> None:
@@ -64,15 +63,16 @@ def _check_known_keys(node: DictConfig, prefix: str = "") -> None:
     for key in node.keys():
         path = f"{prefix}{key}"
         if key not in known:
-            raise ConfigError(path, "unknown key", f"remove it; {prefix.rstrip('.') or 'the top level'} "
-                              f"takes: {', '.join(known)}")
+            raise ConfigError(
+                path, "unknown key", f"remove it; {prefix.rstrip('.') or 'the top level'} takes: {', '.join(known)}"
+            )
         child = node._get_node(key)
         if isinstance(child, DictConfig):
             _check_known_keys(child, f"{path}.")
 
 
 # group -> the value check beside its registry: check(node, dotted key of the node)
-GROUP_CHECKS: Dict[str, Callable[[DictConfig, str], None]] = {
+GROUP_CHECKS: dict[str, Callable[[DictConfig, str], None]] = {
     "activation": check_activation,
     "init": check_init,
     "normalization": check_normalization,
@@ -92,8 +92,9 @@ def validate(cfg: DictConfig) -> None:
     require(cfg.total_steps >= 1, "total_steps", cfg.total_steps, "an integer >= 1")
     require(cfg.num_seeds >= 1, "num_seeds", cfg.num_seeds, "an integer >= 1")
     require(cfg.seed >= 0, "seed", cfg.seed, "an integer >= 0")
-    require(cfg.threads >= -1, "threads", cfg.threads,
-            "an integer >= -1 (0 = torch's default, -1 = by population size)")
+    require(
+        cfg.threads >= -1, "threads", cfg.threads, "an integer >= -1 (0 = torch's default, -1 = by population size)"
+    )
     resolve_device(cfg.device)
 
     _non_negative(cfg.regularization, "regularization", ("l1", "l2"))
@@ -116,19 +117,36 @@ def validate(cfg: DictConfig) -> None:
     _positive(div, "divergence", ("q_bound_factor", "grad_norm_bound", "patience"))
     require_choice(inject.what, "debug.inject.what", ("none", "param", "grad", "obs"))
     if inject.what != "none":
-        require(0 <= inject.member < cfg.num_seeds, "debug.inject.member", inject.member,
-                f"a member index in [0, {cfg.num_seeds})")
-        require(0 <= inject.step < cfg.total_steps, "debug.inject.step", inject.step,
-                f"an env step in [0, {cfg.total_steps})")
+        require(
+            0 <= inject.member < cfg.num_seeds,
+            "debug.inject.member",
+            inject.member,
+            f"a member index in [0, {cfg.num_seeds})",
+        )
+        require(
+            0 <= inject.step < cfg.total_steps,
+            "debug.inject.step",
+            inject.step,
+            f"an env step in [0, {cfg.total_steps})",
+        )
     crash_at = cfg.debug.crash_at_step
-    require(crash_at == -1 or 0 <= crash_at < cfg.total_steps, "debug.crash_at_step", crash_at,
-            f"-1 (never) or an env step in [0, {cfg.total_steps})")
+    require(
+        crash_at == -1 or 0 <= crash_at < cfg.total_steps,
+        "debug.crash_at_step",
+        crash_at,
+        f"-1 (never) or an env step in [0, {cfg.total_steps})",
+    )
     for key in ("obs_norm", "reward_norm"):
         _positive(cfg[key], key, ("clip",))
     _validate_networks(cfg)
     check_env_id(cfg.env.id)
-    {"dqn": _validate_dqn, "ppo": _validate_actor_critic, "a2c": _validate_actor_critic, "ddpg": _validate_td3,
-     "td3": _validate_td3}[cfg.algo.name](cfg)
+    {
+        "dqn": _validate_dqn,
+        "ppo": _validate_actor_critic,
+        "a2c": _validate_actor_critic,
+        "ddpg": _validate_td3,
+        "td3": _validate_td3,
+    }[cfg.algo.name](cfg)
     _validate_action_space(cfg)
 
 
@@ -140,13 +158,21 @@ def _validate_networks(cfg: DictConfig) -> None:
             if node[group] is not None:
                 require_choice(node[group], f"{role}.{group}", SCHEMAS[group])
         if node.hidden is not None:
-            require(all(h >= 1 for h in node.hidden), f"{role}.hidden", list(node.hidden),
-                     "a list of widths >= 1 (or null for network.hidden)")
+            require(
+                all(h >= 1 for h in node.hidden),
+                f"{role}.hidden",
+                list(node.hidden),
+                "a list of widths >= 1 (or null for network.hidden)",
+            )
         if node.last_layer_gain is not None:
             require(node.last_layer_gain > 0, f"{role}.last_layer_gain", node.last_layer_gain, "a value > 0 (or null)")
     depth = len(cfg.critic.hidden if cfg.critic.hidden is not None else cfg.network.hidden)
-    require(0 <= cfg.critic.action_layer <= depth, "critic.action_layer", cfg.critic.action_layer,
-             f"an index in [0, {depth}]: 0 joins the action to the input, k to the k-th hidden layer's output")
+    require(
+        0 <= cfg.critic.action_layer <= depth,
+        "critic.action_layer",
+        cfg.critic.action_layer,
+        f"an index in [0, {depth}]: 0 joins the action to the input, k to the k-th hidden layer's output",
+    )
 
 
 def _require_batch_statistics(cfg: DictConfig, key: str, batch: int) -> None:
@@ -154,8 +180,11 @@ def _require_batch_statistics(cfg: DictConfig, key: str, batch: int) -> None:
     for name in (cfg.normalization.name, cfg.actor.normalization, cfg.critic.normalization):
         needed = NORMALIZATIONS[name].min_batch if name is not None else 1
         if batch < needed:
-            raise ConfigError(key, f"a batch of {batch} sample has no batch statistics for normalization={name}",
-                              f"raise {key} (batches of at least {needed} samples) or use another normalization")
+            raise ConfigError(
+                key,
+                f"a batch of {batch} sample has no batch statistics for normalization={name}",
+                f"raise {key} (batches of at least {needed} samples) or use another normalization",
+            )
 
 
 def _validate_actor_critic(cfg: DictConfig) -> None:
@@ -164,8 +193,11 @@ def _validate_actor_critic(cfg: DictConfig) -> None:
         require(algo[k] >= 1, f"algo.{k}", algo[k], "an integer >= 1")
     batch = algo.num_steps * cfg.env.num_envs
     if algo.num_minibatches > batch:
-        raise ConfigError("algo.num_minibatches", f"{algo.num_minibatches} exceeds the rollout of "
-                          f"{batch} samples (algo.num_steps x env.num_envs)", "lower algo.num_minibatches")
+        raise ConfigError(
+            "algo.num_minibatches",
+            f"{algo.num_minibatches} exceeds the rollout of {batch} samples (algo.num_steps x env.num_envs)",
+            "lower algo.num_minibatches",
+        )
     _require_batch_statistics(cfg, "algo.num_minibatches", batch // algo.num_minibatches)
     _fraction(algo, "algo", ("gamma", "gae_lambda"), closed_high=True)
     if algo.anneal_steps is not None:
@@ -173,8 +205,11 @@ def _validate_actor_critic(cfg: DictConfig) -> None:
     _positive(algo, "algo", ("clip_coef",))
     _non_negative(algo, "algo", ("ent_coef", "vf_coef"))
     if batch > cfg.total_steps:
-        raise ConfigError("total_steps", f"{cfg.total_steps} is shorter than one rollout of {batch} steps",
-                          "raise total_steps or lower algo.num_steps")
+        raise ConfigError(
+            "total_steps",
+            f"{cfg.total_steps} is shorter than one rollout of {batch} steps",
+            "raise total_steps or lower algo.num_steps",
+        )
 
 
 def _validate_replay(cfg: DictConfig, counts: Iterable[str]) -> None:
@@ -186,12 +221,18 @@ def _validate_replay(cfg: DictConfig, counts: Iterable[str]) -> None:
     require(0 < algo.tau <= 1, "algo.tau", algo.tau, "a value in (0, 1]")
     require(algo.learning_starts >= 0, "algo.learning_starts", algo.learning_starts, "an integer >= 0")
     if algo.batch_size > algo.buffer_size:
-        raise ConfigError("algo.batch_size", f"{algo.batch_size} exceeds algo.buffer_size={algo.buffer_size}",
-                          "lower algo.batch_size or raise algo.buffer_size")
+        raise ConfigError(
+            "algo.batch_size",
+            f"{algo.batch_size} exceeds algo.buffer_size={algo.buffer_size}",
+            "lower algo.batch_size or raise algo.buffer_size",
+        )
     _require_batch_statistics(cfg, "algo.batch_size", algo.batch_size)
     if algo.learning_starts >= cfg.total_steps:
-        raise ConfigError("algo.learning_starts", f"{algo.learning_starts} >= total_steps={cfg.total_steps}",
-                          "lower algo.learning_starts or raise total_steps, or nothing is ever learned")
+        raise ConfigError(
+            "algo.learning_starts",
+            f"{algo.learning_starts} >= total_steps={cfg.total_steps}",
+            "lower algo.learning_starts or raise total_steps, or nothing is ever learned",
+        )
 
 
 def _validate_td3(cfg: DictConfig) -> None:
@@ -203,12 +244,14 @@ def _validate_dqn(cfg: DictConfig) -> None:
     _validate_replay(cfg, ("target_update_period",))
     algo = cfg.algo
     _fraction(algo, "algo", ("start_e", "end_e"), closed_high=True)
-    require(0 < algo.exploration_fraction <= 1, "algo.exploration_fraction", algo.exploration_fraction,
-             "a value in (0, 1]")
+    require(
+        0 < algo.exploration_fraction <= 1, "algo.exploration_fraction", algo.exploration_fraction, "a value in (0, 1]"
+    )
     require_choice(algo.target_update, "algo.target_update", ("hard", "soft"))
     require_choice(algo.loss, "algo.loss", ("mse", "huber"))
     _positive(algo, "algo", ("huber_delta", "r_max"))
     _non_negative(algo, "algo", ("clip_delta",))
+
 
 def action_kind(space: gym.Space) -> str:
     """'discrete' for Discrete, 'continuous' for Box, else the space's class name."""
@@ -224,8 +267,11 @@ def _validate_action_space(cfg: DictConfig) -> None:
     try:
         kind = action_kind(env.action_space)
         if not isinstance(env.observation_space, gym.spaces.Box):
-            raise ConfigError("env.id", f"{cfg.env.id} has a {type(env.observation_space).__name__} "
-                              "observation space", "use an environment with Box (vector) observations")
+            raise ConfigError(
+                "env.id",
+                f"{cfg.env.id} has a {type(env.observation_space).__name__} observation space",
+                "use an environment with Box (vector) observations",
+            )
     finally:
         env.close()
     spec = ALGOS[cfg.algo.name]

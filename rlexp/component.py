@@ -20,12 +20,12 @@ network declares it.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
-
 
 HostForward = Callable[[np.ndarray], np.ndarray]
 
@@ -40,13 +40,13 @@ class Component(nn.Module):
     def forward_saved(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
         raise NotImplementedError(f"{type(self).__name__} has no written backward")
 
-    def backward_to_grads(self, saved: Any, grad: torch.Tensor, input_grad: bool = True) -> Optional[torch.Tensor]:
+    def backward_to_grads(self, saved: Any, grad: torch.Tensor, input_grad: bool = True) -> torch.Tensor | None:
         raise NotImplementedError(f"{type(self).__name__} has no written backward")
 
     def fast_forward(self) -> Callable[[torch.Tensor], torch.Tensor]:
         return self.forward
 
-    def host_forward(self) -> Optional[HostForward]:
+    def host_forward(self) -> HostForward | None:
         return None
 
 

@@ -12,8 +12,9 @@ in ``conf/`` name their schema and option. Value checks live beside each registr
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any
 
 from hydra.errors import CompactHydraException
 from omegaconf import MISSING
@@ -93,19 +94,20 @@ class InitConfig:
     """Weight and bias initialization of every linear layer."""
 
     name: str = knob(MISSING, NAME_HELP)
-    gain: Optional[float] = knob(None, "all but default, lecun: weight gain; null = 1 for xavier*, "
-                                       "the activation's gain for he* and orthogonal")
-    bias: Optional[float] = knob(0.0, "constant for every bias; null = the scheme's own (default only)")
+    gain: float | None = knob(
+        None, "all but default, lecun: weight gain; null = 1 for xavier*, the activation's gain for he* and orthogonal"
+    )
+    bias: float | None = knob(0.0, "constant for every bias; null = the scheme's own (default only)")
     last_layer: str = knob("same", "output layer: same (the scheme) | uniform (U(+-last_layer_scale))")
     last_layer_scale: float = knob(0.01, "last_layer=uniform: output weight and bias ~ U(-scale, scale)")
-    last_layer_gain: Optional[float] = knob(None, "last_layer=same: gain of the output layer (null = the scheme's)")
+    last_layer_gain: float | None = knob(None, "last_layer=same: gain of the output layer (null = the scheme's)")
 
 
 @dataclass
 class DefaultInitConfig(InitConfig):
     """default: PyTorch's own nn.Linear init, biases included."""
 
-    bias: Optional[float] = None
+    bias: float | None = None
 
 
 @dataclass
@@ -117,7 +119,7 @@ class GainInitConfig(InitConfig):
 class XavierInitConfig(GainInitConfig):
     """xavier, xavier_uniform, xavier_normal: gain 1."""
 
-    gain: Optional[float] = 1.0
+    gain: float | None = 1.0
 
 
 # ---------------------------------------------------------------- normalization
@@ -126,8 +128,11 @@ class NormalizationConfig:
     """Normalization of every hidden layer (weight: of every linear layer)."""
 
     name: str = knob(MISSING, NAME_HELP)
-    eps: float = knob(1e-5, "layer, batch: added to the variance; weight: inside the sqrt of ||v||^2 "
-                            "(0 = the unguarded division, every option)")
+    eps: float = knob(
+        1e-5,
+        "layer, batch: added to the variance; weight: inside the sqrt of ||v||^2 "
+        "(0 = the unguarded division, every option)",
+    )
     momentum: float = knob(0.1, "batch: running-statistics update rate, as torch.nn.BatchNorm1d")
     g_init: float = knob(1.0, "weight: initial gain g of w = g * v / ||v||")
     output_layer: bool = knob(True, "weight: the output layer is weight-normalized too (as the seed critic)")
@@ -239,7 +244,7 @@ class NetworkConfig:
     """The network's shape, shared by every network of a job."""
 
     name: str = knob(MISSING, NAME_HELP)
-    hidden: List[int] = knob([64, 64], "widths of the hidden layers")
+    hidden: list[int] = knob([64, 64], "widths of the hidden layers")
     residual: bool = knob(False, "hidden layers of equal width become x + act(norm(fc(x)))")
     output_scale: float = knob(1.0, "the output layer's result is multiplied by this")
     linear_last_hidden: bool = knob(False, "the last hidden layer has no activation (the seed critic's)")
@@ -262,8 +267,9 @@ class AlgoConfig:
     # replay: dqn, ddpg, td3
     buffer_size: int = knob(100_000, "dqn, ddpg, td3: replay transitions per member")
     batch_size: int = knob(128, "dqn, ddpg, td3: transitions per update")
-    learning_starts: int = knob(1_000, "dqn, ddpg, td3: env steps before the first update "
-                                       "(ddpg, td3: of uniform random actions)")
+    learning_starts: int = knob(
+        1_000, "dqn, ddpg, td3: env steps before the first update (ddpg, td3: of uniform random actions)"
+    )
     train_frequency: int = knob(16, "dqn, ddpg, td3: env steps between update phases")
     gradient_steps: int = knob(4, "dqn, ddpg, td3: (critic) updates per phase")
     tau: float = knob(0.005, "dqn (soft), ddpg, td3: target <- (1 - tau) target + tau online")
@@ -292,7 +298,7 @@ class AlgoConfig:
     ent_coef: float = knob(0.01, "ppo, a2c: entropy bonus coefficient")
     vf_coef: float = knob(0.5, "ppo, a2c: value loss coefficient")
     anneal_lr: bool = knob(True, "ppo, a2c: learning rate decays linearly to 0 over anneal_steps")
-    anneal_steps: Optional[int] = knob(None, "ppo, a2c: env steps per member of the decay (null = total_steps)")
+    anneal_steps: int | None = knob(None, "ppo, a2c: env steps per member of the decay (null = total_steps)")
     # ddpg, td3
     exploration_noise: float = knob(0.1, "ddpg, td3: Gaussian action noise std (fraction of the half range)")
     twin: bool = knob(True, "ddpg, td3: two critics, the target takes their minimum")
@@ -351,12 +357,12 @@ class DDPGConfig(TD3Config):
 class NetOverrideConfig:
     """One network of an actor-critic algorithm; every null field falls back to the shared group."""
 
-    activation: Optional[str] = knob(None, "an option of the activation group, with its default parameters")
-    init: Optional[str] = knob(None, "an option of the init group, with its default parameters")
-    normalization: Optional[str] = knob(None, "an option of the normalization group, with its default parameters")
-    hidden: Optional[List[int]] = knob(None, "widths of the hidden layers (null = network.hidden)")
-    linear_last_hidden: Optional[bool] = knob(None, "null = network.linear_last_hidden")
-    last_layer_gain: Optional[float] = knob(None, "the output layer's init gain (null = init.last_layer_gain)")
+    activation: str | None = knob(None, "an option of the activation group, with its default parameters")
+    init: str | None = knob(None, "an option of the init group, with its default parameters")
+    normalization: str | None = knob(None, "an option of the normalization group, with its default parameters")
+    hidden: list[int] | None = knob(None, "widths of the hidden layers (null = network.hidden)")
+    linear_last_hidden: bool | None = knob(None, "null = network.linear_last_hidden")
+    last_layer_gain: float | None = knob(None, "the output layer's init gain (null = init.last_layer_gain)")
 
 
 @dataclass
@@ -382,8 +388,8 @@ class EnvConfig:
 
     id: str = knob(MISSING, "the gymnasium id")
     num_envs: int = knob(1, "environments per member (ppo, a2c set their own: conf/algo)")
-    max_episode_steps: Optional[int] = knob(None, "episode step limit (null = the env's own)")
-    kwargs: Dict[str, Any] = knob({}, "keyword arguments of gymnasium.make")
+    max_episode_steps: int | None = knob(None, "episode step limit (null = the env's own)")
+    kwargs: dict[str, Any] = knob({}, "keyword arguments of gymnasium.make")
 
 
 # ---------------------------------------------------------------- instruments, divergence, debugging
@@ -420,9 +426,9 @@ class DebugConfig:
 # ---------------------------------------------------------------- logging, top level
 @dataclass
 class LoggerConfig:
-    mode: Optional[str] = knob(None, "W&B: offline | online | disabled; null = $WANDB_MODE, else offline")
+    mode: str | None = knob(None, "W&B: offline | online | disabled; null = $WANDB_MODE, else offline")
     project: str = knob("rlexp", "W&B project")
-    entity: Optional[str] = knob(None, "W&B entity (null = your default)")
+    entity: str | None = knob(None, "W&B entity (null = your default)")
     log_every: int = knob(1_000, "env steps per member between log records")
     progress: str = knob("auto", "console progress: auto | rich | plain | off")
     init_timeout: float = knob(20.0, "seconds an online W&B run may wait for the server")
@@ -440,10 +446,14 @@ class Config:
     env: EnvConfig = knob(MISSING, "environment")
     divergence: DivergenceConfig = knob(MISSING, "divergence checks")
     regularization: RegularizationConfig = knob(RegularizationConfig, "L1/L2 weight penalties")
-    actor: NetOverrideConfig = knob(lambda: NetOverrideConfig(last_layer_gain=0.01),
-                                    "actor-critic algorithms: the actor's overrides of the shared groups")
-    critic: CriticConfig = knob(lambda: CriticConfig(last_layer_gain=1.0),
-                                "actor-critic algorithms: the critic's overrides of the shared groups")
+    actor: NetOverrideConfig = knob(
+        lambda: NetOverrideConfig(last_layer_gain=0.01),
+        "actor-critic algorithms: the actor's overrides of the shared groups",
+    )
+    critic: CriticConfig = knob(
+        lambda: CriticConfig(last_layer_gain=1.0),
+        "actor-critic algorithms: the critic's overrides of the shared groups",
+    )
     obs_norm: ObsNormConfig = knob(ObsNormConfig, "running observation normalization, every algorithm")
     reward_norm: RewardNormConfig = knob(RewardNormConfig, "running reward scaling, every algorithm")
     diagnostics: DiagnosticsConfig = knob(DiagnosticsConfig, "instruments: per-layer statistics, histograms")

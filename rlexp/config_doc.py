@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import MISSING, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Dict, List, get_type_hints
+from typing import Any, get_type_hints
 
 from omegaconf import OmegaConf
 
@@ -28,11 +28,11 @@ preset's settings never lock its groups. Each default is written once, in `rlexp
 that deliberately differs says so below. `python -m rlexp.train --help` prints a short version."""
 
 
-def _row(cells: List[str]) -> str:
+def _row(cells: list[str]) -> str:
     return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
 
 
-def _key_table(schema: type, instance: Any, prefix: str) -> List[str]:
+def _key_table(schema: type, instance: Any, prefix: str) -> list[str]:
     """key | default | meaning, for every scalar key of ``schema`` (nested blocks recursively)."""
     lines = [_row(["key", "default", "meaning"]), _row(["---"] * 3)]
     nested = []
@@ -60,23 +60,40 @@ def _comment(path: Path) -> str:
     return " ".join(words)
 
 
-def _default_options() -> Dict[str, str]:
+def _default_options() -> dict[str, str]:
     """group -> the option conf/config.yaml picks."""
     entries = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml").defaults)
     return {k: str(v) for e in entries if isinstance(e, dict) for k, v in e.items() if k in SCHEMAS}
 
 
-def _group(group: str, base: type, default: str) -> List[str]:
-    lines = [f"### `{group}` (default `{default}`)", "", base.__doc__ or "", "",
-             _row(["option", "what it is", "schema", "defaults that differ"]), _row(["---"] * 4)]
+def _group(group: str, base: type, default: str) -> list[str]:
+    lines = [
+        f"### `{group}` (default `{default}`)",
+        "",
+        base.__doc__ or "",
+        "",
+        _row(["option", "what it is", "schema", "defaults that differ"]),
+        _row(["---"] * 4),
+    ]
     schemas = SCHEMAS[group]
     for option in group_options(group):
         schema = schemas.get(option, schemas.get("base"))
         base_defaults = {f.name: f.default for f in fields(base)}
-        differs = [f"`{f.name}={format_default(f.default)}`" for f in fields(schema)
-                   if f.default is not MISSING and f.default != base_defaults[f.name]]
-        lines.append(_row([f"`{option}`", _comment(CONF_DIR / group / f"{option}.yaml"), f"`{schema.__name__}`",
-                           ", ".join(differs)]))
+        differs = [
+            f"`{f.name}={format_default(f.default)}`"
+            for f in fields(schema)
+            if f.default is not MISSING and f.default != base_defaults[f.name]
+        ]
+        lines.append(
+            _row(
+                [
+                    f"`{option}`",
+                    _comment(CONF_DIR / group / f"{option}.yaml"),
+                    f"`{schema.__name__}`",
+                    ", ".join(differs),
+                ]
+            )
+        )
     return lines + [""] + _key_table(base, base(), f"{group}.") + [""]
 
 
@@ -87,11 +104,22 @@ def markdown() -> str:
     top = [f for f in fields(Config) if f.name not in SCHEMAS]
     scalars = [f for f in top if not is_dataclass(getattr(config, f.name))]
     blocks = [f for f in top if is_dataclass(getattr(config, f.name))]
-    lines = ["# Configuration", "",
-             f"<!-- generated: python -m rlexp.config_doc > {DOC} (from rlexp/config.py and conf/) -->", "",
-             INTRO, "", "## Top-level keys", "", _row(["key", "default", "meaning"]), _row(["---"] * 3)]
-    lines += [_row([f"`{f.name}`", f"`{format_default(getattr(config, f.name))}`", field_help(Config, f.name)])
-              for f in scalars]
+    lines = [
+        "# Configuration",
+        "",
+        f"<!-- generated: python -m rlexp.config_doc > {DOC} (from rlexp/config.py and conf/) -->",
+        "",
+        INTRO,
+        "",
+        "## Top-level keys",
+        "",
+        _row(["key", "default", "meaning"]),
+        _row(["---"] * 3),
+    ]
+    lines += [
+        _row([f"`{f.name}`", f"`{format_default(getattr(config, f.name))}`", field_help(Config, f.name)])
+        for f in scalars
+    ]
     lines += ["", "## Blocks", ""]
     for f in blocks:
         value = getattr(config, f.name)
@@ -101,11 +129,17 @@ def markdown() -> str:
     defaults = _default_options()
     for group in SCHEMAS:
         lines += _group(group, hints[group], defaults[group])
-    lines += ["## Presets (`+experiment=name`)", "",
-              "A preset sets groups and keys (`# @package _global_`); the command line still changes any of them.",
-              "", _row(["preset", "what it is"]), _row(["---"] * 2)]
-    lines += [_row([f"`{name}`", _comment(CONF_DIR / "experiment" / f"{name}.yaml")])
-              for name in group_options("experiment")]
+    lines += [
+        "## Presets (`+experiment=name`)",
+        "",
+        "A preset sets groups and keys (`# @package _global_`); the command line still changes any of them.",
+        "",
+        _row(["preset", "what it is"]),
+        _row(["---"] * 2),
+    ]
+    lines += [
+        _row([f"`{name}`", _comment(CONF_DIR / "experiment" / f"{name}.yaml")]) for name in group_options("experiment")
+    ]
     return "\n".join(lines) + "\n"
 
 

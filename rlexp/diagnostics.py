@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Deque, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
 
 from rlexp.grad import UpdateStats
 from rlexp.nets import PopMLP
 
-Stats = Dict[str, torch.Tensor]  # metric name -> [P]
+Stats = dict[str, torch.Tensor]  # metric name -> [P]
 
 
-def parameter_names(net: PopMLP, prefix: str) -> List[str]:
+def parameter_names(net: PopMLP, prefix: str) -> list[str]:
     """Names of ``net.parameters()`` in order: ``q.1.weight``, ``q.1.g``, ``q.0.norm.weight``, ..."""
     names = []
     for name, _ in net.named_parameters():
@@ -48,9 +48,9 @@ def layer_of(parameter_name: str) -> str:
     return ".".join(parameter_name.split(".")[:2])
 
 
-def per_layer(values: torch.Tensor, names: Sequence[str]) -> Dict[str, torch.Tensor]:
+def per_layer(values: torch.Tensor, names: Sequence[str]) -> dict[str, torch.Tensor]:
     """Combine per-tensor L2 norms [T, P] into per-layer norms {layer: [P]} (sqrt of sum of squares)."""
-    layers: Dict[str, List[int]] = {}
+    layers: dict[str, list[int]] = {}
     for i, name in enumerate(names):
         layers.setdefault(layer_of(name), []).append(i)
     return {layer: values[idx].square().sum(0).sqrt() for layer, idx in layers.items()}
@@ -75,8 +75,11 @@ def activation_stats(hidden: Sequence[torch.Tensor], prefix: str, tau: float) ->
 def layer_stats(net: PopMLP, prefix: str) -> Stats:
     """Each linear layer's reparametrization statistics, e.g. ``wn_v_min/q.0`` (the smallest per-unit
     ||v|| of a weight-normalized layer, which g/||v|| divides by)."""
-    return {f"{metric}/{prefix}.{i}": value for i, layer in enumerate(net.layers)
-            for metric, value in layer.instruments().items()}
+    return {
+        f"{metric}/{prefix}.{i}": value
+        for i, layer in enumerate(net.layers)
+        for metric, value in layer.instruments().items()
+    }
 
 
 def update_instruments(update: UpdateStats, names: Sequence[str]) -> Stats:
@@ -96,8 +99,8 @@ def update_instruments(update: UpdateStats, names: Sequence[str]) -> Stats:
 
 
 def activity_instruments(
-    net: PopMLP, prefix: str, x: torch.Tensor, tau: float, extra: Optional[torch.Tensor] = None
-) -> Tuple[torch.Tensor, Stats]:
+    net: PopMLP, prefix: str, x: torch.Tensor, tau: float, extra: torch.Tensor | None = None
+) -> tuple[torch.Tensor, Stats]:
     """A forward pass of x [P, B, in] that returns the output and the hidden layers' activation
     statistics with the linear layers' own (weight-norm ||v|| extremes; no gradient)."""
     with torch.no_grad():
@@ -106,15 +109,16 @@ def activity_instruments(
 
 
 def hidden_outputs(
-    net: PopMLP, x: torch.Tensor, extra: Optional[torch.Tensor] = None
-) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+    net: PopMLP, x: torch.Tensor, extra: torch.Tensor | None = None
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The network's forward pass, and each hidden layer's output [P, B, H] (after the activation
     and the residual connection)."""
-    hidden: List[torch.Tensor] = []
+    hidden: list[torch.Tensor] = []
 
     def observe(layer: int, stage: str, value: torch.Tensor) -> None:
         if stage == "hidden":
             hidden.append(value)
+
     return net(x, extra, observe=observe), hidden
 
 
@@ -127,8 +131,9 @@ class Explosions:
         self.grad_strikes = torch.zeros(members, dtype=torch.long, device=device)
         self.patience = patience
 
-    def check(self, q_abs_max: torch.Tensor, q_bound: torch.Tensor, grad_norm: torch.Tensor,
-              grad_bound: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    def check(
+        self, q_abs_max: torch.Tensor, q_bound: torch.Tensor, grad_norm: torch.Tensor, grad_bound: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Update the counts; returns ([P] value explosion, [P] gradient explosion)."""
         self.q_strikes = torch.where(q_abs_max > q_bound, self.q_strikes + 1, 0)
         self.grad_strikes = torch.where(grad_norm > grad_bound, self.grad_strikes + 1, 0)
@@ -150,8 +155,8 @@ def locate_nonfinite(
     member: int,
     x: torch.Tensor,
     input_name: str,
-    extra: Optional[torch.Tensor] = None,
-) -> Optional[Tuple[str, str, str]]:
+    extra: torch.Tensor | None = None,
+) -> tuple[str, str, str] | None:
     """Re-run member ``member``'s batch x [B, in] (and extra [B, extra_in]) through ``net``.
 
     Returns (cause, where, detail) for the first non-finite parameter, input, effective weight,
@@ -169,7 +174,7 @@ def locate_nonfinite(
         for value, label in ((x, input_name), (extra, "action")):
             if value is not None and not torch.isfinite(value).all():
                 return "nonfinite_obs", label, f"{int((~torch.isfinite(value)).sum())} non-finite input values"
-        found: List[Tuple[str, str, str]] = []
+        found: list[tuple[str, str, str]] = []
         largest = 0.0
 
         def observe(layer: int, stage: str, value: torch.Tensor) -> None:
@@ -200,7 +205,7 @@ def locate_nonfinite(
     return found[0] if found else None
 
 
-def locate_gradient(names: Sequence[str], grads: Sequence[torch.Tensor], member: int) -> Optional[Tuple[str, str]]:
+def locate_gradient(names: Sequence[str], grads: Sequence[torch.Tensor], member: int) -> tuple[str, str] | None:
     """The non-finite gradient closest to the output (where backpropagation produced it first)."""
     for name, g in sorted(zip(names, grads), key=lambda item: forward_order(item[0]), reverse=True):
         bad = ~torch.isfinite(g[member])
@@ -211,7 +216,7 @@ def locate_gradient(names: Sequence[str], grads: Sequence[torch.Tensor], member:
 
 def locate_in_update(
     cause: str, names: Sequence[str], params: Sequence[torch.Tensor], member: int, update: UpdateStats
-) -> Tuple[str, str, str]:
+) -> tuple[str, str, str]:
     """Where a non-finite update was born once every input and activation is finite: the loss,
     the gradients (nearest the output first) or the parameters after the optimizer step."""
     if cause == "nonfinite_loss":
@@ -230,27 +235,37 @@ class InstrumentHistory:
     """The last records of one member's instruments on the host, to say which one moved first."""
 
     def __init__(self, length: int = 20) -> None:
-        self.records: Deque[Tuple[int, Dict[str, float]]] = deque(maxlen=length)
+        self.records: deque[tuple[int, dict[str, float]]] = deque(maxlen=length)
 
-    def add(self, step: int, record: Dict[str, float]) -> None:
+    def add(self, step: int, record: dict[str, float]) -> None:
         """Keep a record only while all its values are finite (the last finite values)."""
         if record and all(math.isfinite(v) for v in record.values()):
             self.records.append((step, record))
 
-    def last(self) -> Optional[Dict[str, float]]:
+    def last(self) -> dict[str, float] | None:
         return self.records[-1][1] if self.records else None
 
-    def first_moved(self, factor: float = 10.0) -> Optional[Dict[str, object]]:
+    def first_moved(self, factor: float = 10.0) -> dict[str, object] | None:
         """The instrument whose magnitude first grew ``factor``-fold over its earliest kept value."""
         if len(self.records) < 2:
             return None
         first_step, first = self.records[0]
         for step, record in list(self.records)[1:]:
-            moved = [(abs(v) / max(abs(first[k]), 1e-12), k) for k, v in record.items()
-                     if k in first and not k.startswith("grad_norm_post/")  # the same as grad_norm/ unclipped
-                     and abs(v) >= factor * max(abs(first[k]), 1e-12) and abs(v) > 1e-6]
+            moved = [
+                (abs(v) / max(abs(first[k]), 1e-12), k)
+                for k, v in record.items()
+                if k in first
+                and not k.startswith("grad_norm_post/")  # the same as grad_norm/ unclipped
+                and abs(v) >= factor * max(abs(first[k]), 1e-12)
+                and abs(v) > 1e-6
+            ]
             if moved:
                 ratio, name = max(moved)
-                return {"instrument": name, "step": step, "from": first[name], "to": record[name],
-                        "since_step": first_step}
+                return {
+                    "instrument": name,
+                    "step": step,
+                    "from": first[name],
+                    "to": record[name],
+                    "since_step": first_step,
+                }
         return None

@@ -21,7 +21,6 @@ from __future__ import annotations
 import difflib
 from collections import deque
 from dataclasses import dataclass
-from typing import List, Optional
 
 import gymnasium as gym
 import numpy as np
@@ -57,7 +56,7 @@ def make_env(cfg: EnvConfig) -> gym.Env:
         raise ConfigError("env.id", f"{cfg.id} needs an optional dependency", fix) from None
 
 
-def env_seeds(member_seed: int, num_envs: int) -> List[int]:
+def env_seeds(member_seed: int, num_envs: int) -> list[int]:
     """Seeds of one member's environments, derived from its seed (no overlap between members)."""
     return [int(s) for s in np.random.SeedSequence([member_seed, 1]).generate_state(num_envs)]
 
@@ -93,7 +92,7 @@ class CartPoles:
 
     WRAPPERS = (TimeLimit, OrderEnforcing, PassiveEnvChecker)  # what gym.make adds around CartPoleEnv
 
-    def __init__(self, envs: List[gym.Env]) -> None:
+    def __init__(self, envs: list[gym.Env]) -> None:
         cart = envs[0].unwrapped
         self.sutton_barto_reward = cart._sutton_barto_reward
         self.euler = cart.kinematics_integrator == "euler"
@@ -154,7 +153,7 @@ class PopulationEnv:
 
     MIN_TOGETHER = 4  # CartPoles are stepped together from this many environments up (fewer: slower)
 
-    def __init__(self, cfg: EnvConfig, member_seeds: List[int]) -> None:
+    def __init__(self, cfg: EnvConfig, member_seeds: list[int]) -> None:
         self.members = len(member_seeds)
         self.num_envs = cfg.num_envs
         n = self.members * self.num_envs
@@ -164,20 +163,20 @@ class PopulationEnv:
         self.obs_dim = int(np.prod(self.observation_space.shape))
         self.seeds = [s for m in member_seeds for s in env_seeds(m, cfg.num_envs)]
         together = n >= self.MIN_TOGETHER and CartPoles.fits(self.envs[0])
-        self.cartpoles: Optional[CartPoles] = CartPoles(self.envs) if together else None
+        self.cartpoles: CartPoles | None = CartPoles(self.envs) if together else None
         self.max_steps = time_limit(self.envs[0])  # stepping together truncates episodes by it
         self._done = np.zeros(n, dtype=bool)  # the env's last step ended an episode: its next step resets it
         self._ep_return = np.zeros(n)
         self._ep_length = np.zeros(n, dtype=np.int64)
         self._obs = np.zeros((n, self.obs_dim), dtype=np.float32)
-        self.episodes: List[List[tuple[float, int]]] = [[] for _ in range(self.members)]  # since last read
+        self.episodes: list[list[tuple[float, int]]] = [[] for _ in range(self.members)]  # since last read
         self.last_returns = [deque(maxlen=10) for _ in range(self.members)]
         self.episode_count = np.zeros(self.members, dtype=np.int64)
 
     def _shaped(self, flat: np.ndarray) -> np.ndarray:
         return flat.reshape(self.members, self.num_envs, *flat.shape[1:])
 
-    def _reset_env(self, i: int, seed: Optional[int] = None) -> None:
+    def _reset_env(self, i: int, seed: int | None = None) -> None:
         self._obs[i] = np.ravel(self.envs[i].reset(seed=seed)[0])
         if self.cartpoles is not None:
             self.cartpoles.set_state(i, self.envs[i])
@@ -225,8 +224,13 @@ class PopulationEnv:
             if term or trunc:
                 done[i] = True
                 self._finish_episode(i)
-        return EnvStep(self._shaped(obs.copy()), self._shaped(reward), self._shaped(terminated),
-                       self._shaped(truncated), self._shaped(valid))
+        return EnvStep(
+            self._shaped(obs.copy()),
+            self._shaped(reward),
+            self._shaped(terminated),
+            self._shaped(truncated),
+            self._shaped(valid),
+        )
 
     def _step_together(self, actions: np.ndarray) -> EnvStep:
         """``step`` for CartPoles: all physics at once, then the resets the NEXT_STEP rule asks for."""
@@ -242,10 +246,15 @@ class PopulationEnv:
         np.logical_or(terminated, truncated, out=self._done)
         for i in np.flatnonzero(self._done):
             self._finish_episode(i)
-        return EnvStep(self._shaped(self._obs), self._shaped(reward), self._shaped(terminated),
-                       self._shaped(truncated), self._shaped(~resetting))
+        return EnvStep(
+            self._shaped(self._obs),
+            self._shaped(reward),
+            self._shaped(terminated),
+            self._shaped(truncated),
+            self._shaped(~resetting),
+        )
 
-    def take_episodes(self) -> List[List[tuple[float, int]]]:
+    def take_episodes(self) -> list[list[tuple[float, int]]]:
         """Episodes (return, length) finished since the last call, per member."""
         episodes, self.episodes = self.episodes, [[] for _ in range(self.members)]
         return episodes

@@ -14,22 +14,38 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Type
 
 import torch
 from omegaconf import DictConfig
 
-from rlexp.config import (AGCConfig, ClippingConfig, NormClipConfig, OptimizerConfig, PerTensorClipConfig,
-                          RegularizationConfig, ValueClipConfig, require, require_choice)
+from rlexp.config import (
+    AGCConfig,
+    ClippingConfig,
+    NormClipConfig,
+    OptimizerConfig,
+    PerTensorClipConfig,
+    RegularizationConfig,
+    ValueClipConfig,
+    require,
+    require_choice,
+)
 from rlexp.optim import make_optimizer
 
 # A member's gradient is a strided view into the pipeline's flat gradient buffer; backward adds into
 # it in place, which torch reports (once) as a layout mismatch. Nothing is copied or lost.
 warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout contract")
 
-CAUSES = ("none", "nonfinite_loss", "nonfinite_grad", "nonfinite_param", "nonfinite_obs", "value_explosion",
-          "grad_explosion")
+CAUSES = (
+    "none",
+    "nonfinite_loss",
+    "nonfinite_grad",
+    "nonfinite_param",
+    "nonfinite_obs",
+    "value_explosion",
+    "grad_explosion",
+)
 
 
 def _member_view(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -55,29 +71,33 @@ def member_norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 Processor = Callable[..., None]
 
 
-def clip_none(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig,
-              norm: Optional[torch.Tensor] = None) -> None:
+def clip_none(
+    params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig, norm: torch.Tensor | None = None
+) -> None:
     """Leave gradients as they are."""
 
 
-def clip_global_norm(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig,
-                     norm: Optional[torch.Tensor] = None) -> None:
+def clip_global_norm(
+    params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig, norm: torch.Tensor | None = None
+) -> None:
     """Scale each member's gradients by min(1, max_norm / (||g||_member + 1e-6)) (clip_grad_norm_)."""
     norm = member_norms(grads) if norm is None else norm
     scale = (cfg.max_norm / (norm + 1e-6)).clamp(max=1.0).to(grads[0].dtype)  # [P]
     torch._foreach_mul_(grads, [_member_view(scale, g) for g in grads])
 
 
-def clip_per_tensor(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig,
-                    norm: Optional[torch.Tensor] = None) -> None:
+def clip_per_tensor(
+    params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig, norm: torch.Tensor | None = None
+) -> None:
     """TF clip_by_norm on each tensor and member: g * max_norm / max(||g||, max_norm)."""
     for g in grads:
         norm = g.flatten(1).norm(dim=1)  # [P]
         g.mul_(_member_view(cfg.max_norm / torch.clamp(norm, min=cfg.max_norm), g))
 
 
-def clip_value(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig,
-               norm: Optional[torch.Tensor] = None) -> None:
+def clip_value(
+    params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig, norm: torch.Tensor | None = None
+) -> None:
     """Clamp every gradient element to +-clip_value."""
     for g in grads:
         g.clamp_(-cfg.clip_value, cfg.clip_value)
@@ -91,8 +111,9 @@ def unitwise_norm(x: torch.Tensor) -> torch.Tensor:
     return x.norm(dim=-1, keepdim=True)
 
 
-def clip_agc(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig,
-             norm: Optional[torch.Tensor] = None) -> None:
+def clip_agc(
+    params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig, norm: torch.Tensor | None = None
+) -> None:
     """Adaptive gradient clipping (Brock et al. 2021): where ||G_i|| > lambda * max(||W_i||, eps),
     scale G_i to that norm; unit-wise, per member."""
     for p, g in zip(params, grads):
@@ -112,14 +133,19 @@ class Clipper:
     """A clipping option: its processor and the schema of its config."""
 
     process: Processor
-    schema: Type[ClippingConfig]
+    schema: type[ClippingConfig]
 
-    def __call__(self, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], cfg: ClippingConfig,
-                 norm: Optional[torch.Tensor] = None) -> None:
+    def __call__(
+        self,
+        params: Sequence[torch.Tensor],
+        grads: Sequence[torch.Tensor],
+        cfg: ClippingConfig,
+        norm: torch.Tensor | None = None,
+    ) -> None:
         self.process(params, grads, cfg, norm)
 
 
-CLIPPERS: Dict[str, Clipper] = {
+CLIPPERS: dict[str, Clipper] = {
     "none": Clipper(clip_none, ClippingConfig),
     "global_norm": Clipper(clip_global_norm, NormClipConfig),
     "per_tensor": Clipper(clip_per_tensor, PerTensorClipConfig),
@@ -165,12 +191,12 @@ class UpdateStats:
     loss: torch.Tensor
     grad_norm_pre_clip: torch.Tensor
     grad_norm_post_clip: torch.Tensor
-    newly_diverged: Optional[torch.Tensor] = None  # [P] bool, when some member may have diverged
-    tensor_grad_pre: Optional[torch.Tensor] = None  # the rest only with diagnose=True
-    tensor_grad_post: Optional[torch.Tensor] = None
-    tensor_param: Optional[torch.Tensor] = None
-    tensor_update: Optional[torch.Tensor] = None  # ||p_after - p_before||
-    param_finite_after: Optional[torch.Tensor] = None  # [T, P] after the step (slow path only)
+    newly_diverged: torch.Tensor | None = None  # [P] bool, when some member may have diverged
+    tensor_grad_pre: torch.Tensor | None = None  # the rest only with diagnose=True
+    tensor_grad_post: torch.Tensor | None = None
+    tensor_param: torch.Tensor | None = None
+    tensor_update: torch.Tensor | None = None  # ||p_after - p_before||
+    param_finite_after: torch.Tensor | None = None  # [T, P] after the step (slow path only)
 
 
 class GradientPipeline:
@@ -191,11 +217,11 @@ class GradientPipeline:
 
     def __init__(
         self,
-        params: List[torch.Tensor],
+        params: list[torch.Tensor],
         optimizer: OptimizerConfig,
         clipping: ClippingConfig,
         regularization: RegularizationConfig,
-        weights: List[torch.Tensor],
+        weights: list[torch.Tensor],
         health: Health,
     ) -> None:
         members = params[0].shape[0]
@@ -207,8 +233,8 @@ class GradientPipeline:
         offset = 0
         for p in params:  # each parameter and its gradient become views into the buffers
             n = p[0].numel()
-            p.data = self.flat[:, offset:offset + n].view(p.shape)
-            p.grad = self.flat_grad[:, offset:offset + n].view(p.shape)  # backward adds into it in place
+            p.data = self.flat[:, offset : offset + n].view(p.shape)
+            p.grad = self.flat_grad[:, offset : offset + n].view(p.shape)  # backward adds into it in place
             offset += n
         GradientPipeline.storage_moves += 1
         self.params = params
@@ -222,7 +248,7 @@ class GradientPipeline:
         self.l1, self.l2 = regularization.l1, regularization.l2
         self.penalized = weights if regularization.weights_only else params
         # called with (grads, env_step) between backward and the processors (fault injection)
-        self.after_backward: Optional[Callable[[List[torch.Tensor], int], None]] = None
+        self.after_backward: Callable[[list[torch.Tensor], int], None] | None = None
         self._on_cpu = not self.flat.is_cuda
 
     def penalty(self) -> torch.Tensor:
@@ -244,8 +270,9 @@ class GradientPipeline:
         """True when the loss gets an L1/L2 penalty (whose gradient comes from backward)."""
         return self.l1 > 0 or self.l2 > 0
 
-    def step(self, loss: torch.Tensor, env_step: int, diagnose: bool = False,
-             grads_written: bool = False) -> UpdateStats:
+    def step(
+        self, loss: torch.Tensor, env_step: int, diagnose: bool = False, grads_written: bool = False
+    ) -> UpdateStats:
         """Run one update from per-member losses ``loss`` [P] (without the penalty) at ``env_step``.
 
         ``diagnose`` also returns per-tensor gradient norms before and after the processors,
@@ -284,8 +311,11 @@ class GradientPipeline:
             # CPU fast path (a host check is free there): every member alive, with a finite loss
             # and gradient norm, and finite parameters after the step (a finite sum has only finite
             # terms; a sum that overflows takes the exact path below)
-            if (self._on_cpu and bool(self.health.alive.all())
-                    and math.isfinite(stats.loss.sum() + norm_pre.sum() + flat.sum())):
+            if (
+                self._on_cpu
+                and bool(self.health.alive.all())
+                and math.isfinite(stats.loss.sum() + norm_pre.sum() + flat.sum())
+            ):
                 return stats
             # otherwise (and always on a GPU, so the host is never asked): restore every member
             # that may not change, on the device, and mark the new divergences

@@ -7,8 +7,8 @@ member k's initial weights depend only on its seed.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
 
 import torch
 
@@ -70,7 +70,7 @@ class Initializer:
     activation_gain: bool = False
 
 
-INITIALIZERS: Dict[str, Initializer] = {
+INITIALIZERS: dict[str, Initializer] = {
     "default": Initializer(DefaultInitConfig, _default),
     "xavier": Initializer(XavierInitConfig, _xavier_uniform),
     "xavier_uniform": Initializer(XavierInitConfig, _xavier_uniform),
@@ -97,7 +97,7 @@ def check_init(cfg: InitConfig, key: str = "init") -> None:
 
 def scheme_gain(cfg: InitConfig, activation: ActivationConfig) -> float:
     """The gain a scheme uses for hidden layers: cfg.gain, else the activation's (He, orthogonal) or 1."""
-    gain: Optional[float] = getattr(cfg, "gain", None)
+    gain: float | None = getattr(cfg, "gain", None)
     if gain is not None:
         return float(gain)
     return activation_gain(activation) if INITIALIZERS[cfg.name].activation_gain else 1.0
@@ -106,7 +106,7 @@ def scheme_gain(cfg: InitConfig, activation: ActivationConfig) -> float:
 @torch.no_grad()
 def init_linear(
     weight: torch.Tensor,
-    bias: Optional[torch.Tensor],
+    bias: torch.Tensor | None,
     cfg: InitConfig,
     gain: float,
     generators: list[torch.Generator],

@@ -14,10 +14,11 @@ import os
 import re
 import traceback
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+
 from rlexp.config import NON_CELL_KEYS, SEED_KEYS, ConfigError
 
 FINISHED = ("ok", "diverged")
@@ -36,7 +37,7 @@ def write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def read_summary(out_dir: Path) -> Optional[Dict[str, Any]]:
+def read_summary(out_dir: Path) -> dict[str, Any] | None:
     """The job summary recorded in ``out_dir``, or None (none, or unreadable)."""
     try:
         summary = json.loads((out_dir / "summary.json").read_text())
@@ -51,7 +52,7 @@ def is_finished(out_dir: Path) -> bool:
     return summary is not None and summary.get("status") in FINISHED
 
 
-def hydra_subdir() -> Optional[str]:
+def hydra_subdir() -> str | None:
     """``hydra.output_subdir`` of a job: ``.hydra``, or None (Hydra writes no config record) when
     the job's dir already holds a finished job, so that neither a resume nor a refusal touches it."""
     try:
@@ -69,16 +70,16 @@ def _dir_key() -> str:
         return "hydra.run.dir"
 
 
-def _flatten(node: Any, prefix: str = "") -> Dict[str, Any]:
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     if not isinstance(node, dict):
         return {prefix.rstrip("."): node}
-    flat: Dict[str, Any] = {}
+    flat: dict[str, Any] = {}
     for key, value in node.items():
         flat.update(_flatten(value, f"{prefix}{key}."))
     return flat
 
 
-def config_difference(recorded: Dict[str, Any], current: Dict[str, Any]) -> Optional[Tuple[str, Any, Any]]:
+def config_difference(recorded: dict[str, Any], current: dict[str, Any]) -> tuple[str, Any, Any] | None:
     """The first key (dotted) whose value differs between two resolved configs, with both values;
     None when they agree on every key outside ``RESUME_IGNORES``."""
     old, new = _flatten(recorded), _flatten(current)
@@ -90,7 +91,7 @@ def config_difference(recorded: Dict[str, Any], current: Dict[str, Any]) -> Opti
     return None
 
 
-def move_aside(out_dir: Path) -> Optional[Path]:
+def move_aside(out_dir: Path) -> Path | None:
     """Move an unfinished earlier attempt's files (all but ``.hydra/`` and earlier attempts) into
     ``out_dir/attempt_<n>/``; returns that dir, or None when there was nothing to move."""
     if not out_dir.is_dir():
@@ -108,7 +109,7 @@ def move_aside(out_dir: Path) -> Optional[Path]:
     return dest
 
 
-def start_job(out_dir: Path, config: Dict[str, Any], resume: bool) -> Optional[Dict[str, Any]]:
+def start_job(out_dir: Path, config: dict[str, Any], resume: bool) -> dict[str, Any] | None:
     """Prepare ``out_dir`` for a job with the resolved ``config``.
 
     A finished job there: with ``resume`` its recorded summary (the caller skips the job; a config
@@ -121,19 +122,31 @@ def start_job(out_dir: Path, config: Dict[str, Any], resume: bool) -> Optional[D
         return None
     status, dir_key = recorded["status"], _dir_key()
     if not resume:
-        raise ConfigError("resume", f"{out_dir} already holds a finished job (status {status})",
-                          f"pass resume=true to skip finished jobs, or set {dir_key} to a new directory")
+        raise ConfigError(
+            "resume",
+            f"{out_dir} already holds a finished job (status {status})",
+            f"pass resume=true to skip finished jobs, or set {dir_key} to a new directory",
+        )
     differs = config_difference(recorded.get("config") or {}, config)
     if differs is not None:
         key, old, new = differs
-        raise ConfigError(key, f"the finished job in {out_dir} has {key}={old!r}, this run {new!r}",
-                          f"resume with the config it was started with, or set {dir_key} to a new directory")
+        raise ConfigError(
+            key,
+            f"the finished job in {out_dir} has {key}={old!r}, this run {new!r}",
+            f"resume with the config it was started with, or set {dir_key} to a new directory",
+        )
     print(f"resume: {out_dir} is finished (status {status}); kept as recorded", flush=True)
     return recorded
 
 
-def job_summary(config: Dict[str, Any], cell: str, choices: Dict[str, str], members: List[Dict[str, Any]],
-                wall_s: float, error: Optional[str]) -> Dict[str, Any]:
+def job_summary(
+    config: dict[str, Any],
+    cell: str,
+    choices: dict[str, str],
+    members: list[dict[str, Any]],
+    wall_s: float,
+    error: str | None,
+) -> dict[str, Any]:
     """The job's ``summary.json`` content: status crashed when ``error`` is set, diverged when any
     member diverged, else ok."""
     statuses = [m["status"] for m in members]
@@ -155,8 +168,9 @@ def job_summary(config: Dict[str, Any], cell: str, choices: Dict[str, str], memb
     }
 
 
-def record_crash(out_dir: Path, config: Dict[str, Any], cell: str, choices: Dict[str, str], exc: BaseException,
-                 wall_s: float) -> Dict[str, Any]:
+def record_crash(
+    out_dir: Path, config: dict[str, Any], cell: str, choices: dict[str, str], exc: BaseException, wall_s: float
+) -> dict[str, Any]:
     """Record a job that raised before its trainer could: ``error.txt`` (the traceback), a crashed
     ``seed_<k>/summary.json`` per member and the job's ``summary.json``; returns the job summary."""
     error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
@@ -164,9 +178,18 @@ def record_crash(out_dir: Path, config: Dict[str, Any], cell: str, choices: Dict
     (out_dir / "error.txt").write_text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
     members = []
     for k in range(config["num_seeds"]):
-        member = {"status": "crashed", "seed": config["seed"] + k, "member": k, "steps": 0, "final_return": None,
-                  "episodes": 0, "wall_s": round(wall_s, 3), "diverged_at_step": None, "divergence": None,
-                  "error": error}
+        member = {
+            "status": "crashed",
+            "seed": config["seed"] + k,
+            "member": k,
+            "steps": 0,
+            "final_return": None,
+            "episodes": 0,
+            "wall_s": round(wall_s, 3),
+            "diverged_at_step": None,
+            "divergence": None,
+            "error": error,
+        }
         write_json(out_dir / f"seed_{k}" / "summary.json", member)
         members.append(member)
     job = job_summary(config, cell, choices, members, wall_s, error)

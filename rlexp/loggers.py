@@ -17,7 +17,7 @@ import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -56,12 +56,12 @@ class MemberLog:
         self.dir = run_dir
         self.file = open(run_dir / "metrics.jsonl", "w", buffering=1)  # a rerun into this dir starts afresh
         self._run: Any = None
-        self._opening: Optional[Future] = None
+        self._opening: Future | None = None
         if isinstance(wandb_run, Future):
             self._opening = wandb_run
         else:
             self._run = wandb_run
-        self._waiting: List[tuple[Dict[str, Any], int]] = []  # logged before the run was open
+        self._waiting: list[tuple[dict[str, Any], int]] = []  # logged before the run was open
 
     @property
     def logs_to_wandb(self) -> bool:
@@ -77,7 +77,7 @@ class MemberLog:
             self._waiting = []
         return self._run
 
-    def log_wandb(self, payload: Dict[str, Any], step: int) -> None:
+    def log_wandb(self, payload: dict[str, Any], step: int) -> None:
         """Send a record to the member's W&B run (queued while the run opens); nothing when disabled."""
         run = self._wandb(wait=False)
         if run is not None:
@@ -85,12 +85,12 @@ class MemberLog:
         elif self._opening is not None:
             self._waiting.append((payload, step))
 
-    def log(self, step: int, metrics: Dict[str, Any]) -> None:
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, **{k: _json_value(v) for k, v in metrics.items()}}
         self.file.write(json.dumps(record) + "\n")
         self.log_wandb(metrics, step)
 
-    def finish(self, summary: Dict[str, Any], failed: bool = False) -> None:
+    def finish(self, summary: dict[str, Any], failed: bool = False) -> None:
         """Write summary.json, put the summary into the W&B run and end it (exit code 1 if failed)."""
         (self.dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         if not self.file.closed:
@@ -111,15 +111,15 @@ class MemberLog:
 def open_member_logs(
     cfg: LoggerConfig,
     out_dir: Path,
-    seeds: List[int],
+    seeds: list[int],
     group: str,
-    tags: List[str],
-    config: Dict[str, Any],
-) -> List[MemberLog]:
+    tags: list[str],
+    config: dict[str, Any],
+) -> list[MemberLog]:
     """One MemberLog per seed under ``out_dir/seed_<k>``; W&B files in ``seed_<k>/wandb``. The W&B
     runs open one after another in a background thread (each log holds a Future of its run)."""
     mode = resolve_wandb_mode(cfg)
-    logs: List[MemberLog] = []
+    logs: list[MemberLog] = []
     opener = None if mode == "disabled" else ThreadPoolExecutor(max_workers=1, thread_name_prefix="wandb-init")
     for member, seed in enumerate(seeds):
         run_dir = out_dir / f"seed_{member}"
@@ -140,8 +140,16 @@ def _fit(text: str, limit: int) -> str:
     return f"{text[: limit - 9]}~{hashlib.sha1(text.encode()).hexdigest()[:8]}"
 
 
-def _init_wandb(cfg: LoggerConfig, mode: str, run_dir: Path, seed: int, member: int, group: str,
-                tags: List[str], config: Dict[str, Any]) -> Any:
+def _init_wandb(
+    cfg: LoggerConfig,
+    mode: str,
+    run_dir: Path,
+    seed: int,
+    member: int,
+    group: str,
+    tags: list[str],
+    config: dict[str, Any],
+) -> Any:
     import wandb  # imported only when a run logs to W&B
 
     kwargs = dict(
@@ -177,11 +185,15 @@ class ConsoleProgress:
         self.label = label
         self.start = time.perf_counter()
         self.next_plain = 0
-        self.progress: Optional[Progress] = None
+        self.progress: Progress | None = None
         if self.mode == "rich":
             self.progress = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.console,
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeElapsedColumn(),
+                console=self.console,
             )
             self.task = self.progress.add_task(label, total=total, info="")
             self.progress.start()
@@ -200,7 +212,7 @@ class ConsoleProgress:
             self.progress = None
 
 
-def print_summary(console: Console, title: str, members: List[Dict[str, Any]]) -> None:
+def print_summary(console: Console, title: str, members: list[dict[str, Any]]) -> None:
     """One table, a row per member: seed, status, final return (mean of the last 10 episodes),
     episodes, steps, wall time; for diverged members the step, cause, place and the instrument
     that moved first, then a line each with the detail."""
@@ -209,8 +221,10 @@ def print_summary(console: Console, title: str, members: List[Dict[str, Any]]) -
     columns = ["seed", "status", "return", "episodes", "steps", "wall s"]
     columns += ["diverged at", "cause", "where", "moved first"] if diverged else []
     for column in columns:
-        table.add_column(column, justify="right" if column in ("seed", "return", "episodes", "steps", "wall s",
-                                                                  "diverged at") else "left")
+        table.add_column(
+            column,
+            justify="right" if column in ("seed", "return", "episodes", "steps", "wall s", "diverged at") else "left",
+        )
     colors = {"ok": "green", "diverged": "yellow", "crashed": "red"}
     for m in members:
         final = m.get("final_return")
@@ -237,7 +251,14 @@ def print_summary(console: Console, title: str, members: List[Dict[str, Any]]) -
         div = m.get("divergence") or {}
         if div.get("detail"):
             moved = div.get("first_moved")
-            first = (f"; moved first: {moved['instrument']} ({moved['from']:.3g} -> {moved['to']:.3g} between steps "
-                     f"{moved['since_step']} and {moved['step']})" if moved else "")
-            console.print(f"seed {m['seed']}: {div['cause']} at step {m['diverged_at_step']} in {div['where']}: "
-                          f"{div['detail']}{first}", highlight=False)
+            first = (
+                f"; moved first: {moved['instrument']} ({moved['from']:.3g} -> {moved['to']:.3g} between steps "
+                f"{moved['since_step']} and {moved['step']})"
+                if moved
+                else ""
+            )
+            console.print(
+                f"seed {m['seed']}: {div['cause']} at step {m['diverged_at_step']} in {div['where']}: "
+                f"{div['detail']}{first}",
+                highlight=False,
+            )

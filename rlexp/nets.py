@@ -14,8 +14,8 @@ in one loop.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -58,19 +58,19 @@ class PopLinear(Component):
         self.weight = nn.Parameter(torch.empty(members, n_out, n_in))
         self.bias = nn.Parameter(torch.zeros(members, n_out))
 
-    def reset_parameters(self, init: InitConfig, gain: float, generators: List[torch.Generator], last: bool) -> None:
+    def reset_parameters(self, init: InitConfig, gain: float, generators: list[torch.Generator], last: bool) -> None:
         """Fill weight and bias with ``init`` (see init_linear); ``last``: the output layer."""
         init_linear(self.weight, self.bias, init, gain, generators, last=last)
 
     def effective_weight(self) -> torch.Tensor:
         return self.weight  # [P, out, in]
 
-    def weight_problem(self, member: int) -> Optional[Tuple[str, str]]:
+    def weight_problem(self, member: int) -> tuple[str, str] | None:
         """(where, detail) when member's effective weight is non-finite while its parameters are
         finite; None for a plain layer, whose weight is a parameter."""
         return None
 
-    def instruments(self) -> Dict[str, torch.Tensor]:
+    def instruments(self) -> dict[str, torch.Tensor]:
         """Per-member statistics of the layer's reparametrization, {metric: [P]} (none here)."""
         return {}
 
@@ -81,7 +81,7 @@ class PopLinear(Component):
         """``forward`` without autograd, and what ``backward_to_grads`` needs (the input, the weight used)."""
         return torch.baddbmm(self.bias.unsqueeze(1), x, self.weight.mT), (x, self.weight)
 
-    def backward_to_grads(self, saved: tuple, grad: torch.Tensor, input_grad: bool = True) -> Optional[torch.Tensor]:
+    def backward_to_grads(self, saved: tuple, grad: torch.Tensor, input_grad: bool = True) -> torch.Tensor | None:
         """As autograd runs baddbmm's backward: writes the parameters' gradients for the gradient ``grad``
         [P, B, out] wrt the output and returns the one wrt the input [P, B, in] (or None)."""
         x, weight = saved[:2]
@@ -99,7 +99,7 @@ class PopLinear(Component):
         bias, weight_t = self.bias.detach().unsqueeze(1), self.weight.detach().mT  # [P, 1, out], [P, in, out]
         return lambda x: torch.baddbmm(bias, x, weight_t)
 
-    def host_forward(self) -> Optional[HostForward]:
+    def host_forward(self) -> HostForward | None:
         """x [P, B, in] -> [P, B, out] in numpy on views of the parameters."""
         weight_t, bias = numpy_view(self.weight).transpose(0, 2, 1), numpy_view(self.bias)[:, None, :]
 
@@ -107,6 +107,7 @@ class PopLinear(Component):
             h = np.matmul(x, weight_t)
             h += bias
             return h
+
         return linear
 
 
@@ -138,13 +139,13 @@ class PopWeightNormLinear(PopLinear):
     def fast_forward(self) -> Callable[[torch.Tensor], torch.Tensor]:
         return self.forward
 
-    def weight_problem(self, member: int) -> Optional[Tuple[str, str]]:
+    def weight_problem(self, member: int) -> tuple[str, str] | None:
         if torch.isfinite(self.effective_weight()[member]).all():
             return None
         v_norm = self.weight[member].norm(dim=-1)
         return "weight_norm", f"g/||v|| is non-finite: smallest per-unit ||v|| = {v_norm.min().item():.3g}"
 
-    def instruments(self) -> Dict[str, torch.Tensor]:
+    def instruments(self) -> dict[str, torch.Tensor]:
         """The smallest and largest per-unit ||v|| (g/||v|| divides by it): wn_v_min, wn_v_max [P]."""
         v_norm = self.weight.detach().norm(dim=-1)  # [P, out]
         return {"wn_v_min": v_norm.amin(1), "wn_v_max": v_norm.amax(1)}
@@ -167,7 +168,7 @@ class PopWeightNormLinear(PopLinear):
         grad_squares = (grad_norms / (2 * norms)).unsqueeze(-1).expand_as(v)  # [P, out, in] wrt v^2
         torch.add(grad_weight * scale.unsqueeze(-1), grad_squares * (2.0 * v), out=v.grad)
 
-    def host_forward(self) -> Optional[HostForward]:
+    def host_forward(self) -> HostForward | None:
         """x (g v / ||v||)^T = (x v^T) g / ||v|| in numpy on views of the parameters."""
         weight, bias = numpy_view(self.weight), numpy_view(self.bias)[:, None, :]  # [P, out, in], [P, 1, out]
         weight_t, g, eps = weight.transpose(0, 2, 1), numpy_view(self.g), np.float32(self.eps)
@@ -177,6 +178,7 @@ class PopWeightNormLinear(PopLinear):
             h *= (g / np.sqrt(np.square(weight).sum(-1) + eps))[:, None, :]
             h += bias
             return h
+
         return weight_norm_linear
 
 
@@ -199,7 +201,7 @@ class PopSpectralNormLinear(PopLinear):
         self.power_iterations = power_iterations
         self.register_buffer("u", F.normalize(torch.ones(members, n_out), dim=-1))  # [P, out]
 
-    def reset_parameters(self, init: InitConfig, gain: float, generators: List[torch.Generator], last: bool) -> None:
+    def reset_parameters(self, init: InitConfig, gain: float, generators: list[torch.Generator], last: bool) -> None:
         super().reset_parameters(init, gain, generators, last)
         self._power_iteration(self.INIT_ITERATIONS)
 
@@ -227,20 +229,20 @@ class PopSpectralNormLinear(PopLinear):
             self._power_iteration(self.power_iterations)
         return self.weight / self.sigma()[:, None, None]  # [P, out, in]
 
-    def weight_problem(self, member: int) -> Optional[Tuple[str, str]]:
+    def weight_problem(self, member: int) -> tuple[str, str] | None:
         sigma = self.sigma()[member]
         if torch.isfinite(self.weight[member] / sigma).all():
             return None
         return "spectral_norm", f"W/sigma is non-finite: sigma = {sigma.item():.3g}"
 
-    def instruments(self) -> Dict[str, torch.Tensor]:
+    def instruments(self) -> dict[str, torch.Tensor]:
         """The spectral norm estimate the layer divides by: sn_sigma [P]."""
         return {"sn_sigma": self.sigma().detach()}
 
     def fast_forward(self) -> Callable[[torch.Tensor], torch.Tensor]:
         return self.forward
 
-    def host_forward(self) -> Optional[HostForward]:
+    def host_forward(self) -> HostForward | None:
         return None  # the power iteration runs in torch
 
 
@@ -273,10 +275,11 @@ class PopLayerNorm(Component):
         ensure_grads(self.weight, self.bias)
         torch.sum(grad * x_hat, 1, out=self.weight.grad)
         torch.sum(grad, 1, out=self.bias.grad)
-        return torch.ops.aten.native_layer_norm_backward(grad * self.weight.unsqueeze(1), x, x.shape[-1:], mean, rstd,
-                                                         None, None, [True, False, False])[0]
+        return torch.ops.aten.native_layer_norm_backward(
+            grad * self.weight.unsqueeze(1), x, x.shape[-1:], mean, rstd, None, None, [True, False, False]
+        )[0]
 
-    def host_forward(self) -> Optional[HostForward]:
+    def host_forward(self) -> HostForward | None:
         """Over features, per member and sample, in numpy on views of the parameters."""
         weight, bias = numpy_view(self.weight)[:, None, :], numpy_view(self.bias)[:, None, :]
         eps = np.float32(self.eps)
@@ -287,6 +290,7 @@ class PopLayerNorm(Component):
             h *= weight
             h += bias
             return h
+
         return layer_norm
 
 
@@ -306,13 +310,14 @@ class PopRMSNorm(Component):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, x.shape[-1:], eps=self.eps) * self.weight.unsqueeze(1)
 
-    def host_forward(self) -> Optional[HostForward]:
+    def host_forward(self) -> HostForward | None:
         weight, eps = numpy_view(self.weight)[:, None, :], np.float32(self.eps)
 
         def rms_norm(h: np.ndarray) -> np.ndarray:
             h = h / np.sqrt(np.square(h).mean(-1, keepdims=True) + eps)
             h *= weight
             return h
+
         return rms_norm
 
 
@@ -350,16 +355,32 @@ class PopBatchNorm(Component):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # the running statistics are updated in place through their flat views; weight and bias may
         # be strided views into a pipeline's buffer, so they are reshaped (copied when they must be)
-        y = F.batch_norm(self._channels(x), self.running_mean.view(-1), self.running_var.view(-1),
-                         self.weight.reshape(-1), self.bias.reshape(-1), self.training, self.momentum, self.eps)
+        y = F.batch_norm(
+            self._channels(x),
+            self.running_mean.view(-1),
+            self.running_var.view(-1),
+            self.weight.reshape(-1),
+            self.bias.reshape(-1),
+            self.training,
+            self.momentum,
+            self.eps,
+        )
         return self._members(y)  # [P, B, H]
 
     def forward_saved(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple]:
         """``forward`` without autograd (the kernel F.batch_norm runs, updating the running statistics
         in training mode), and what ``backward_to_grads`` needs."""
         channels, weight = self._channels(x), self.weight.reshape(-1)
-        y, mean, invstd = torch.native_batch_norm(channels, weight, self.bias.reshape(-1), self.running_mean.view(-1),
-                                                  self.running_var.view(-1), self.training, self.momentum, self.eps)
+        y, mean, invstd = torch.native_batch_norm(
+            channels,
+            weight,
+            self.bias.reshape(-1),
+            self.running_mean.view(-1),
+            self.running_var.view(-1),
+            self.training,
+            self.momentum,
+            self.eps,
+        )
         return self._members(y), (channels, weight, mean, invstd, self.training)
 
     def backward_to_grads(self, saved: tuple, grad: torch.Tensor, input_grad: bool = True) -> torch.Tensor:
@@ -367,14 +388,23 @@ class PopBatchNorm(Component):
         weight's and bias's gradients and returns the gradient wrt the input [P, B, H]."""
         channels, weight, mean, invstd, training = saved
         grad_in, grad_weight, grad_bias = torch.ops.aten.native_batch_norm_backward(
-            self._channels(grad), channels, weight, self.running_mean.view(-1), self.running_var.view(-1), mean,
-            invstd, training, self.eps, [True, True, True])
+            self._channels(grad),
+            channels,
+            weight,
+            self.running_mean.view(-1),
+            self.running_var.view(-1),
+            mean,
+            invstd,
+            training,
+            self.eps,
+            [True, True, True],
+        )
         ensure_grads(self.weight, self.bias)
         self.weight.grad.copy_(grad_weight.view(self.weight.shape))
         self.bias.grad.copy_(grad_bias.view(self.bias.shape))
         return self._members(grad_in)
 
-    def host_forward(self) -> Optional[HostForward]:
+    def host_forward(self) -> HostForward | None:
         """Eval mode only (the running statistics), in numpy on views of the parameters and buffers."""
         weight, bias = numpy_view(self.weight)[:, None, :], numpy_view(self.bias)[:, None, :]
         mean, var = numpy_view(self.running_mean)[:, None, :], numpy_view(self.running_var)[:, None, :]
@@ -386,6 +416,7 @@ class PopBatchNorm(Component):
             h *= weight
             h += bias
             return h
+
         return batch_norm
 
 
@@ -440,19 +471,25 @@ class Normalization:
 
     schema: type
     linear: LinearFactory = plain_linear
-    norm: Optional[NormFactory] = None
+    norm: NormFactory | None = None
     check: Callable[[NormalizationConfig, str], None] = lambda cfg, key: None
     min_batch: int = 1
 
 
-NORMALIZATIONS: Dict[str, Normalization] = {
+NORMALIZATIONS: dict[str, Normalization] = {
     "none": Normalization(NormalizationConfig),
-    "layer": Normalization(LayerNormConfig, norm=lambda cfg, members, width: PopLayerNorm(members, width, cfg.eps),
-                           check=_check_eps),
-    "batch": Normalization(BatchNormConfig, check=_check_batch, min_batch=2,
-                           norm=lambda cfg, members, width: PopBatchNorm(members, width, cfg.eps, cfg.momentum)),
-    "rms": Normalization(NormalizationConfig, norm=lambda cfg, members, width: PopRMSNorm(members, width, cfg.eps),
-                         check=_check_eps),
+    "layer": Normalization(
+        LayerNormConfig, norm=lambda cfg, members, width: PopLayerNorm(members, width, cfg.eps), check=_check_eps
+    ),
+    "batch": Normalization(
+        BatchNormConfig,
+        check=_check_batch,
+        min_batch=2,
+        norm=lambda cfg, members, width: PopBatchNorm(members, width, cfg.eps, cfg.momentum),
+    ),
+    "rms": Normalization(
+        NormalizationConfig, norm=lambda cfg, members, width: PopRMSNorm(members, width, cfg.eps), check=_check_eps
+    ),
     "weight": Normalization(WeightNormConfig, linear=_weight_norm_linear, check=_check_weight),
     "spectral": Normalization(NormalizationConfig, linear=_spectral_linear, check=_check_spectral),
 }
@@ -513,7 +550,7 @@ class PopMLP(nn.Module):
         activation: ActivationConfig,
         normalization: NormalizationConfig,
         init: InitConfig,
-        generators: List[torch.Generator],
+        generators: list[torch.Generator],
         extra_in: int = 0,
         extra_at: int = 0,
     ) -> None:
@@ -525,15 +562,15 @@ class PopMLP(nn.Module):
         self.norms = nn.ModuleList()
         self.activations = nn.ModuleList()
         self.activated = [not (network.linear_last_hidden and i == hidden - 1) for i in range(hidden)]
-        self.residual: List[bool] = []
+        self.residual: list[bool] = []
         self.extra_in, self.extra_at = extra_in, extra_at  # a second input joins layer extra_at's input
         # per layer: its components in forward order, and whether a residual connection adds its input
-        self._blocks: List[Tuple[List[Component], bool]] = []
+        self._blocks: list[tuple[list[Component], bool]] = []
         for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
             a = a + extra_in if i == extra_at else a
             layer = entry.linear(normalization, members, a, b, i == hidden)
             self.layers.append(layer)
-            components: List[Component] = [layer]
+            components: list[Component] = [layer]
             if i < hidden:
                 if entry.norm is not None:
                     self.norms.append(entry.norm(normalization, members, b))
@@ -558,8 +595,9 @@ class PopMLP(nn.Module):
         for i, layer in enumerate(self.layers):
             layer.reset_parameters(init, gain, generators, last=i == hidden)
 
-    def forward(self, x: torch.Tensor, extra: Optional[torch.Tensor] = None,
-                observe: Optional[Observer] = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, extra: torch.Tensor | None = None, observe: Observer | None = None
+    ) -> torch.Tensor:
         """x [P, B, n_in] (and extra [P, B, extra_in] when the network takes one) -> [P, B, n_out].
         ``observe(layer, stage, value)`` sees every layer's input and every component's output."""
         last = len(self._blocks) - 1
@@ -581,17 +619,17 @@ class PopMLP(nn.Module):
             observe(last, "output", out)
         return out
 
-    def forward_saved(self, x: torch.Tensor) -> tuple[torch.Tensor, List[object]]:
+    def forward_saved(self, x: torch.Tensor) -> tuple[torch.Tensor, list[object]]:
         """``forward`` without autograd (networks with ``analytic_backward`` only): the output
         [P, B, n_out] and, per component, what its ``backward_to_grads`` needs."""
-        saved: List[object] = []
+        saved: list[object] = []
         with torch.no_grad():
             for component in self._components:
                 x, record = component.forward_saved(x)
                 saved.append(record)
             return (x * self.output_scale if self.output_scale != 1.0 else x), saved
 
-    def backward_to_grads(self, saved: List[object], grad_out: torch.Tensor) -> None:
+    def backward_to_grads(self, saved: list[object], grad_out: torch.Tensor) -> None:
         """Write the gradient of sum(out * grad_out) with respect to every parameter into its
         ``.grad`` (overwritten, as after zeroing and one backward), for ``out`` = ``forward_saved``'s
         output and ``saved`` its record; grad_out [P, B, n_out]. Each component runs autograd's
@@ -614,20 +652,23 @@ class PopMLP(nn.Module):
         is ``forward`` under ``torch.no_grad()``.
         """
         if not self._sequential:
-            def run(x: torch.Tensor, extra: Optional[torch.Tensor] = None) -> torch.Tensor:
+
+            def run(x: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
                 with torch.no_grad():
                     return self.forward(x, extra)
+
             return run
         scale, components = self.output_scale, self._components
         steps, built = [c.fast_forward() for c in components], [GradientPipeline.storage_moves]
 
-        def run_steps(x: torch.Tensor, extra: Optional[torch.Tensor] = None) -> torch.Tensor:
+        def run_steps(x: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
             if built[0] != GradientPipeline.storage_moves:  # a pipeline moved parameters since
                 built[0], steps[:] = GradientPipeline.storage_moves, [c.fast_forward() for c in components]
             with torch.no_grad():
                 for step in steps:
                     x = step(x)
                 return x * scale if scale != 1.0 else x
+
         return run_steps
 
     def host_inference(self) -> Callable[[np.ndarray], np.ndarray]:
@@ -650,14 +691,16 @@ class PopMLP(nn.Module):
                 log.debug(f"PopMLP.host_inference: no numpy form for {', '.join(missing)}: torch runs")
             return torch_path
         scale = self.output_scale
-        blocks: List[Tuple[List[HostForward], bool]] = []
+        blocks: list[tuple[list[HostForward], bool]] = []
         built = [-1]
 
-        def current() -> List[Tuple[List[HostForward], bool]]:
+        def current() -> list[tuple[list[HostForward], bool]]:
             if built[0] != GradientPipeline.storage_moves:  # first call, or a pipeline moved parameters
                 built[0] = GradientPipeline.storage_moves
-                blocks[:] = [([c.host_forward() for c in components], residual)  # type: ignore[misc]
-                             for components, residual in self._blocks]
+                blocks[:] = [
+                    ([c.host_forward() for c in components], residual)  # type: ignore[misc]
+                    for components, residual in self._blocks
+                ]
             return blocks
 
         def run_numpy(x: np.ndarray) -> np.ndarray:
@@ -670,10 +713,11 @@ class PopMLP(nn.Module):
                         h = step(h)  # [P, B, H]
                     x = x + h if residual else h
                 return x * np.float32(scale) if scale != 1.0 else x
+
         return run_numpy
 
 
-def weight_parameters(module: nn.Module) -> List[torch.Tensor]:
+def weight_parameters(module: nn.Module) -> list[torch.Tensor]:
     """The weight matrices (or weight-norm directions v) of every population linear layer."""
     return [m.weight for m in module.modules() if isinstance(m, PopLinear)]
 
@@ -690,5 +734,6 @@ def soft_update_(target: nn.Module, online: nn.Module, tau: float) -> None:
 @torch.no_grad()
 def hard_update_(target: nn.Module, online: nn.Module) -> None:
     """Hard target update, in place: target <- online (parameters and buffers)."""
-    torch._foreach_copy_(list(target.parameters()) + list(target.buffers()),
-                         list(online.parameters()) + list(online.buffers()))
+    torch._foreach_copy_(
+        list(target.parameters()) + list(target.buffers()), list(online.parameters()) + list(online.buffers())
+    )

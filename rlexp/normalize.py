@@ -7,7 +7,7 @@ depend on its own data only. Both are off unless enabled (``obs_norm.enabled``,
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ class RunningMeanStd:
         self.var = np.ones((members, dim))
         self.count = np.full(members, 1e-4)  # as gymnasium's RunningMeanStd: no division by zero
 
-    def update(self, x: np.ndarray, mask: Optional[np.ndarray] = None) -> None:
+    def update(self, x: np.ndarray, mask: np.ndarray | None = None) -> None:
         """Fold in x [P, N, D]; ``mask`` [P, N] keeps only True entries (a member with none is unchanged)."""
         x = np.asarray(x, dtype=np.float64)
         weight = np.ones(x.shape[:2]) if mask is None else np.asarray(mask, dtype=np.float64)  # [P, N]
@@ -40,8 +40,12 @@ class RunningMeanStd:
         self.var = np.where(has[:, None], m2 / total[:, None], self.var)
         self.count = np.where(has, total, self.count)
 
-    def state(self, member: int) -> Dict[str, Any]:
-        return {"mean": self.mean[member].tolist(), "var": self.var[member].tolist(), "count": float(self.count[member])}
+    def state(self, member: int) -> dict[str, Any]:
+        return {
+            "mean": self.mean[member].tolist(),
+            "var": self.var[member].tolist(),
+            "count": float(self.count[member]),
+        }
 
 
 class ObsNormalizer:
@@ -73,7 +77,7 @@ class ObsNormalizer:
         std = torch.as_tensor(np.sqrt(self.stats.var), dtype=obs.dtype, device=obs.device).unsqueeze(1)
         return ((obs - mean) / (std + 1e-8)).clamp(-self.clip, self.clip)
 
-    def state(self, member: int) -> Optional[Dict[str, Any]]:
+    def state(self, member: int) -> dict[str, Any] | None:
         return self.stats.state(member) if self.enabled else None
 
 
@@ -99,5 +103,5 @@ class RewardScaler:
         self.returns = np.where(done, 0.0, self.returns)
         return np.clip(scaled, -self.clip, self.clip).astype(np.float32)
 
-    def state(self, member: int) -> Optional[Dict[str, Any]]:
+    def state(self, member: int) -> dict[str, Any] | None:
         return self.stats.state(member) if self.enabled else None

@@ -8,14 +8,22 @@ process imports torch._dynamo (about 1.2 s of start-up): each is a ``OneGroup``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Type
 
 import torch
 from omegaconf import DictConfig
 
-from rlexp.config import (AdamConfig, AdamWConfig, OptimizerConfig, RMSpropConfig, RMSpropTFConfig, SGDConfig, require,
-                          require_choice)
+from rlexp.config import (
+    AdamConfig,
+    AdamWConfig,
+    OptimizerConfig,
+    RMSpropConfig,
+    RMSpropTFConfig,
+    SGDConfig,
+    require,
+    require_choice,
+)
 
 
 class OneGroup:
@@ -39,8 +47,15 @@ class RMSpropTF(OneGroup):
     ``weight_decay`` adds ``weight_decay * p`` to g first (an L2 penalty's gradient).
     """
 
-    def __init__(self, params: Iterable[torch.Tensor], lr: float = 1e-3, decay: float = 0.9, momentum: float = 0.0,
-                 epsilon: float = 1e-10, weight_decay: float = 0.0) -> None:
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor],
+        lr: float = 1e-3,
+        decay: float = 0.9,
+        momentum: float = 0.0,
+        epsilon: float = 1e-10,
+        weight_decay: float = 0.0,
+    ) -> None:
         super().__init__(params, lr=lr, decay=decay, momentum=momentum, epsilon=epsilon, weight_decay=weight_decay)
         self.ms = [torch.ones_like(p) for p in self.params]
         self.mom = [torch.zeros_like(p) for p in self.params]
@@ -61,8 +76,15 @@ class FusedAdam(OneGroup):
     """torch.optim.Adam / AdamW with ``fused=True``: the same kernel (torch._fused_adam_ /
     torch._fused_adamw_) and state."""
 
-    def __init__(self, params: Iterable[torch.Tensor], lr: float, betas: tuple, eps: float, weight_decay: float,
-                 decoupled: bool = False) -> None:
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor],
+        lr: float,
+        betas: tuple,
+        eps: float,
+        weight_decay: float,
+        decoupled: bool = False,
+    ) -> None:
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         self.exp_avg = [torch.zeros_like(p) for p in self.params]
         self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
@@ -73,10 +95,23 @@ class FusedAdam(OneGroup):
     def step(self) -> None:
         group = self.param_groups[0]
         torch._foreach_add_(self.steps, 1)
-        self.kernel(self.params, [p.grad for p in self.params], self.exp_avg, self.exp_avg_sq, [], self.steps,
-                    amsgrad=False, lr=group["lr"], beta1=group["betas"][0], beta2=group["betas"][1],
-                    weight_decay=group["weight_decay"], eps=group["eps"], maximize=False, grad_scale=None,
-                    found_inf=None)
+        self.kernel(
+            self.params,
+            [p.grad for p in self.params],
+            self.exp_avg,
+            self.exp_avg_sq,
+            [],
+            self.steps,
+            amsgrad=False,
+            lr=group["lr"],
+            beta1=group["betas"][0],
+            beta2=group["betas"][1],
+            weight_decay=group["weight_decay"],
+            eps=group["eps"],
+            maximize=False,
+            grad_scale=None,
+            found_inf=None,
+        )
 
 
 class ForeachRMSprop(OneGroup):
@@ -85,10 +120,19 @@ class ForeachRMSprop(OneGroup):
     v = alpha v + (1 - alpha) g^2; centered subtracts the running mean's square; p -= lr g / (sqrt(v) + eps),
     through a momentum buffer when momentum > 0."""
 
-    def __init__(self, params: Iterable[torch.Tensor], lr: float, alpha: float, eps: float, momentum: float,
-                 centered: bool, weight_decay: float) -> None:
-        super().__init__(params, lr=lr, alpha=alpha, eps=eps, momentum=momentum, centered=centered,
-                         weight_decay=weight_decay)
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor],
+        lr: float,
+        alpha: float,
+        eps: float,
+        momentum: float,
+        centered: bool,
+        weight_decay: float,
+    ) -> None:
+        super().__init__(
+            params, lr=lr, alpha=alpha, eps=eps, momentum=momentum, centered=centered, weight_decay=weight_decay
+        )
         self.square_avg = [torch.zeros_like(p) for p in self.params]
         self.grad_avg = [torch.zeros_like(p) for p in self.params] if centered else []
         self.momentum_buffer = [torch.zeros_like(p) for p in self.params] if momentum > 0 else []
@@ -121,8 +165,9 @@ class FusedSGD(OneGroup):
     """torch.optim.SGD with ``fused=True``: the same kernel (torch._fused_sgd_) and momentum buffers,
     which the first step fills from the gradient."""
 
-    def __init__(self, params: Iterable[torch.Tensor], lr: float, momentum: float, nesterov: bool,
-                 weight_decay: float) -> None:
+    def __init__(
+        self, params: Iterable[torch.Tensor], lr: float, momentum: float, nesterov: bool, weight_decay: float
+    ) -> None:
         super().__init__(params, lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
         self.momentum_buffer = [torch.empty_like(p) for p in self.params] if momentum != 0 else []
         self.first_step = True
@@ -130,10 +175,20 @@ class FusedSGD(OneGroup):
     @torch.no_grad()
     def step(self) -> None:
         group = self.param_groups[0]
-        torch._fused_sgd_(self.params, [p.grad for p in self.params], self.momentum_buffer,
-                          weight_decay=group["weight_decay"], momentum=group["momentum"], lr=group["lr"],
-                          dampening=0.0, nesterov=group["nesterov"], maximize=False,
-                          is_first_step=self.first_step and group["momentum"] != 0, grad_scale=None, found_inf=None)
+        torch._fused_sgd_(
+            self.params,
+            [p.grad for p in self.params],
+            self.momentum_buffer,
+            weight_decay=group["weight_decay"],
+            momentum=group["momentum"],
+            lr=group["lr"],
+            dampening=0.0,
+            nesterov=group["nesterov"],
+            maximize=False,
+            is_first_step=self.first_step and group["momentum"] != 0,
+            grad_scale=None,
+            found_inf=None,
+        )
         self.first_step = False
 
 
@@ -150,7 +205,9 @@ def _rmsprop(params, c: OptimizerConfig) -> ForeachRMSprop:
 
 
 def _rmsprop_tf(params, c: OptimizerConfig) -> RMSpropTF:
-    return RMSpropTF(params, lr=c.lr, decay=c.decay, momentum=c.momentum, epsilon=c.epsilon, weight_decay=c.weight_decay)
+    return RMSpropTF(
+        params, lr=c.lr, decay=c.decay, momentum=c.momentum, epsilon=c.epsilon, weight_decay=c.weight_decay
+    )
 
 
 def _sgd(params, c: OptimizerConfig) -> FusedSGD:
@@ -161,14 +218,14 @@ def _sgd(params, c: OptimizerConfig) -> FusedSGD:
 class Optimizer:
     """An optimizer option: its constructor and the schema of its config."""
 
-    make: Callable[[List[torch.Tensor], OptimizerConfig], OneGroup]
-    schema: Type[OptimizerConfig]
+    make: Callable[[list[torch.Tensor], OptimizerConfig], OneGroup]
+    schema: type[OptimizerConfig]
 
-    def __call__(self, params: List[torch.Tensor], cfg: OptimizerConfig) -> OneGroup:
+    def __call__(self, params: list[torch.Tensor], cfg: OptimizerConfig) -> OneGroup:
         return self.make(params, cfg)
 
 
-OPTIMIZERS: Dict[str, Optimizer] = {
+OPTIMIZERS: dict[str, Optimizer] = {
     "adam": Optimizer(_adam, AdamConfig),
     "adamw": Optimizer(_adamw, AdamWConfig),
     "rmsprop": Optimizer(_rmsprop, RMSpropConfig),

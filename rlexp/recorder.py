@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,15 +25,22 @@ from rlexp.loggers import ConsoleProgress, MemberLog, open_member_logs
 from rlexp.nets import PopMLP
 from rlexp.normalize import ObsNormalizer, RewardScaler
 
-Located = Tuple[str, str, str]  # (cause, where, detail) of a member's divergence
+Located = tuple[str, str, str]  # (cause, where, detail) of a member's divergence
 Locate = Callable[[int, str], Located]  # (member, cause as the pipeline saw it) -> where it was born
 
 
 class Recorder:
     """Per-member health, statistics, instruments and output files of one job's population."""
 
-    def __init__(self, cfg: Config, env: PopulationEnv, seeds: List[int], device: torch.device,
-                 obs_norm: ObsNormalizer, reward_norm: RewardScaler) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        env: PopulationEnv,
+        seeds: list[int],
+        device: torch.device,
+        obs_norm: ObsNormalizer,
+        reward_norm: RewardScaler,
+    ) -> None:
         self.cfg = cfg
         self.env = env
         self.seeds = seeds
@@ -41,27 +49,27 @@ class Recorder:
         self.device = device
         self.health = Health(self.members, device)
         # per-update statistics, summed (means) or maxed on the device, read once per log step
-        self._sums: Optional[torch.Tensor] = None
-        self._maxs: Optional[torch.Tensor] = None
-        self._sum_keys: List[str] = []
-        self._max_keys: List[str] = []
+        self._sums: torch.Tensor | None = None
+        self._maxs: torch.Tensor | None = None
+        self._sum_keys: list[str] = []
+        self._max_keys: list[str] = []
         self._updates = 0
         self._updates_total = 0
-        self._notes: Dict[str, float] = {}
+        self._notes: dict[str, float] = {}
         # instruments: the latest record ([P] tensors), each member's recent finite records (host)
-        self._instruments: Dict[str, torch.Tensor] = {}
+        self._instruments: dict[str, torch.Tensor] = {}
         self.histories = [InstrumentHistory() for _ in range(self.members)]
         self.explosions = Explosions(self.members, cfg.divergence.patience, device)
-        self.divergence: Dict[int, Dict[str, Any]] = {}  # member -> {cause, where, detail}
+        self.divergence: dict[int, dict[str, Any]] = {}  # member -> {cause, where, detail}
         self._injected = False
         self._inject_obs = cfg.debug.inject.what == "obs"  # checked every env step: one bool
-        self.logs: List[MemberLog] = []
-        self.member_done: List[bool] = [False] * self.members
-        self.member_summaries: List[Optional[Dict[str, Any]]] = [None] * self.members
-        self.progress: Optional[ConsoleProgress] = None
+        self.logs: list[MemberLog] = []
+        self.member_done: list[bool] = [False] * self.members
+        self.member_summaries: list[dict[str, Any] | None] = [None] * self.members
+        self.progress: ConsoleProgress | None = None
         self.start_time = self._last_log_time = time.perf_counter()
         self._last_log_step = 0  # the env step (per member) of the latest log record
-        self.first_step_time: Optional[float] = None  # unix time of the first env step
+        self.first_step_time: float | None = None  # unix time of the first env step
 
     # ------------------------------------------------------------ for algorithms
     def steps(self) -> Iterator[int]:
@@ -93,7 +101,7 @@ class Recorder:
         every = self.cfg.diagnostics.every
         return every > 0 and update % every == 0
 
-    def record_update(self, updates: UpdateStats | Dict[str, UpdateStats], stats: Dict[str, torch.Tensor]) -> None:
+    def record_update(self, updates: UpdateStats | dict[str, UpdateStats], stats: dict[str, torch.Tensor]) -> None:
         """Accumulate one update's per-member statistics (all [P]) without leaving the device.
 
         ``updates``: one pipeline's results, or several keyed by a name prefix ({"actor_": ...,
@@ -102,11 +110,16 @@ class Recorder:
         """
         if isinstance(updates, UpdateStats):
             updates = {"": updates}
-        means: Dict[str, torch.Tensor] = {}
-        maxes: Dict[str, torch.Tensor] = {}
+        means: dict[str, torch.Tensor] = {}
+        maxes: dict[str, torch.Tensor] = {}
         for prefix, update in updates.items():
-            means.update({f"{prefix}loss": update.loss, f"{prefix}grad_norm": update.grad_norm_pre_clip,
-                          f"{prefix}grad_norm_post_clip": update.grad_norm_post_clip})
+            means.update(
+                {
+                    f"{prefix}loss": update.loss,
+                    f"{prefix}grad_norm": update.grad_norm_pre_clip,
+                    f"{prefix}grad_norm_post_clip": update.grad_norm_post_clip,
+                }
+            )
             maxes[f"{prefix}grad_norm_max"] = update.grad_norm_pre_clip
         means.update(stats)
         maxes.update({k: v for k, v in stats.items() if k.endswith("_max")})
@@ -128,9 +141,17 @@ class Recorder:
             for member, cause in self._newly_diverged(update.newly_diverged):
                 self._set_divergence(member, *locate(member, cause))
 
-    def record_instruments(self, record: Dict[str, torch.Tensor], step: int, grad_norm: torch.Tensor,
-                           q_abs_max: torch.Tensor, reward_scale: torch.Tensor | np.ndarray, output_layer: str,
-                           update: int, histograms: Optional[Callable[[], Dict[str, torch.Tensor]]] = None) -> None:
+    def record_instruments(
+        self,
+        record: dict[str, torch.Tensor],
+        step: int,
+        grad_norm: torch.Tensor,
+        q_abs_max: torch.Tensor,
+        reward_scale: torch.Tensor | np.ndarray,
+        output_layer: str,
+        update: int,
+        histograms: Callable[[], dict[str, torch.Tensor]] | None = None,
+    ) -> None:
         """Keep the latest instrument record ([P] each) and run the explosion checks (divergence=on).
 
         ``q_abs_max`` [P] is the largest |value| the output layer ``output_layer`` gave; its bound is
@@ -167,7 +188,7 @@ class Recorder:
             with torch.no_grad():
                 net.layers[0].weight[self.cfg.debug.inject.member].view(-1)[0] = float("nan")
 
-    def inject_grad(self, grads: List[torch.Tensor], step: int) -> None:
+    def inject_grad(self, grads: list[torch.Tensor], step: int) -> None:
         """debug.inject.what=grad (a pipeline's after_backward hook): poison the member's first gradient."""
         if self._inject_now("grad", step):
             grads[0][self.cfg.debug.inject.member].view(-1)[0] = float("nan")
@@ -180,7 +201,7 @@ class Recorder:
         self._injected = True
         return True
 
-    def _newly_diverged(self, newly: torch.Tensor) -> List[Tuple[int, str]]:
+    def _newly_diverged(self, newly: torch.Tensor) -> list[tuple[int, str]]:
         """(member, cause) for each member in the [P] mask ``newly`` (one host read)."""
         if not bool(newly.any()):
             return []
@@ -190,8 +211,15 @@ class Recorder:
     def _set_divergence(self, member: int, cause: str, where: str, detail: str) -> None:
         self.divergence[member] = {"cause": cause, "where": where, "detail": detail}
 
-    def _check_explosions(self, record: Dict[str, torch.Tensor], step: int, grad_norm: torch.Tensor,
-                          q_abs_max: torch.Tensor, q_bound: torch.Tensor, output_layer: str) -> None:
+    def _check_explosions(
+        self,
+        record: dict[str, torch.Tensor],
+        step: int,
+        grad_norm: torch.Tensor,
+        q_abs_max: torch.Tensor,
+        q_bound: torch.Tensor,
+        output_layer: str,
+    ) -> None:
         div = self.cfg.divergence
         if div.name == "off":
             return
@@ -200,17 +228,21 @@ class Recorder:
         newly = self.health.mark(~(value | gradient), cause, step)
         for member, cause_name in self._newly_diverged(newly):
             if cause_name == "value_explosion":
-                detail = (f"|Q| {q_abs_max[member].item():.4g} > bound {float(q_bound[member]):.4g} on "
-                          f"{div.patience} consecutive records")
+                detail = (
+                    f"|Q| {q_abs_max[member].item():.4g} > bound {float(q_bound[member]):.4g} on "
+                    f"{div.patience} consecutive records"
+                )
                 self._set_divergence(member, cause_name, f"{output_layer}.output", detail)
             else:
                 layers = {k.split("/", 1)[1]: v[member].item() for k, v in record.items() if k.startswith("grad_norm/")}
                 worst = max(layers, key=layers.get) if layers else "gradient"
-                detail = (f"gradient norm {grad_norm[member].item():.4g} > bound {div.grad_norm_bound:.4g} on "
-                          f"{div.patience} consecutive records; largest in {worst}")
+                detail = (
+                    f"gradient norm {grad_norm[member].item():.4g} > bound {div.grad_norm_bound:.4g} on "
+                    f"{div.patience} consecutive records; largest in {worst}"
+                )
                 self._set_divergence(member, cause_name, worst, detail)
 
-    def _log_histograms(self, step: int, histograms: Callable[[], Dict[str, torch.Tensor]]) -> None:
+    def _log_histograms(self, step: int, histograms: Callable[[], dict[str, torch.Tensor]]) -> None:
         """W&B histograms of [P, ...] tensors (gradients, activations), per live member."""
         logs = [(k, log) for k, log in enumerate(self.logs) if log.logs_to_wandb and not self.member_done[k]]
         if not logs:
@@ -223,7 +255,7 @@ class Recorder:
             log.log_wandb({f"hist/{name}": wandb.Histogram(v[k].ravel()) for name, v in values.items()}, step)
 
     # ------------------------------------------------------------ output files
-    def open(self, out_dir: Path, cell: str, tags: List[str], config: Dict[str, Any]) -> None:
+    def open(self, out_dir: Path, cell: str, tags: list[str], config: dict[str, Any]) -> None:
         """Start the clocks and the console progress, then open each member's logs under ``out_dir``."""
         self.start_time = self._last_log_time = time.perf_counter()
         self.progress = ConsoleProgress(self.cfg.total_steps, self.cfg.logger.progress, cell)
@@ -234,7 +266,7 @@ class Recorder:
         elapsed = now - self._last_log_time
         sps = (step - self._last_log_step) / max(elapsed, 1e-9)
         self._last_log_time, self._last_log_step = now, step
-        train: Dict[str, List[float]] = {}
+        train: dict[str, list[float]] = {}
         if self._updates > 0:
             sums = (self._sums / self._updates).tolist()
             maxs = self._maxs.tolist()
@@ -245,7 +277,7 @@ class Recorder:
         diverged_at = self.health.diverged_at.tolist()
         causes = self.health.cause.tolist()
         episodes = self.env.take_episodes()
-        instruments: Dict[str, List[float]] = {}
+        instruments: dict[str, list[float]] = {}
         if self._instruments:
             names = list(self._instruments)
             rows = torch.stack([self._instruments[n] for n in names]).tolist()  # one host read
@@ -253,7 +285,7 @@ class Recorder:
         for k, log in enumerate(self.logs):
             if self.member_done[k]:
                 continue
-            metrics: Dict[str, Any] = {"perf/steps_per_s": sps, "train/updates": self._updates_total}
+            metrics: dict[str, Any] = {"perf/steps_per_s": sps, "train/updates": self._updates_total}
             metrics.update({f"train/{n}": v for n, v in self._notes.items()})
             metrics.update({name: values[k] for name, values in train.items()})
             if episodes[k]:
@@ -276,10 +308,17 @@ class Recorder:
             info = f"alive {alive}/{self.members}  return {np.mean(best):.1f}  {info}"
         self.progress.update(step, info)
 
-    def _finish_member(self, k: int, step: int, status: str, diverged_at: Optional[int] = None,
-                       cause: Optional[str] = None, error: Optional[str] = None) -> None:
+    def _finish_member(
+        self,
+        k: int,
+        step: int,
+        status: str,
+        diverged_at: int | None = None,
+        cause: str | None = None,
+        error: str | None = None,
+    ) -> None:
         returns = self.env.last_returns[k]
-        summary: Dict[str, Any] = {
+        summary: dict[str, Any] = {
             "status": status,
             "seed": self.seeds[k],
             "member": k,
@@ -293,8 +332,11 @@ class Recorder:
         if diverged_at is not None:
             summary["diverged_at_step"] = diverged_at
             located = self.divergence.get(k, {"cause": cause, "where": None, "detail": None})
-            summary["divergence"] = {**located, "last_finite": self.histories[k].last(),
-                                     "first_moved": self.histories[k].first_moved()}
+            summary["divergence"] = {
+                **located,
+                "last_finite": self.histories[k].last(),
+                "first_moved": self.histories[k].first_moved(),
+            }
         if error is not None:
             summary["error"] = error
         self.member_summaries[k] = summary
@@ -304,7 +346,7 @@ class Recorder:
             (self.logs[k].dir / "normalization.json").write_text(json.dumps(normalization) + "\n")
         self.logs[k].finish(summary, failed=status == "crashed")
 
-    def close(self, error: Optional[str]) -> List[Dict[str, Any]]:
+    def close(self, error: str | None) -> list[dict[str, Any]]:
         """Close the progress display and finish every member still running (crashed when ``error``,
         else ok, at the latest log step); returns the members' summaries."""
         if self.progress is not None:

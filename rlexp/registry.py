@@ -10,56 +10,42 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections.abc import Mapping
 from dataclasses import MISSING, fields
 from pathlib import Path
-from typing import Any, Dict, List, Mapping
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING as REQUIRED
 from omegaconf import OmegaConf
 
+from rlexp.activations import ACTIVATIONS
 from rlexp.algos import ALGOS
 from rlexp.config import (
     NON_CELL_KEYS,
-    A2CConfig,
-    ActivationConfig,
-    ActorCriticConfig,
-    BatchNormConfig,
     Config,
-    DDPGConfig,
-    DefaultInitConfig,
     DivergenceConfig,
-    DQNConfig,
-    ELUConfig,
     EnvConfig,
-    GainInitConfig,
-    InitConfig,
-    LayerNormConfig,
-    LeakyReLUConfig,
     NetworkConfig,
-    NormalizationConfig,
-    TD3Config,
-    WeightNormConfig,
-    XavierInitConfig,
     field_help,
 )
 from rlexp.grad import CLIPPERS
 from rlexp.init import INITIALIZERS
 from rlexp.jobs import hydra_subdir
-from rlexp.activations import ACTIVATIONS
 from rlexp.nets import NORMALIZATIONS
 from rlexp.optim import OPTIMIZERS
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 DOC = "docs/configuration.md"
 
-def _schemas(registry: Mapping[str, Any]) -> Dict[str, type]:
+
+def _schemas(registry: Mapping[str, Any]) -> dict[str, type]:
     """option -> schema of a registry whose entries carry ``.schema``."""
     return {name: entry.schema for name, entry in registry.items()}
 
 
 # group -> option -> schema; the five stability groups first, in the order a grid names them
-SCHEMAS: Dict[str, Dict[str, type]] = {
+SCHEMAS: dict[str, dict[str, type]] = {
     "activation": _schemas(ACTIVATIONS),
     "init": _schemas(INITIALIZERS),
     "normalization": _schemas(NORMALIZATIONS),
@@ -97,7 +83,7 @@ def format_default(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def group_options(group: str) -> List[str]:
+def group_options(group: str) -> list[str]:
     """The options of a config group: its yamls (experiment: the presets, nested ones as dir/name)."""
     root = CONF_DIR / group
     return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
@@ -105,19 +91,31 @@ def group_options(group: str) -> List[str]:
 
 def help_text() -> str:
     """``python -m rlexp.train --help``: the groups with their options, the top-level keys, the docs."""
-    lines = ["rlexp: deep-RL training stability. Train one config (a population of num_seeds members), or sweep:",
-             "  python -m rlexp.train [group=option ...] [key=value ...]",
-             "  python -m rlexp.train -m activation=relu,tanh init=xavier,he",
-             "", "== Groups (group=option) =="]
+    lines = [
+        "rlexp: deep-RL training stability. Train one config (a population of num_seeds members), or sweep:",
+        "  python -m rlexp.train [group=option ...] [key=value ...]",
+        "  python -m rlexp.train -m activation=relu,tanh init=xavier,he",
+        "",
+        "== Groups (group=option) ==",
+    ]
     lines += [f"{group}: {', '.join(group_options(group))}" for group in SCHEMAS]
-    lines += ["", "== Presets (+experiment=name) ==", textwrap.fill(", ".join(group_options("experiment")), 110),
-              "", "== Top-level keys (key=value; a.b=value inside a block) =="]
+    lines += [
+        "",
+        "== Presets (+experiment=name) ==",
+        textwrap.fill(", ".join(group_options("experiment")), 110),
+        "",
+        "== Top-level keys (key=value; a.b=value inside a block) ==",
+    ]
     top = [f for f in fields(Config) if f.name not in SCHEMAS]
     width = max(len(f.name) for f in top) + 2
     for f in top:
         block = f.default_factory is not MISSING
         name, default = (f"{f.name}.*", "") if block else (f.name, f" (default {format_default(f.default)})")
         lines.append(f"{name:<{width}}: {field_help(Config, f.name)}{default}")
-    lines += ["", f"Every group, option and key with its meaning and default: {DOC}",
-              "Hydra's own options: --hydra-help", ""]
+    lines += [
+        "",
+        f"Every group, option and key with its meaning and default: {DOC}",
+        "Hydra's own options: --hydra-help",
+        "",
+    ]
     return "\n".join(lines)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 import numpy as np
 import torch
@@ -29,8 +28,8 @@ class ReplayBuffer:
     """Each member owns ``capacity`` rows, filled in order and overwritten oldest-first.
 
     A row packs (obs, next_obs, action, reward, terminated) as float32, so one step is one write and
-    one minibatch one gather. ``action_dim`` 0 stores a discrete action index, A > 0 a vector. Invalid rows (autoreset steps) go to a spare row past the end that is
-    never sampled.
+    one minibatch one gather. ``action_dim`` 0 stores a discrete action index, A > 0 a vector.
+    Invalid rows (autoreset steps) go to a spare row past the end that is never sampled.
     """
 
     def __init__(self, members: int, capacity: int, obs_dim: int, device: torch.device, action_dim: int = 0) -> None:
@@ -88,7 +87,7 @@ class ReplayBuffer:
             self.size = np.minimum(self.size + added, self.capacity)
             self._filling = bool((self.size < self.capacity).any())
 
-    def sample(self, uniform: Union[np.ndarray, torch.Tensor]) -> Batch:
+    def sample(self, uniform: np.ndarray | torch.Tensor) -> Batch:
         """A minibatch per member from uniform numbers [P, B] in [0, 1): row = floor(u * size)."""
         if isinstance(uniform, torch.Tensor):
             uniform = uniform.cpu().numpy()

@@ -17,9 +17,10 @@ import math
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 import numpy as np
 import yaml
@@ -30,8 +31,20 @@ from rlexp.loggers import WANDB_MODES
 # settings that never make a cell besides NON_CELL_KEYS (the trainer's): the env, a task (a column of the
 # score matrix) rather than a cell, and Hydra's own keys
 TASK_KEYS = ("env", "env.id")
-GRID_TAIL = ["env", "seed", "member", "status", "final_return", "steps", "episodes", "wall_s",
-             "diverged_at_step", "cause", "where", "detail"]
+GRID_TAIL = [
+    "env",
+    "seed",
+    "member",
+    "status",
+    "final_return",
+    "steps",
+    "episodes",
+    "wall_s",
+    "diverged_at_step",
+    "cause",
+    "where",
+    "detail",
+]
 FIGURES = {
     "heatmap_divergence": "heatmap_divergence.png",
     "heatmap_iqm": "heatmap_iqm.png",
@@ -45,7 +58,7 @@ class ReportError(Exception):
 
 
 # ----------------------------------------------------------------------------- reading
-def to_float(value: Any) -> Optional[float]:
+def to_float(value: Any) -> float | None:
     """A number from the contract: floats, ints, the strings "nan"/"inf"/"-inf"; None otherwise."""
     if isinstance(value, bool) or value is None:
         return None
@@ -59,7 +72,7 @@ def to_float(value: Any) -> Optional[float]:
     return None
 
 
-def read_json(path: Path) -> Optional[Dict[str, Any]]:
+def read_json(path: Path) -> dict[str, Any] | None:
     """The JSON object in ``path``, or None when it is missing, truncated or not an object."""
     try:
         data = json.loads(path.read_text())
@@ -76,9 +89,9 @@ def read_yaml(path: Path) -> Any:
         return None
 
 
-def read_metrics(path: Path) -> List[Dict[str, Any]]:
+def read_metrics(path: Path) -> list[dict[str, Any]]:
     """The records of a metrics.jsonl; lines that do not parse (a truncated last line) are skipped."""
-    records: List[Dict[str, Any]] = []
+    records: list[dict[str, Any]] = []
     try:
         lines = path.read_text().splitlines()
     except OSError:
@@ -93,7 +106,7 @@ def read_metrics(path: Path) -> List[Dict[str, Any]]:
     return records
 
 
-def learning_curve(path: Path) -> Tuple[np.ndarray, np.ndarray, str]:
+def learning_curve(path: Path) -> tuple[np.ndarray, np.ndarray, str]:
     """(steps, returns, metric name) of one member: ``episode/return_last10`` (else
     ``episode/return``) against ``step``; non-finite values become NaN (gaps in the plot)."""
     records = read_metrics(path)
@@ -106,9 +119,9 @@ def learning_curve(path: Path) -> Tuple[np.ndarray, np.ndarray, str]:
     return np.asarray(steps), np.asarray(values, dtype=float), key
 
 
-def parse_overrides(lines: Any) -> Dict[str, str]:
+def parse_overrides(lines: Any) -> dict[str, str]:
     """``key=value`` overrides (``+``/``++`` prefixes dropped, deletions ``~key`` skipped) as a dict."""
-    out: Dict[str, str] = {}
+    out: dict[str, str] = {}
     for line in lines if isinstance(lines, list) else []:
         text = str(line)
         if "=" not in text or text.startswith("~"):
@@ -130,23 +143,24 @@ class Job:
     dir: Path
     name: str  # the dir relative to the report's root ("0", "1", …; "." for a single run)
     status: str  # ok | diverged | crashed
-    error: Optional[str]
+    error: str | None
     env: str
-    settings: Dict[str, str]  # group choices and overrides, without the ignored keys
-    members: List[Dict[str, Any]]
+    settings: dict[str, str]  # group choices and overrides, without the ignored keys
+    members: list[dict[str, Any]]
     cell: str = ""
     project: str = "rlexp"
-    entity: Optional[str] = None
+    entity: str | None = None
 
 
 def _is_job_dir(path: Path) -> bool:
     return (path / "summary.json").exists() or (path / ".hydra").is_dir() or any(path.glob("seed_*"))
 
 
-def _member_dirs(job_dir: Path) -> List[Path]:
+def _member_dirs(job_dir: Path) -> list[Path]:
     def index(p: Path) -> int:
         suffix = p.name.split("_", 1)[1]
         return int(suffix) if suffix.isdigit() else 10**9
+
     return sorted((p for p in job_dir.glob("seed_*") if p.is_dir()), key=index)
 
 
@@ -162,8 +176,7 @@ def load_job(job_dir: Path, root: Path) -> Job:
         hydra_cfg = read_yaml(hydra_dir / "hydra.yaml") or {}
         choices = ((hydra_cfg.get("hydra") or {}).get("runtime") or {}).get("choices") or {}
     settings = {str(k): str(v) for k, v in choices.items() if _cell_key(str(k)) and "/" not in str(k)}
-    settings.update({k: v for k, v in parse_overrides(read_yaml(hydra_dir / "overrides.yaml")).items()
-                     if _cell_key(k)})
+    settings.update({k: v for k, v in parse_overrides(read_yaml(hydra_dir / "overrides.yaml")).items() if _cell_key(k)})
     env = str((summary or {}).get("env") or (config.get("env") or {}).get("id") or "unknown")
     logger_cfg = config.get("logger") or {}
     name = "." if job_dir == root else str(job_dir.relative_to(root))
@@ -183,46 +196,63 @@ def load_job(job_dir: Path, root: Path) -> Job:
     if status == "crashed":  # every member of a crashed job counts as crashed
         n = len(members) or int(config.get("num_seeds") or 1)
         seed0 = int(config.get("seed") or 0)
-        members = [{**(members[k] if k < len(members) else {"seed": seed0 + k, "member": k}), "status": "crashed"}
-                   for k in range(n)]
+        members = [
+            {**(members[k] if k < len(members) else {"seed": seed0 + k, "member": k}), "status": "crashed"}
+            for k in range(n)
+        ]
         error = error or "status crashed without an error message"
-    return Job(job_dir, name, status, None if error is None else str(error), env, settings,
-               [m for m in members if isinstance(m, dict)],
-               project=str(logger_cfg.get("project") or "rlexp"), entity=logger_cfg.get("entity"))
+    return Job(
+        job_dir,
+        name,
+        status,
+        None if error is None else str(error),
+        env,
+        settings,
+        [m for m in members if isinstance(m, dict)],
+        project=str(logger_cfg.get("project") or "rlexp"),
+        entity=logger_cfg.get("entity"),
+    )
 
 
-def find_job_dirs(root: Path) -> List[Path]:
+def find_job_dirs(root: Path) -> list[Path]:
     """The job dirs under a multirun dir (its numbered children), or ``[root]`` for a run dir."""
     if (root / "summary.json").exists() or (root / ".hydra").is_dir():
         return [root]
 
-    def order(p: Path) -> Tuple[int, str]:
+    def order(p: Path) -> tuple[int, str]:
         return (int(p.name), "") if p.name.isdigit() else (10**9, p.name)
-    return sorted((p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
-                   and p.name != "report_wandb" and _is_job_dir(p)), key=order)
+
+    return sorted(
+        (
+            p
+            for p in root.iterdir()
+            if p.is_dir() and not p.name.startswith(".") and p.name != "report_wandb" and _is_job_dir(p)
+        ),
+        key=order,
+    )
 
 
 # ----------------------------------------------------------------------------- the grid
-def sweep_order(root: Path) -> List[str]:
+def sweep_order(root: Path) -> list[str]:
     """Keys in the order the sweep named them (``multirun.yaml``), for rows/cols and cell labels."""
     data = read_yaml(root / "multirun.yaml") or {}
     task = (((data.get("hydra") or {}).get("overrides") or {}).get("task")) if isinstance(data, dict) else None
     return [k for k in parse_overrides(task) if _cell_key(k)]
 
 
-def varying_keys(jobs: Sequence[Job], order: Sequence[str]) -> List[str]:
+def varying_keys(jobs: Sequence[Job], order: Sequence[str]) -> list[str]:
     """Keys whose value differs across jobs: the sweep's own keys first, then the others sorted."""
     keys = {k for j in jobs for k in j.settings}
     varying = {k for k in keys if len({j.settings.get(k) for j in jobs}) > 1}
     return [k for k in order if k in varying] + sorted(varying - set(order))
 
 
-def cell_keys(jobs: Sequence[Job], varying: Sequence[str]) -> List[str]:
+def cell_keys(jobs: Sequence[Job], varying: Sequence[str]) -> list[str]:
     """The keys that name a cell: each varying key unless an earlier kept key already fixes its value
     (``+experiment=nan_hunt/tanh`` implies ``activation=tanh``, so activation is not repeated)."""
-    kept: List[str] = []
+    kept: list[str] = []
     for key in varying:
-        values: Dict[Tuple[Optional[str], ...], set] = {}
+        values: dict[tuple[str | None, ...], set] = {}
         for j in jobs:
             values.setdefault(tuple(j.settings.get(k) for k in kept), set()).add(j.settings.get(key))
         if not kept or any(len(v) > 1 for v in values.values()):
@@ -230,32 +260,41 @@ def cell_keys(jobs: Sequence[Job], varying: Sequence[str]) -> List[str]:
     return kept
 
 
-def cell_label(settings: Dict[str, str], keys: Sequence[str]) -> str:
+def cell_label(settings: dict[str, str], keys: Sequence[str]) -> str:
     """``k=v,k2=v2`` over the cell keys; ``all`` when nothing was swept."""
     return ",".join(f"{k}={settings.get(k, '-')}" for k in keys) or "all"
 
 
-def grid_rows(jobs: Sequence[Job], keys: Sequence[str]) -> List[Dict[str, Any]]:
+def grid_rows(jobs: Sequence[Job], keys: Sequence[str]) -> list[dict[str, Any]]:
     """One row per member (the columns of grid.csv): job, cell, the swept keys, then GRID_TAIL."""
     rows = []
     for job in jobs:
         for k, m in enumerate(job.members):
             div = m.get("divergence") if isinstance(m.get("divergence"), dict) else {}
             final = to_float(m.get("final_return"))
-            row: Dict[str, Any] = {"job": job.name, "cell": job.cell}
+            row: dict[str, Any] = {"job": job.name, "cell": job.cell}
             row.update({key: job.settings.get(key, "") for key in keys})
-            row.update({
-                "env": job.env, "seed": m.get("seed"), "member": m.get("member", k),
-                "status": m.get("status") or "crashed", "final_return": final,
-                "steps": m.get("steps"), "episodes": m.get("episodes"), "wall_s": to_float(m.get("wall_s")),
-                "diverged_at_step": m.get("diverged_at_step"), "cause": div.get("cause"),
-                "where": div.get("where"), "detail": div.get("detail"),
-            })
+            row.update(
+                {
+                    "env": job.env,
+                    "seed": m.get("seed"),
+                    "member": m.get("member", k),
+                    "status": m.get("status") or "crashed",
+                    "final_return": final,
+                    "steps": m.get("steps"),
+                    "episodes": m.get("episodes"),
+                    "wall_s": to_float(m.get("wall_s")),
+                    "diverged_at_step": m.get("diverged_at_step"),
+                    "cause": div.get("cause"),
+                    "where": div.get("where"),
+                    "detail": div.get("detail"),
+                }
+            )
             rows.append(row)
     return rows
 
 
-def write_csv(rows: Sequence[Dict[str, Any]], columns: Sequence[str], path: Path) -> None:
+def write_csv(rows: Sequence[dict[str, Any]], columns: Sequence[str], path: Path) -> None:
     """grid.csv: empty fields for missing values."""
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
@@ -265,14 +304,17 @@ def write_csv(rows: Sequence[Dict[str, Any]], columns: Sequence[str], path: Path
 
 
 # ----------------------------------------------------------------------------- statistics
-def scored(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def scored(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows that enter the statistics: not crashed, with a finite final return (a diverged member's
     return at its divergence counts)."""
-    return [r for r in rows if r["status"] != "crashed" and r["final_return"] is not None
-            and math.isfinite(r["final_return"])]
+    return [
+        r
+        for r in rows
+        if r["status"] != "crashed" and r["final_return"] is not None and math.isfinite(r["final_return"])
+    ]
 
 
-def score_matrices(rows: Sequence[Dict[str, Any]], cells: Sequence[str], tasks: Sequence[str]) -> Dict[str, np.ndarray]:
+def score_matrices(rows: Sequence[dict[str, Any]], cells: Sequence[str], tasks: Sequence[str]) -> dict[str, np.ndarray]:
     """rliable's score dict: cell -> [runs, tasks]. With several tasks the returns are min-max
     normalized per task over the whole grid, and each cell keeps as many runs as its smallest task."""
     pool = scored(rows)
@@ -280,7 +322,7 @@ def score_matrices(rows: Sequence[Dict[str, Any]], cells: Sequence[str], tasks: 
     for task in tasks:
         values = [r["final_return"] for r in pool if r["env"] == task]
         bounds[task] = (min(values), max(values)) if values else (0.0, 1.0)
-    out: Dict[str, np.ndarray] = {}
+    out: dict[str, np.ndarray] = {}
     for cell in cells:
         columns = []
         for task in tasks:
@@ -310,10 +352,12 @@ def iqm_fast(scores: np.ndarray) -> float:
     of all n scores, average the rest) in plain numpy, ~20x faster inside the bootstrap."""
     x = np.sort(np.asarray(scores, dtype=float).ravel())
     cut = int(0.25 * x.size)
-    return float(x[cut:x.size - cut].mean())
+    return float(x[cut : x.size - cut].mean())
 
 
-def iqm_estimates(scores: Dict[str, np.ndarray], reps: int = 2000, seed: int = 0) -> Dict[str, Tuple[float, float, float]]:
+def iqm_estimates(
+    scores: dict[str, np.ndarray], reps: int = 2000, seed: int = 0
+) -> dict[str, tuple[float, float, float]]:
     """cell -> (IQM, CI low, CI high): rliable's aggregate_iqm and the 95% percentile interval of
     rliable's stratified bootstrap over runs (``get_interval_estimates``, ``reps`` resamples, numpy
     seeded with ``seed`` for each cell; the resamples use ``iqm_fast``, the same statistic)."""
@@ -321,14 +365,19 @@ def iqm_estimates(scores: Dict[str, np.ndarray], reps: int = 2000, seed: int = 0
 
     out = {}
     for cell, x in scores.items():
-        _, ci = _seeded(seed, lambda: library.get_interval_estimates(
-            {cell: x}, lambda s: np.array([iqm_fast(s)]), reps=reps))
+        _, ci = _seeded(
+            seed,
+            lambda cell=cell, x=x: library.get_interval_estimates(
+                {cell: x}, lambda s: np.array([iqm_fast(s)]), reps=reps
+            ),
+        )
         out[cell] = (float(metrics.aggregate_iqm(x)), float(ci[cell][0, 0]), float(ci[cell][1, 0]))
     return out
 
 
-def performance_profiles(scores: Dict[str, np.ndarray], taus: np.ndarray, reps: int = 2000,
-                         seed: int = 0) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray]]:
+def performance_profiles(
+    scores: dict[str, np.ndarray], taus: np.ndarray, reps: int = 2000, seed: int = 0
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """rliable's score-distribution profiles: per cell the fraction of runs with score > tau [T],
     and its 95% bootstrap band [2, T]."""
     from rliable import library
@@ -336,8 +385,9 @@ def performance_profiles(scores: Dict[str, np.ndarray], taus: np.ndarray, reps: 
     def fraction_above(x: np.ndarray, tau_list: np.ndarray) -> np.ndarray:
         return (x.reshape(-1, 1) > tau_list.reshape(1, -1)).mean(axis=0)  # [runs·tasks, T] -> [T]
 
-    return _seeded(seed, lambda: library.create_performance_profile(
-        scores, taus, custom_profile_func=fraction_above, reps=reps))
+    return _seeded(
+        seed, lambda: library.create_performance_profile(scores, taus, custom_profile_func=fraction_above, reps=reps)
+    )
 
 
 def poi_fast(x: np.ndarray, y: np.ndarray) -> float:
@@ -348,13 +398,16 @@ def poi_fast(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean(greater + 0.5 * ties))
 
 
-def probability_of_improvement(x: np.ndarray, y: np.ndarray, reps: int = 2000, seed: int = 0) -> Tuple[float, float, float]:
+def probability_of_improvement(
+    x: np.ndarray, y: np.ndarray, reps: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
     """P(X > Y) as rliable defines it (``metrics.probability_of_improvement``) with the 95% interval
     of its stratified independent bootstrap (``poi_fast`` in the resamples): (point, low, high)."""
     from rliable import library, metrics
 
-    _, ci = _seeded(seed, lambda: library.get_interval_estimates(
-        {"p": [x, y]}, lambda a, b: np.array([poi_fast(a, b)]), reps=reps))
+    _, ci = _seeded(
+        seed, lambda: library.get_interval_estimates({"p": [x, y]}, lambda a, b: np.array([poi_fast(a, b)]), reps=reps)
+    )
     return float(metrics.probability_of_improvement(x, y)), float(ci["p"][0, 0]), float(ci["p"][1, 0])
 
 
@@ -373,14 +426,15 @@ class CellStats:
     diverged: int
     divergence_rate: float  # diverged / members (NaN without members)
     iqm: float = float("nan")
-    ci: Tuple[float, float] = (float("nan"), float("nan"))
+    ci: tuple[float, float] = (float("nan"), float("nan"))
     median_return: float = float("nan")
     median_diverged_step: float = float("nan")
     causes: Counter = field(default_factory=Counter)  # "cause@where" -> count
 
 
-def cell_stats(rows: Sequence[Dict[str, Any]], cells: Sequence[str],
-               estimates: Dict[str, Tuple[float, float, float]]) -> List[CellStats]:
+def cell_stats(
+    rows: Sequence[dict[str, Any]], cells: Sequence[str], estimates: dict[str, tuple[float, float, float]]
+) -> list[CellStats]:
     """The per-cell table: counts, divergence rate, IQM [CI], medians, causes."""
     out = []
     for cell in cells:
@@ -388,11 +442,16 @@ def cell_stats(rows: Sequence[Dict[str, Any]], cells: Sequence[str],
         diverged = [r for r in live if r["status"] == "diverged"]
         returns = [r["final_return"] for r in scored(live)]
         steps = [r["diverged_at_step"] for r in diverged if to_float(r["diverged_at_step"]) is not None]
-        stats = CellStats(cell, len(live), len(returns), len(diverged),
-                          len(diverged) / len(live) if live else float("nan"),
-                          median_return=float(np.median(returns)) if returns else float("nan"),
-                          median_diverged_step=float(np.median(steps)) if steps else float("nan"),
-                          causes=Counter(f"{r['cause'] or '?'}@{r['where'] or '?'}" for r in diverged))
+        stats = CellStats(
+            cell,
+            len(live),
+            len(returns),
+            len(diverged),
+            len(diverged) / len(live) if live else float("nan"),
+            median_return=float(np.median(returns)) if returns else float("nan"),
+            median_diverged_step=float(np.median(steps)) if steps else float("nan"),
+            causes=Counter(f"{r['cause'] or '?'}@{r['where'] or '?'}" for r in diverged),
+        )
         if cell in estimates:
             stats.iqm, low, high = estimates[cell]
             stats.ci = (low, high)
@@ -400,16 +459,26 @@ def cell_stats(rows: Sequence[Dict[str, Any]], cells: Sequence[str],
     return out
 
 
-def heatmap_values(rows: Sequence[Dict[str, Any]], row_key: Optional[str], col_key: Optional[str],
-                   row_values: Sequence[str], col_values: Sequence[str]) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+def heatmap_values(
+    rows: Sequence[dict[str, Any]],
+    row_key: str | None,
+    col_key: str | None,
+    row_values: Sequence[str],
+    col_values: Sequence[str],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(divergence rate, IQM of final returns, members) per [row, col], pooling the members of every
     cell with those two values (the other swept keys are aggregated). NaN where no member ran."""
     shape = (len(row_values), len(col_values))
     rate, iqm_grid, count = np.full(shape, np.nan), np.full(shape, np.nan), np.zeros(shape, dtype=int)
     for i, rv in enumerate(row_values):
         for j, cv in enumerate(col_values):
-            live = [r for r in rows if r["status"] != "crashed"
-                    and (row_key is None or r.get(row_key) == rv) and (col_key is None or r.get(col_key) == cv)]
+            live = [
+                r
+                for r in rows
+                if r["status"] != "crashed"
+                and (row_key is None or r.get(row_key) == rv)
+                and (col_key is None or r.get(col_key) == cv)
+            ]
             count[i, j] = len(live)
             if live:
                 rate[i, j] = sum(r["status"] == "diverged" for r in live) / len(live)
@@ -420,15 +489,28 @@ def heatmap_values(rows: Sequence[Dict[str, Any]], row_key: Optional[str], col_k
 # ----------------------------------------------------------------------------- figures
 def _png(fig: Any, path: Path) -> None:
     import matplotlib.pyplot as plt
+
     fig.savefig(path, format="png", dpi=100, bbox_inches="tight")
     plt.close(fig)
 
 
-def plot_heatmap(values: np.ndarray, count: np.ndarray, row_key: Optional[str], col_key: Optional[str],
-                 row_values: Sequence[str], col_values: Sequence[str], title: str, fmt: str, cmap: str,
-                 path: Path, vmin: Optional[float] = None, vmax: Optional[float] = None) -> None:
+def plot_heatmap(
+    values: np.ndarray,
+    count: np.ndarray,
+    row_key: str | None,
+    col_key: str | None,
+    row_values: Sequence[str],
+    col_values: Sequence[str],
+    title: str,
+    fmt: str,
+    cmap: str,
+    path: Path,
+    vmin: float | None = None,
+    vmax: float | None = None,
+) -> None:
     """One annotated heatmap PNG [rows, cols]; grey where no member ran."""
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(1.6 + 1.5 * len(col_values), 1.2 + 0.8 * len(row_values)))
     colormap = plt.get_cmap(cmap).with_extremes(bad="#dddddd")
     image = ax.imshow(np.ma.masked_invalid(values), cmap=colormap, vmin=vmin, vmax=vmax, aspect="auto")
@@ -445,15 +527,24 @@ def plot_heatmap(values: np.ndarray, count: np.ndarray, row_key: Optional[str], 
             text = format(values[i, j], fmt) if finite else "–"
             red, green, blue, _ = colormap(norm(values[i, j])) if finite else (0.87, 0.87, 0.87, 1.0)
             dark = 0.299 * red + 0.587 * green + 0.114 * blue < 0.5  # the background's luminance
-            ax.text(j, i, f"{text}\nn={count[i, j]}", ha="center", va="center", fontsize=8,
-                    color="white" if dark else "black")
+            ax.text(
+                j,
+                i,
+                f"{text}\nn={count[i, j]}",
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="white" if dark else "black",
+            )
     _png(fig, path)
 
 
-def plot_profiles(profiles: Dict[str, np.ndarray], bands: Dict[str, np.ndarray], taus: np.ndarray,
-                  xlabel: str, path: Path) -> None:
+def plot_profiles(
+    profiles: dict[str, np.ndarray], bands: dict[str, np.ndarray], taus: np.ndarray, xlabel: str, path: Path
+) -> None:
     """Performance profiles: fraction of runs with score > tau per cell, with 95% bands."""
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(8, 4.5))
     colors = plt.get_cmap("tab10" if len(profiles) <= 10 else "tab20").colors
     for k, (cell, profile) in enumerate(profiles.items()):
@@ -468,20 +559,21 @@ def plot_profiles(profiles: Dict[str, np.ndarray], bands: Dict[str, np.ndarray],
     _png(fig, path)
 
 
-def plot_learning_curves(panels: List[Tuple[str, List[Tuple[np.ndarray, np.ndarray, bool, Any]]]],
-                         ylabel: str, path: Path) -> None:
+def plot_learning_curves(
+    panels: list[tuple[str, list[tuple[np.ndarray, np.ndarray, bool, Any]]]], ylabel: str, path: Path
+) -> None:
     """Small multiples: one panel per cell, one thin line per member (red: diverged, its divergence
     step marked ×), shared axes."""
     import matplotlib.pyplot as plt
+
     n = max(1, len(panels))
     ncols = min(4, n)
     nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.6 * nrows), sharex=True, sharey=True,
-                             squeeze=False)
-    for ax in axes.flat[len(panels):]:
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.6 * nrows), sharex=True, sharey=True, squeeze=False)
+    for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
     for ax, (title, lines) in zip(axes.flat, panels):
-        for steps, values, diverged, at in lines:
+        for steps, values, diverged, _ in lines:
             ax.plot(steps, values, lw=0.8, alpha=0.85, color="#c0392b" if diverged else "#2c6fbb")
             if diverged and len(steps):
                 ax.plot(steps[-1], values[-1], "x", color="#c0392b", ms=6)
@@ -496,14 +588,15 @@ def plot_learning_curves(panels: List[Tuple[str, List[Tuple[np.ndarray, np.ndarr
 
 
 # ----------------------------------------------------------------------------- W&B
-def resolve_mode(flag: Optional[str]) -> str:
+def resolve_mode(flag: str | None) -> str:
     """``--wandb-mode`` if given, else $WANDB_MODE (dryrun = offline), else offline."""
     from rlexp.config import LoggerConfig
     from rlexp.loggers import resolve_wandb_mode
+
     return resolve_wandb_mode(LoggerConfig(mode=flag))
 
 
-def log_to_wandb(report: "Report", mode: str, timeout: float) -> Optional[Path]:
+def log_to_wandb(report: Report, mode: str, timeout: float) -> Path | None:
     """One W&B summary run (job_type report, group report) with grid.csv as a table, the figures as
     images and the per-cell IQM in the summary; files under ``<dir>/report_wandb``. Returns the run
     dir, or None when disabled."""
@@ -514,11 +607,24 @@ def log_to_wandb(report: "Report", mode: str, timeout: float) -> Optional[Path]:
     wandb_dir = report.root / "report_wandb"
     wandb_dir.mkdir(exist_ok=True)
     first = report.jobs[0]
-    kwargs = dict(project=first.project, entity=first.entity, group="report", job_type="report",
-                  name=f"report {report.root.name}"[:128], dir=str(wandb_dir), reinit="create_new",
-                  config={"dir": str(report.root), "rows": report.row_key, "cols": report.col_key,
-                          "swept": report.keys, "reps": report.reps, "seed": report.seed},
-                  settings=wandb.Settings(init_timeout=timeout, console="off", silent=True))
+    kwargs = dict(
+        project=first.project,
+        entity=first.entity,
+        group="report",
+        job_type="report",
+        name=f"report {report.root.name}"[:128],
+        dir=str(wandb_dir),
+        reinit="create_new",
+        config={
+            "dir": str(report.root),
+            "rows": report.row_key,
+            "cols": report.col_key,
+            "swept": report.keys,
+            "reps": report.reps,
+            "seed": report.seed,
+        },
+        settings=wandb.Settings(init_timeout=timeout, console="off", silent=True),
+    )
     try:
         run = wandb.init(mode=mode, **kwargs)
     except Exception as err:  # no network or no credentials: never block, log offline
@@ -529,15 +635,23 @@ def log_to_wandb(report: "Report", mode: str, timeout: float) -> Optional[Path]:
     try:
         columns = report.columns
         table = wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in report.rows])
-        images = {f"report/{name}": wandb.Image(str(report.root / file))
-                  for name, file in FIGURES.items() if (report.root / file).exists()}
+        images = {
+            f"report/{name}": wandb.Image(str(report.root / file))
+            for name, file in FIGURES.items()
+            if (report.root / file).exists()
+        }
         run.log({"report/grid": table, **images})
-        summary: Dict[str, Any] = {"jobs": len(report.jobs), "members": len(report.rows),
-                                   **{f"members_{s}": n for s, n in report.status_counts.items()}}
+        summary: dict[str, Any] = {
+            "jobs": len(report.jobs),
+            "members": len(report.rows),
+            **{f"members_{s}": n for s, n in report.status_counts.items()},
+        }
         for s in report.cells:
             summary[f"divergence_rate/{s.cell}"] = s.divergence_rate
             if math.isfinite(s.iqm):
-                summary.update({f"iqm/{s.cell}": s.iqm, f"iqm_ci_low/{s.cell}": s.ci[0], f"iqm_ci_high/{s.cell}": s.ci[1]})
+                summary.update(
+                    {f"iqm/{s.cell}": s.iqm, f"iqm_ci_low/{s.cell}": s.ci[0], f"iqm_ci_high/{s.cell}": s.ci[1]}
+                )
         if report.poi is not None:
             a, b, (p, low, high) = report.poi
             summary.update({"poi/a": a, "poi/b": b, "poi/p": p, "poi/ci_low": low, "poi/ci_high": high})
@@ -554,50 +668,60 @@ class Report:
     """Everything the page, the CSV and W&B show."""
 
     root: Path
-    jobs: List[Job]
-    keys: List[str]  # cell keys (swept, not implied)
-    varying: List[str]  # every varying key (rows/cols may use any)
-    rows: List[Dict[str, Any]]
-    columns: List[str]
-    tasks: List[str]
-    cells: List[CellStats]
-    row_key: Optional[str]
-    col_key: Optional[str]
+    jobs: list[Job]
+    keys: list[str]  # cell keys (swept, not implied)
+    varying: list[str]  # every varying key (rows/cols may use any)
+    rows: list[dict[str, Any]]
+    columns: list[str]
+    tasks: list[str]
+    cells: list[CellStats]
+    row_key: str | None
+    col_key: str | None
     reps: int
     seed: int
-    status_counts: Dict[str, int]
-    poi: Optional[Tuple[str, str, Tuple[float, float, float]]] = None
-    best: Optional[CellStats] = None
-    worst: Optional[CellStats] = None
-    figures: Dict[str, Path] = field(default_factory=dict)
+    status_counts: dict[str, int]
+    poi: tuple[str, str, tuple[float, float, float]] | None = None
+    best: CellStats | None = None
+    worst: CellStats | None = None
+    figures: dict[str, Path] = field(default_factory=dict)
     curve_metric: str = "episode/return_last10"
     seconds: float = 0.0
 
 
-def _values_in_order(rows: Sequence[Dict[str, Any]], key: Optional[str]) -> List[str]:
+def _values_in_order(rows: Sequence[dict[str, Any]], key: str | None) -> list[str]:
     if key is None:
         return [""]
-    seen: Dict[str, None] = {}
+    seen: dict[str, None] = {}
     for r in rows:
         seen.setdefault(r.get(key, ""), None)
     return list(seen)
 
 
-def build_report(root: Path, rows_key: Optional[str] = None, cols_key: Optional[str] = None,
-                 compare: Optional[Sequence[str]] = None, reps: int = 2000, seed: int = 0) -> Report:
+def build_report(
+    root: Path,
+    rows_key: str | None = None,
+    cols_key: str | None = None,
+    compare: Sequence[str] | None = None,
+    reps: int = 2000,
+    seed: int = 0,
+) -> Report:
     """Read ``root`` (a multirun or a run dir), compute the statistics and draw the figures into it.
 
     Raises ReportError on bad input (missing dir, no job summaries, unknown --rows/--cols/--compare).
     """
     start = time.perf_counter()
     if not root.exists():
-        raise ReportError(f"DIR: {root} does not exist; pass a multirun dir (outputs/multirun/<date>/<time>) or a run dir")
+        raise ReportError(
+            f"DIR: {root} does not exist; pass a multirun dir (outputs/multirun/<date>/<time>) or a run dir"
+        )
     if not root.is_dir():
         raise ReportError(f"DIR: {root} is not a directory; pass a multirun dir or a run dir")
     job_dirs = find_job_dirs(root)
     if not any((d / "summary.json").exists() for d in job_dirs):
-        raise ReportError(f"DIR: no job summary.json under {root}; pass the multirun dir that holds the job dirs "
-                          "(0/, 1/, …) or a run dir that holds summary.json")
+        raise ReportError(
+            f"DIR: no job summary.json under {root}; pass the multirun dir that holds the job dirs "
+            "(0/, 1/, …) or a run dir that holds summary.json"
+        )
     jobs = [load_job(d, root) for d in job_dirs]
     varying = varying_keys(jobs, sweep_order(root))
     keys = cell_keys(jobs, varying)
@@ -605,7 +729,8 @@ def build_report(root: Path, rows_key: Optional[str] = None, cols_key: Optional[
         job.cell = cell_label(job.settings, keys)
     for flag, key in (("--rows", rows_key), ("--cols", cols_key)):
         if key is not None and key not in varying:
-            raise ReportError(f"{flag}: {key!r} is not a swept group; choose one of: {', '.join(varying) or '(none: nothing was swept)'}")
+            swept = ", ".join(varying) or "(none: nothing was swept)"
+            raise ReportError(f"{flag}: {key!r} is not a swept group; choose one of: {swept}")
     if rows_key is not None and rows_key == cols_key:
         raise ReportError(f"--cols: {cols_key!r} is also --rows; choose two different swept groups")
     rest = [k for k in varying if k not in (rows_key, cols_key)]
@@ -619,17 +744,34 @@ def build_report(root: Path, rows_key: Optional[str] = None, cols_key: Optional[
     scores = score_matrices(rows, cell_names, tasks)
     for name in compare or ():
         if name not in scores:
-            raise ReportError(f"--compare: unknown cell {name!r}; choose cells with scores: {', '.join(scores) or '(none)'}")
+            raise ReportError(
+                f"--compare: unknown cell {name!r}; choose cells with scores: {', '.join(scores) or '(none)'}"
+            )
     estimates = iqm_estimates(scores, reps, seed)
-    cells = cell_stats(rows, [c for c in cell_names if any(r["cell"] == c and r["status"] != "crashed" for r in rows)],
-                       estimates)
+    cells = cell_stats(
+        rows, [c for c in cell_names if any(r["cell"] == c and r["status"] != "crashed" for r in rows)], estimates
+    )
     ranked = sorted((s for s in cells if math.isfinite(s.iqm)), key=lambda s: -s.iqm)
 
     pair = tuple(compare) if compare else ((ranked[0].cell, ranked[-1].cell) if len(ranked) > 1 else None)
     counts = Counter(r["status"] for r in rows)
-    report = Report(root, jobs, keys, varying, rows, columns, tasks, cells, row_key, col_key, reps, seed,
-                    {s: counts.get(s, 0) for s in ("ok", "diverged", "crashed")},
-                    best=ranked[0] if ranked else None, worst=ranked[-1] if len(ranked) > 1 else None)
+    report = Report(
+        root,
+        jobs,
+        keys,
+        varying,
+        rows,
+        columns,
+        tasks,
+        cells,
+        row_key,
+        col_key,
+        reps,
+        seed,
+        {s: counts.get(s, 0) for s in ("ok", "diverged", "crashed")},
+        best=ranked[0] if ranked else None,
+        worst=ranked[-1] if len(ranked) > 1 else None,
+    )
     if pair is not None:
         report.poi = (pair[0], pair[1], probability_of_improvement(scores[pair[0]], scores[pair[1]], reps, seed))
     draw_figures(report, scores)
@@ -637,21 +779,46 @@ def build_report(root: Path, rows_key: Optional[str] = None, cols_key: Optional[
     return report
 
 
-def draw_figures(report: Report, scores: Dict[str, np.ndarray]) -> None:
+def draw_figures(report: Report, scores: dict[str, np.ndarray]) -> None:
     """Heatmaps, performance profile and learning curves as PNGs in the report's dir."""
     import matplotlib
+
     matplotlib.use("Agg")
     root, rows = report.root, report.rows
     row_values = _values_in_order(rows, report.row_key)
     col_values = _values_in_order(rows, report.col_key)
     rate, iqm_grid, count = heatmap_values(rows, report.row_key, report.col_key, row_values, col_values)
     pooled = " (other swept groups pooled)" if len(report.varying) > 2 else ""
-    plot_heatmap(rate, count, report.row_key, report.col_key, row_values, col_values,
-                 f"divergence rate{pooled}", ".2f", "Reds", root / FIGURES["heatmap_divergence"], 0.0, 1.0)
-    plot_heatmap(iqm_grid, count, report.row_key, report.col_key, row_values, col_values,
-                 f"IQM final return{pooled}", ".1f", "viridis", root / FIGURES["heatmap_iqm"])
-    report.figures = {"heatmap_divergence": root / FIGURES["heatmap_divergence"],
-                      "heatmap_iqm": root / FIGURES["heatmap_iqm"]}
+    plot_heatmap(
+        rate,
+        count,
+        report.row_key,
+        report.col_key,
+        row_values,
+        col_values,
+        f"divergence rate{pooled}",
+        ".2f",
+        "Reds",
+        root / FIGURES["heatmap_divergence"],
+        0.0,
+        1.0,
+    )
+    plot_heatmap(
+        iqm_grid,
+        count,
+        report.row_key,
+        report.col_key,
+        row_values,
+        col_values,
+        f"IQM final return{pooled}",
+        ".1f",
+        "viridis",
+        root / FIGURES["heatmap_iqm"],
+    )
+    report.figures = {
+        "heatmap_divergence": root / FIGURES["heatmap_divergence"],
+        "heatmap_iqm": root / FIGURES["heatmap_iqm"],
+    }
     if scores:
         everything = np.concatenate([x.ravel() for x in scores.values()])
         taus = np.linspace(everything.min(), everything.max(), 101)
@@ -685,6 +852,7 @@ def draw_figures(report: Report, scores: Dict[str, np.ndarray]) -> None:
 def write_outputs(report: Report) -> Path:
     """grid.csv and report.html in the report's dir; returns the HTML's path."""
     from rlexp.report_html import render_html
+
     write_csv(report.rows, report.columns, report.root / "grid.csv")
     path = report.root / "report.html"
     path.write_text(render_html(report))
@@ -697,28 +865,42 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = _Parser(prog="python -m rlexp.report",
-                     description="Write report.html, grid.csv, heatmaps, a performance profile and a W&B summary run "
-                                 "into a multirun (or run) dir.")
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = _Parser(
+        prog="python -m rlexp.report",
+        description="Write report.html, grid.csv, heatmaps, a performance profile and a W&B summary run "
+        "into a multirun (or run) dir.",
+    )
     parser.add_argument("dir", type=Path, help="a multirun dir (outputs/multirun/<date>/<time>) or a run dir")
     parser.add_argument("--rows", help="swept group for the heatmap rows (default: the first swept group)")
     parser.add_argument("--cols", help="swept group for the heatmap columns (default: the second)")
-    parser.add_argument("--compare", nargs=2, metavar=("CELL_A", "CELL_B"),
-                        help="probability of improvement P(A > B) (default: best vs worst cell by IQM)")
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("CELL_A", "CELL_B"),
+        help="probability of improvement P(A > B) (default: best vs worst cell by IQM)",
+    )
     parser.add_argument("--reps", type=int, default=2000, help="bootstrap resamples (default 2000)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
-    parser.add_argument("--wandb-mode", choices=WANDB_MODES, default=None,
-                        help="W&B summary run: offline | online | disabled (default: $WANDB_MODE, else offline)")
-    parser.add_argument("--wandb-timeout", type=float, default=20.0,
-                        help="seconds an online W&B run may wait for the server before going offline (default 20)")
+    parser.add_argument(
+        "--wandb-mode",
+        choices=WANDB_MODES,
+        default=None,
+        help="W&B summary run: offline | online | disabled (default: $WANDB_MODE, else offline)",
+    )
+    parser.add_argument(
+        "--wandb-timeout",
+        type=float,
+        default=20.0,
+        help="seconds an online W&B run may wait for the server before going offline (default 20)",
+    )
     args = parser.parse_args(argv)
     if args.reps < 1:
         parser.error(f"--reps: {args.reps} must be at least 1")
     return args
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit code (2 on bad input, with one line on stderr)."""
     args = parse_args(argv)
     try:
@@ -730,8 +912,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     mode = resolve_mode(args.wandb_mode)
     run_dir = log_to_wandb(report, mode, args.wandb_timeout)
     c = report.status_counts
-    print(f"report: {len(report.jobs)} jobs, {len(report.rows)} members (ok {c['ok']}, diverged {c['diverged']}, "
-          f"crashed {c['crashed']}), {len(report.cells)} cells; {report.seconds:.1f} s")
+    print(
+        f"report: {len(report.jobs)} jobs, {len(report.rows)} members (ok {c['ok']}, diverged {c['diverged']}, "
+        f"crashed {c['crashed']}), {len(report.cells)} cells; {report.seconds:.1f} s"
+    )
     print(f"wrote {html}, {report.root / 'grid.csv'}" + "".join(f", {p.name}" for p in report.figures.values()))
     if run_dir is not None:
         print(f"W&B run: {run_dir}")

@@ -9,8 +9,8 @@ gradient pipelines, and the recorder (steps, statistics, divergence, instruments
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Tuple
 
 import torch
 from hydra.core.config_store import ConfigStore
@@ -31,8 +31,9 @@ def option_schema(group: str, option: str) -> type:
     return OmegaConf.get_type(ConfigStore.instance().load(f"schema/{group}/{option}.yaml").node)
 
 
-def network_groups(cfg: Config, role: Optional[str]
-                   ) -> Tuple[ActivationConfig, InitConfig, NormalizationConfig, NetworkConfig]:
+def network_groups(
+    cfg: Config, role: str | None
+) -> tuple[ActivationConfig, InitConfig, NormalizationConfig, NetworkConfig]:
     """(activation, init, normalization, network) configs for a network: the shared groups, with
     the actor's or critic's overrides (an overriding option takes its default parameters)."""
     groups = {"activation": cfg.activation, "init": cfg.init, "normalization": cfg.normalization}
@@ -58,7 +59,7 @@ class RunContext:
 
     cfg: Config
     device: torch.device
-    seeds: List[int]  # member k's seed is seeds[k] = cfg.seed + k
+    seeds: list[int]  # member k's seed is seeds[k] = cfg.seed + k
     env: PopulationEnv  # P x E environments; numpy [P, E, ...] in and out, on the host
     streams: MemberStreams  # each member's uniform numbers (actions, sampling, shuffling)
     obs_norm: ObsNormalizer  # identity unless obs_norm is on
@@ -83,7 +84,7 @@ class RunContext:
         """P, the population's size (num_seeds)."""
         return len(self.seeds)
 
-    def make_net(self, n_in: int, n_out: int, role: Optional[str] = None, extra_in: int = 0) -> PopMLP:
+    def make_net(self, n_in: int, n_out: int, role: str | None = None, extra_in: int = 0) -> PopMLP:
         """A population MLP [P, B, n_in] -> [P, B, n_out] from the config groups; each member's
         weights from its own generator.
 
@@ -95,8 +96,18 @@ class RunContext:
         generators = [member_generator(s, purpose) for s in self.seeds]
         activation, init, normalization, network = network_groups(self.cfg, role)
         extra_at = self.cfg.critic.action_layer if role == "critic" else 0
-        net = PopMLP(self.members, n_in, n_out, network, activation, normalization, init, generators,
-                     extra_in=extra_in, extra_at=extra_at)
+        net = PopMLP(
+            self.members,
+            n_in,
+            n_out,
+            network,
+            activation,
+            normalization,
+            init,
+            generators,
+            extra_in=extra_in,
+            extra_at=extra_at,
+        )
         return net.to(self.device)
 
     def make_pipeline(self, net: torch.nn.Module) -> GradientPipeline:
@@ -105,8 +116,9 @@ class RunContext:
         critics); ``pipeline.optimizer`` is its optimizer."""
         cfg = self.cfg
         params = [p for p in net.parameters() if p.requires_grad]
-        pipeline = GradientPipeline(params, cfg.optimizer, cfg.clipping, cfg.regularization, weight_parameters(net),
-                                    self.recorder.health)
+        pipeline = GradientPipeline(
+            params, cfg.optimizer, cfg.clipping, cfg.regularization, weight_parameters(net), self.recorder.health
+        )
         if cfg.debug.inject.what == "grad":
             pipeline.after_backward = self.recorder.inject_grad
         return pipeline

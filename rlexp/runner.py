@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -22,8 +23,13 @@ from rlexp.loggers import print_summary
 from rlexp.run import Algorithm, RunContext
 
 
-def run_population(cfg: DictConfig, out_dir: Path, prepare: Callable[[DictConfig], Tuple[Algorithm, torch.device]],
-                   cell: str = "default", choices: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+def run_population(
+    cfg: DictConfig,
+    out_dir: Path,
+    prepare: Callable[[DictConfig], tuple[Algorithm, torch.device]],
+    cell: str = "default",
+    choices: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Run one job in ``out_dir`` and return its summary.
 
     A finished job there is skipped with ``resume`` and refused (ConfigError) without it. Otherwise
@@ -47,7 +53,7 @@ def run_population(cfg: DictConfig, out_dir: Path, prepare: Callable[[DictConfig
         raise
     recorder = ctx.recorder
     out_dir.mkdir(parents=True, exist_ok=True)
-    error: Optional[str] = None
+    error: str | None = None
     try:
         recorder.open(out_dir, cell, [f"{g}:{o}" for g, o in sorted(choices.items())], config)
         train(ctx)

@@ -8,8 +8,6 @@ are made; draws that feed the device are moved there by the caller.
 
 from __future__ import annotations
 
-from typing import List
-
 import numpy as np
 import torch
 
@@ -23,7 +21,7 @@ def member_generator(member_seed: int, purpose: int) -> torch.Generator:
 class MemberStreams:
     """Uniform [0, 1) numbers, float64, one independent stream per member."""
 
-    def __init__(self, member_seeds: List[int], block: int = 65_536) -> None:
+    def __init__(self, member_seeds: list[int], block: int = 65_536) -> None:
         self.generators = [member_generator(s, 2) for s in member_seeds]
         self.block = block
         self.pool = np.empty((len(member_seeds), 0))

@@ -23,7 +23,7 @@ if __name__ == "__main__":
 
 import os
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 import hydra
 import torch
@@ -60,7 +60,7 @@ def set_process_state(cfg: DictConfig) -> None:
     gc.freeze()
 
 
-def prepare(cfg: DictConfig) -> Tuple[Algorithm, torch.device]:
+def prepare(cfg: DictConfig) -> tuple[Algorithm, torch.device]:
     """Validate ``cfg`` (ConfigError on a bad value, before any work), set the process state, and pick
     the algorithm and the device."""
     validate(cfg)
@@ -68,15 +68,16 @@ def prepare(cfg: DictConfig) -> Tuple[Algorithm, torch.device]:
     return ALGOS[cfg.algo.name].train, resolve_device(cfg.device)
 
 
-def run_job(cfg: DictConfig, out_dir: Path, cell: str = "default",
-            choices: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+def run_job(
+    cfg: DictConfig, out_dir: Path, cell: str = "default", choices: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Run one job in ``out_dir`` and return its summary (``rlexp.runner.run_population``): skipped
     when it is finished and ``resume`` is set, refused (ConfigError) when it is finished and
     ``resume`` is not, else validated (ConfigError on a bad value), then trained."""
     return run_population(cfg, out_dir, prepare, cell, choices)
 
 
-def job_identity() -> tuple[Path, str, Dict[str, str]]:
+def job_identity() -> tuple[Path, str, dict[str, str]]:
     """The job's output dir, its config cell (overrides minus seeds etc.) and its group choices."""
     hc = HydraConfig.get()
     cell = hc.job.override_dirname or "default"
@@ -85,7 +86,7 @@ def job_identity() -> tuple[Path, str, Dict[str, str]]:
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
-def main(cfg: DictConfig) -> Dict[str, Any]:
+def main(cfg: DictConfig) -> dict[str, Any]:
     out_dir, cell, choices = job_identity()
     try:
         return run_job(cfg, out_dir, cell, choices)

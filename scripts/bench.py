@@ -55,9 +55,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("dqn_vs_sb3", "population", "diagnostics", "startup", "ppo_vs_sb3")
@@ -84,11 +84,26 @@ def sb3_dqn(steps: int, seed: int, learning_starts: int) -> None:
     import gymnasium as gym
     from stable_baselines3 import DQN
 
-    model = DQN("MlpPolicy", gym.make("CartPole-v1"), learning_rate=2.5e-4, buffer_size=10_000,
-                learning_starts=learning_starts, batch_size=128, tau=1.0, gamma=0.99, train_freq=10,
-                gradient_steps=1, target_update_interval=500, exploration_fraction=0.5,
-                exploration_initial_eps=1.0, exploration_final_eps=0.05, max_grad_norm=10,
-                policy_kwargs=dict(net_arch=[120, 84]), seed=seed, device="cpu")
+    model = DQN(
+        "MlpPolicy",
+        gym.make("CartPole-v1"),
+        learning_rate=2.5e-4,
+        buffer_size=10_000,
+        learning_starts=learning_starts,
+        batch_size=128,
+        tau=1.0,
+        gamma=0.99,
+        train_freq=10,
+        gradient_steps=1,
+        target_update_interval=500,
+        exploration_fraction=0.5,
+        exploration_initial_eps=1.0,
+        exploration_final_eps=0.05,
+        max_grad_norm=10,
+        policy_kwargs=dict(net_arch=[120, 84]),
+        seed=seed,
+        device="cpu",
+    )
     model.learn(total_timesteps=steps)
 
 
@@ -101,12 +116,30 @@ def sb3_ppo(steps: int, seed: int) -> None:
     from stable_baselines3.common.env_util import make_vec_env
 
     env = make_vec_env("CartPole-v1", n_envs=4, seed=seed)  # DummyVecEnv
-    model = PPO("MlpPolicy", env, learning_rate=2.5e-4, n_steps=128, batch_size=128, n_epochs=4, gamma=0.99,
-                gae_lambda=0.95, clip_range=0.2, clip_range_vf=0.2, ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5,
-                normalize_advantage=True,
-                policy_kwargs=dict(net_arch=dict(pi=[64, 64], vf=[64, 64]), activation_fn=torch.nn.Tanh,
-                                   ortho_init=True, optimizer_kwargs=dict(eps=1e-5)),
-                device="cpu", seed=seed)
+    model = PPO(
+        "MlpPolicy",
+        env,
+        learning_rate=2.5e-4,
+        n_steps=128,
+        batch_size=128,
+        n_epochs=4,
+        gamma=0.99,
+        gae_lambda=0.95,
+        clip_range=0.2,
+        clip_range_vf=0.2,
+        ent_coef=0.01,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        normalize_advantage=True,
+        policy_kwargs=dict(
+            net_arch=dict(pi=[64, 64], vf=[64, 64]),
+            activation_fn=torch.nn.Tanh,
+            ortho_init=True,
+            optimizer_kwargs=dict(eps=1e-5),
+        ),
+        device="cpu",
+        seed=seed,
+    )
     model.learn(total_timesteps=steps)
 
 
@@ -117,11 +150,11 @@ class Sample:
 
     process_s: float
     rss_mb: float
-    loop_s: Optional[float] = None  # summary.json wall_s: the training loop (start-up excluded)
-    startup_s: Optional[float] = None  # launch to the first env step
+    loop_s: float | None = None  # summary.json wall_s: the training loop (start-up excluded)
+    startup_s: float | None = None  # launch to the first env step
 
 
-def run_process(command: List[str], env: Dict[str, str], workdir: Path) -> tuple[float, float, float]:
+def run_process(command: list[str], env: dict[str, str], workdir: Path) -> tuple[float, float, float]:
     """Run ``command``; returns (unix launch time, wall seconds launch to exit, peak RSS in MB).
     A failing process ends the benchmark with the tail of its stderr."""
     with tempfile.TemporaryFile(dir=workdir) as err:
@@ -138,7 +171,7 @@ def run_process(command: List[str], env: Dict[str, str], workdir: Path) -> tuple
     return launched, wall, rusage.ru_maxrss / 1024.0  # ru_maxrss is KiB on Linux
 
 
-def rlexp_run(overrides: List[str], workdir: Path, mode: str = "disabled") -> Sample:
+def rlexp_run(overrides: list[str], workdir: Path, mode: str = "disabled") -> Sample:
     """One rlexp training job in a fresh process, its run dir under ``workdir``."""
     run_dir = Path(tempfile.mkdtemp(dir=workdir))
     command = rlexp_command(overrides, mode) + [f"hydra.run.dir={run_dir}"]
@@ -146,19 +179,17 @@ def rlexp_run(overrides: List[str], workdir: Path, mode: str = "disabled") -> Sa
     summary = json.loads((run_dir / "summary.json").read_text())
     if summary["status"] != "ok" or summary.get("first_step_time") is None:
         raise SystemExit(f"bench.py: {' '.join(overrides)} ended {summary['status']}: {summary.get('error')}")
-    return Sample(process_s=wall, rss_mb=rss, loop_s=summary["wall_s"],
-                  startup_s=summary["first_step_time"] - launched)
+    return Sample(process_s=wall, rss_mb=rss, loop_s=summary["wall_s"], startup_s=summary["first_step_time"] - launched)
 
 
-def rlexp_command(overrides: List[str], mode: str) -> List[str]:
+def rlexp_command(overrides: list[str], mode: str) -> list[str]:
     """The command line of an rlexp job (without its run dir)."""
     return [sys.executable, "-m", "rlexp.train", *overrides, f"logger.mode={mode}", "logger.progress=off"]
 
 
-def sb3_command(algo: str, steps: int, seed: int, learning_starts: int = 0) -> List[str]:
+def sb3_command(algo: str, steps: int, seed: int, learning_starts: int = 0) -> list[str]:
     """The command line of an SB3 run: this script's internal --sb3 sub-command."""
-    command = [sys.executable, str(Path(__file__).resolve()), "--sb3", algo, "--steps", str(steps),
-               "--seed", str(seed)]
+    command = [sys.executable, str(Path(__file__).resolve()), "--sb3", algo, "--steps", str(steps), "--seed", str(seed)]
     return command + (["--learning-starts", str(learning_starts)] if algo == "dqn" else [])
 
 
@@ -174,52 +205,77 @@ def scaled_learning_starts(steps: int, default: int) -> int:
     return default if steps >= 5 * default else steps // 5
 
 
-def dqn_overrides(steps: int) -> List[str]:
+def dqn_overrides(steps: int) -> list[str]:
     """rlexp's DQN with CleanRL's settings and SB3's fixed choices (Huber loss, global norm 10)."""
-    return ["+experiment=cleanrl_dqn", f"total_steps={steps}",
-            f"algo.learning_starts={scaled_learning_starts(steps, CLEANRL_LEARNING_STARTS)}",
-            "algo.loss=huber", "clipping=global_norm", "clipping.max_norm=10"]
+    return [
+        "+experiment=cleanrl_dqn",
+        f"total_steps={steps}",
+        f"algo.learning_starts={scaled_learning_starts(steps, CLEANRL_LEARNING_STARTS)}",
+        "algo.loss=huber",
+        "clipping=global_norm",
+        "clipping.max_norm=10",
+    ]
 
 
 # a case: its name, the figure recorded from each sample, and the run (repeat index -> Sample)
 Case = tuple[str, Callable[[Sample], float], Callable[[int], Sample]]
 
 
-def build_cases(sections: List[str], steps: int, ppo_steps: int, populations: List[int], threads: int,
-                workdir: Path) -> tuple[List[Case], Dict[str, List[str]]]:
+def build_cases(
+    sections: list[str], steps: int, ppo_steps: int, populations: list[int], threads: int, workdir: Path
+) -> tuple[list[Case], dict[str, list[str]]]:
     """The cases of the chosen sections, in the order they alternate, and each case's command."""
     whole: Callable[[Sample], float] = lambda s: s.process_s  # noqa: E731
     loop: Callable[[Sample], float] = lambda s: s.loop_s  # noqa: E731
     dqn = dqn_overrides(steps)
     dqn_starts = scaled_learning_starts(steps, CLEANRL_LEARNING_STARTS)
-    diag = ["divergence=off", f"total_steps={steps}",
-            f"algo.learning_starts={scaled_learning_starts(steps, DEFAULT_LEARNING_STARTS)}"]
+    diag = [
+        "divergence=off",
+        f"total_steps={steps}",
+        f"algo.learning_starts={scaled_learning_starts(steps, DEFAULT_LEARNING_STARTS)}",
+    ]
     startup = ["total_steps=2000", "algo.learning_starts=1000"]
     ppo = ["+experiment=cleanrl_ppo", f"total_steps={ppo_steps}", "algo.anneal_lr=false"]
-    cases: List[Case] = []
-    commands: Dict[str, List[str]] = {}
+    cases: list[Case] = []
+    commands: dict[str, list[str]] = {}
 
-    def add(name: str, figure: Callable[[Sample], float], run: Callable[[int], Sample], command: List[str]) -> None:
+    def add(name: str, figure: Callable[[Sample], float], run: Callable[[int], Sample], command: list[str]) -> None:
         cases.append((name, figure, run))
         commands[name] = [Path(command[0]).name, *command[1:]]
 
     if "dqn_vs_sb3" in sections:
         add("dqn_rlexp", whole, lambda r: rlexp_run(dqn + [f"seed={r}"], workdir), rlexp_command(dqn, "disabled"))
-        add("dqn_sb3", whole, lambda r: sb3_run("dqn", steps, r, workdir, dqn_starts),
-            sb3_command("dqn", steps, 0, dqn_starts))
+        add(
+            "dqn_sb3",
+            whole,
+            lambda r: sb3_run("dqn", steps, r, workdir, dqn_starts),
+            sb3_command("dqn", steps, 0, dqn_starts),
+        )
     if "population" in sections:
         for p in populations:
             over = dqn + [f"num_seeds={p}", f"threads={threads}"]
-            add(f"population_p{p}", loop, lambda r, over=over: rlexp_run(over + [f"seed={r}"], workdir),
-                rlexp_command(over, "disabled"))
+            add(
+                f"population_p{p}",
+                loop,
+                lambda r, over=over: rlexp_run(over + [f"seed={r}"], workdir),
+                rlexp_command(over, "disabled"),
+            )
     if "diagnostics" in sections:
-        add("diagnostics_default", loop, lambda r: rlexp_run(diag + [f"seed={r}"], workdir),
-            rlexp_command(diag, "disabled"))
+        add(
+            "diagnostics_default",
+            loop,
+            lambda r: rlexp_run(diag + [f"seed={r}"], workdir),
+            rlexp_command(diag, "disabled"),
+        )
         off = diag + ["diagnostics.every=0"]
         add("diagnostics_off", loop, lambda r: rlexp_run(off + [f"seed={r}"], workdir), rlexp_command(off, "disabled"))
     if "startup" in sections:
-        add("startup_to_first_step", lambda s: s.startup_s,
-            lambda r: rlexp_run(startup + [f"seed={r}"], workdir, mode="offline"), rlexp_command(startup, "offline"))
+        add(
+            "startup_to_first_step",
+            lambda s: s.startup_s,
+            lambda r: rlexp_run(startup + [f"seed={r}"], workdir, mode="offline"),
+            rlexp_command(startup, "offline"),
+        )
     if "ppo_vs_sb3" in sections:
         add("ppo_rlexp", whole, lambda r: rlexp_run(ppo + [f"seed={r}"], workdir), rlexp_command(ppo, "disabled"))
         add("ppo_sb3", whole, lambda r: sb3_run("ppo", ppo_steps, r, workdir), sb3_command("ppo", ppo_steps, 0))
@@ -227,9 +283,10 @@ def build_cases(sections: List[str], steps: int, ppo_steps: int, populations: Li
 
 
 # ------------------------------------------------------------------ figures and report
-def ratios_of(medians: Dict[str, float]) -> Dict[str, Optional[float]]:
+def ratios_of(medians: dict[str, float]) -> dict[str, float | None]:
     """The five figures with targets, from the medians (None when their cases were not measured)."""
-    def div(a: str, b: str) -> Optional[float]:
+
+    def div(a: str, b: str) -> float | None:
         return medians[a] / medians[b] if a in medians and b in medians else None
 
     throughput = div("population_p1", "population_p16")  # wall(1) / wall(16): same steps per seed
@@ -243,7 +300,7 @@ def ratios_of(medians: Dict[str, float]) -> Dict[str, Optional[float]]:
     }
 
 
-def verdict(name: str, value: Optional[float]) -> Optional[bool]:
+def verdict(name: str, value: float | None) -> bool | None:
     """True when ``value`` meets its target, None when it was not measured."""
     if value is None:
         return None
@@ -251,22 +308,28 @@ def verdict(name: str, value: Optional[float]) -> Optional[bool]:
     return value >= target if op == ">=" else value <= target
 
 
-def versions() -> Dict[str, Optional[str]]:
+def versions() -> dict[str, str | None]:
     """Python's and the relevant packages' versions (None for a package not installed)."""
-    def version(dist: str) -> Optional[str]:
+
+    def version(dist: str) -> str | None:
         try:
             return importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             return None
 
     found = {"python": platform.python_version()}
-    for key, dist in (("torch", "torch"), ("hydra", "hydra-core"), ("gymnasium", "gymnasium"), ("wandb", "wandb"),
-                      ("stable_baselines3", "stable-baselines3")):
+    for key, dist in (
+        ("torch", "torch"),
+        ("hydra", "hydra-core"),
+        ("gymnasium", "gymnasium"),
+        ("wandb", "wandb"),
+        ("stable_baselines3", "stable-baselines3"),
+    ):
         found[key] = version(dist)
     return found
 
 
-def load() -> Optional[List[float]]:
+def load() -> list[float] | None:
     """The 1, 5 and 15 minute load averages (None where unavailable)."""
     try:
         return [round(x, 2) for x in os.getloadavg()]
@@ -274,20 +337,27 @@ def load() -> Optional[List[float]]:
         return None
 
 
-def paired_ratios(samples: Dict[str, List[float]], repeats: int) -> Dict[str, Optional[float]]:
+def paired_ratios(samples: dict[str, list[float]], repeats: int) -> dict[str, float | None]:
     """The figures computed within each round (cases run minutes apart, not across the whole run),
     then their median over the rounds: less sensitive to a machine whose speed drifts."""
     rounds = [ratios_of({name: values[r] for name, values in samples.items()}) for r in range(repeats)]
-    return {name: None if rounds[0][name] is None else statistics.median(rnd[name] for rnd in rounds)
-            for name in rounds[0]}
+    return {
+        name: None if rounds[0][name] is None else statistics.median(rnd[name] for rnd in rounds) for name in rounds[0]
+    }
 
 
-def print_table(medians: Dict[str, float], samples: Dict[str, List[float]], ratios: Dict[str, Optional[float]],
-                paired: Dict[str, Optional[float]], rss: Dict[str, float], out: Path) -> None:
+def print_table(
+    medians: dict[str, float],
+    samples: dict[str, list[float]],
+    ratios: dict[str, float | None],
+    paired: dict[str, float | None],
+    rss: dict[str, float],
+    out: Path,
+) -> None:
     """The medians with their samples, the peak RSS per population and the ratios against their targets."""
     print(f"\n{'case':24s} {'median s':>9s}  samples s")
     for name, value in medians.items():
-        extra = f"  (peak RSS {rss[name[len('population_p'):]]:.0f} MB)" if name.startswith("population_p") else ""
+        extra = f"  (peak RSS {rss[name[len('population_p') :]]:.0f} MB)" if name.startswith("population_p") else ""
         print(f"{name:24s} {value:9.2f}  {' '.join(f'{v:.2f}' for v in samples[name])}{extra}")
     print(f"\n{'figure':32s} {'value':>8s}  {'target':>8s}  verdict  {'per round':>9s}")
     for name, value in ratios.items():
@@ -295,24 +365,40 @@ def print_table(medians: Dict[str, float], samples: Dict[str, List[float]], rati
         ok = verdict(name, value)
         shown = "n/a" if value is None else f"{value:.3f}"
         in_rounds = "n/a" if paired[name] is None else f"{paired[name]:.3f}"
-        print(f"{name:32s} {shown:>8s}  {op + ' ' + str(target):>8s}  "
-              f"{'-' if ok is None else ('PASS' if ok else 'MISS'):7s}  {in_rounds:>9s}")
+        print(
+            f"{name:32s} {shown:>8s}  {op + ' ' + str(target):>8s}  "
+            f"{'-' if ok is None else ('PASS' if ok else 'MISS'):7s}  {in_rounds:>9s}"
+        )
     print(f"-> {out}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true",
-                        help="DQN 10k steps, PPO 10k steps, populations 1 16, 1 repeat (about a minute)")
+    parser.add_argument(
+        "--quick", action="store_true", help="DQN 10k steps, PPO 10k steps, populations 1 16, 1 repeat (about a minute)"
+    )
     parser.add_argument("--steps", type=int, help="DQN env steps per run (default 50k; 10k with --quick)")
     parser.add_argument("--ppo-steps", type=int, help="PPO env steps per run (default 100k; 10k with --quick)")
     parser.add_argument("--repeats", type=int, help="rounds of every case (default 5; 1 with --quick)")
-    parser.add_argument("--populations", type=int, nargs="+", help="num_seeds values (default 1 4 16 64; "
-                        "1 16 with --quick); the P16/P1 ratio needs 1 and 16")
-    parser.add_argument("--only", nargs="+", choices=SECTIONS, metavar="SECTION",
-                        help=f"measure only these sections: {' '.join(SECTIONS)}")
-    parser.add_argument("--threads", type=int, default=-1,
-                        help="the population section's torch threads (rlexp's threads=; default -1: by population size)")
+    parser.add_argument(
+        "--populations",
+        type=int,
+        nargs="+",
+        help="num_seeds values (default 1 4 16 64; 1 16 with --quick); the P16/P1 ratio needs 1 and 16",
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=SECTIONS,
+        metavar="SECTION",
+        help=f"measure only these sections: {' '.join(SECTIONS)}",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=-1,
+        help="the population section's torch threads (rlexp's threads=; default -1: by population size)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench.json")
     parser.add_argument("--sb3", choices=("dqn", "ppo"), help=argparse.SUPPRESS)  # internal: one SB3 run
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -322,8 +408,11 @@ def main() -> int:
     needs_sb3 = [s for s in sections if s in SB3_SECTIONS] if not args.sb3 else ["--sb3"]
     if needs_sb3 and importlib.util.find_spec("stable_baselines3") is None:
         others = " ".join(s for s in SECTIONS if s not in SB3_SECTIONS)
-        print(f"bench.py: stable_baselines3 is not installed (needed by {', '.join(needs_sb3)}): {SB3_FIX}"
-              f" (or leave those out: --only {others})", file=sys.stderr)
+        print(
+            f"bench.py: stable_baselines3 is not installed (needed by {', '.join(needs_sb3)}): {SB3_FIX}"
+            f" (or leave those out: --only {others})",
+            file=sys.stderr,
+        )
         return 2
     if args.sb3:
         if args.sb3 == "dqn":
@@ -342,9 +431,9 @@ def main() -> int:
     load_start = load()
     with tempfile.TemporaryDirectory() as tmp:
         cases, commands = build_cases(sections, steps, ppo_steps, populations, args.threads, Path(tmp))
-        samples: Dict[str, List[float]] = {name: [] for name, _, _ in cases}
-        extra: Dict[str, List[float]] = {}  # rlexp's loop-only times; the start-up run's whole process
-        rss: Dict[str, List[float]] = {}
+        samples: dict[str, list[float]] = {name: [] for name, _, _ in cases}
+        extra: dict[str, list[float]] = {}  # rlexp's loop-only times; the start-up run's whole process
+        rss: dict[str, list[float]] = {}
         for r in range(repeats):
             for name, figure, run in cases:
                 sample = run(r)
@@ -354,24 +443,40 @@ def main() -> int:
                 if name == "startup_to_first_step":
                     extra.setdefault("startup_process", []).append(sample.process_s)
                 if name.startswith("population_p"):
-                    rss.setdefault(name[len("population_p"):], []).append(sample.rss_mb)
+                    rss.setdefault(name[len("population_p") :], []).append(sample.rss_mb)
                 print(f"[{r + 1}/{repeats}] {name}: {samples[name][-1]:.2f} s", flush=True)
     samples.update(extra)
     medians = {name: statistics.median(values) for name, values in samples.items()}
     ratios = ratios_of(medians)
     paired = paired_ratios(samples, repeats)
     peak_rss = {p: max(values) for p, values in rss.items()}
-    throughput = {p: {"per_seed_steps_per_s": steps / medians[f"population_p{p}"],
-                      "population_steps_per_s": int(p) * steps / medians[f"population_p{p}"]} for p in peak_rss}
+    throughput = {
+        p: {
+            "per_seed_steps_per_s": steps / medians[f"population_p{p}"],
+            "population_steps_per_s": int(p) * steps / medians[f"population_p{p}"],
+        }
+        for p in peak_rss
+    }
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "processor": platform.processor(),
-                    "load_average_start": load_start, "load_average_end": load()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "load_average_start": load_start,
+            "load_average_end": load(),
+        },
         "versions": versions(),
-        "settings": {"steps": steps, "ppo_steps": ppo_steps, "repeats": repeats, "populations": populations,
-                     "population_threads": args.threads,
-                     "sections": sections, "quick": args.quick,
-                     "dqn_learning_starts": scaled_learning_starts(steps, CLEANRL_LEARNING_STARTS)},
+        "settings": {
+            "steps": steps,
+            "ppo_steps": ppo_steps,
+            "repeats": repeats,
+            "populations": populations,
+            "population_threads": args.threads,
+            "sections": sections,
+            "quick": args.quick,
+            "dqn_learning_starts": scaled_learning_starts(steps, CLEANRL_LEARNING_STARTS),
+        },
         "commands": commands,
         "medians_s": medians,
         "samples_s": samples,

@@ -57,8 +57,16 @@ def main() -> int:
     overrides, criterion, threshold = PRESETS[args.preset]
     criterion = args.criterion or criterion
     args.threshold = threshold if args.threshold is None else args.threshold
-    command = [sys.executable, "-m", "rlexp.train", *overrides, *args.overrides,
-               f"num_seeds={args.seeds}", "logger.mode=disabled", f"hydra.run.dir={run_dir}"]
+    command = [
+        sys.executable,
+        "-m",
+        "rlexp.train",
+        *overrides,
+        *args.overrides,
+        f"num_seeds={args.seeds}",
+        "logger.mode=disabled",
+        f"hydra.run.dir={run_dir}",
+    ]
     print(" ".join(command), flush=True)
     start = time.perf_counter()
     subprocess.run(command, cwd=ROOT, check=True, env={**os.environ, "WANDB_SILENT": "true"})
@@ -69,14 +77,25 @@ def main() -> int:
     reached = [first_reach(run_dir / f"seed_{m['member']}" / "metrics.jsonl", args.threshold) for m in job["members"]]
     passed_final = sum(r is not None and r >= args.threshold for r in returns)
     passed_reach = sum(s is not None for s in reached)
-    result = {"preset": args.preset, "overrides": args.overrides, "seeds": args.seeds, "threshold": args.threshold,
-              "criterion": criterion, "passed_reach": passed_reach, "passed_final": passed_final,
-              "first_reach_step": reached, "final_returns": returns, "wall_s": round(wall, 1),
-              "command": " ".join(command[1:])}
+    result = {
+        "preset": args.preset,
+        "overrides": args.overrides,
+        "seeds": args.seeds,
+        "threshold": args.threshold,
+        "criterion": criterion,
+        "passed_reach": passed_reach,
+        "passed_final": passed_final,
+        "first_reach_step": reached,
+        "final_returns": returns,
+        "wall_s": round(wall, 1),
+        "command": " ".join(command[1:]),
+    }
     (run_dir / "learning_check.json").write_text(json.dumps(result, indent=2) + "\n")
     fmt = lambda xs: ", ".join("-" if x is None else f"{x:.0f}" for x in xs)  # noqa: E731
-    print(f"reach: {passed_reach}/{args.seeds} members had a last-10 mean >= {args.threshold} "
-          f"(first at steps: {fmt(reached)})")
+    print(
+        f"reach: {passed_reach}/{args.seeds} members had a last-10 mean >= {args.threshold} "
+        f"(first at steps: {fmt(reached)})"
+    )
     print(f"final: {passed_final}/{args.seeds} members end >= {args.threshold} (final returns: {fmt(returns)})")
     print(f"wall {wall:.0f} s; decided by {criterion}")
     passed = passed_reach if criterion == "reach" else passed_final

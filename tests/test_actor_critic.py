@@ -13,7 +13,6 @@ import copy
 import json
 import math
 from pathlib import Path
-from typing import Dict, List
 
 import gymnasium as gym
 import numpy as np
@@ -49,26 +48,44 @@ CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 QUIET = ["logger.mode=disabled", "logger.progress=off", "device=cpu", "threads=1"]
 
 
-def compose_config(overrides: List[str]):
+def compose_config(overrides: list[str]):
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         return compose(config_name="config", overrides=overrides)
 
 
-def pop_mlp(members: int, n_in: int, n_out: int, hidden=(8, 8), seed: int = 0, activation: str = "relu",
-            extra_in: int = 0, extra_at: int = 0, linear_last_hidden: bool = False) -> PopMLP:
+def pop_mlp(
+    members: int,
+    n_in: int,
+    n_out: int,
+    hidden=(8, 8),
+    seed: int = 0,
+    activation: str = "relu",
+    extra_in: int = 0,
+    extra_at: int = 0,
+    linear_last_hidden: bool = False,
+) -> PopMLP:
     gens = [torch.Generator().manual_seed(100 * seed + k) for k in range(members)]
-    net = PopMLP(members, n_in, n_out, NetworkConfig(name="mlp", hidden=list(hidden),
-                                                     linear_last_hidden=linear_last_hidden),
-                 ActivationConfig(name=activation), NormalizationConfig(name="none"), GainInitConfig(name="he"),
-                 gens, extra_in=extra_in, extra_at=extra_at)
+    net = PopMLP(
+        members,
+        n_in,
+        n_out,
+        NetworkConfig(name="mlp", hidden=list(hidden), linear_last_hidden=linear_last_hidden),
+        ActivationConfig(name=activation),
+        NormalizationConfig(name="none"),
+        GainInitConfig(name="he"),
+        gens,
+        extra_in=extra_in,
+        extra_at=extra_at,
+    )
     with torch.no_grad():  # random biases, so a reference forward must use them
         for layer in net.layers:
             layer.bias.copy_(0.3 * torch.randn(layer.bias.shape, generator=torch.Generator().manual_seed(seed + 7)))
     return net
 
 
-def ref_forward(net: PopMLP, member: int, x: torch.Tensor, extra: torch.Tensor = None,
-                act=torch.relu, linear_last: bool = False) -> torch.Tensor:
+def ref_forward(
+    net: PopMLP, member: int, x: torch.Tensor, extra: torch.Tensor = None, act=torch.relu, linear_last: bool = False
+) -> torch.Tensor:
     """One member's forward pass, written out: x [B, in] -> [B, out]."""
     h = x
     n = len(net.layers)
@@ -104,8 +121,18 @@ def test_linear_last_hidden_layer_has_no_activation():
 
 
 def test_actor_and_critic_overrides_fall_back_to_the_shared_groups():
-    cfg = rlexp_cfg(["algo=ppo", "activation=relu", "init=he", "critic.activation=elu", "actor.init=orthogonal",
-                     "critic.hidden=[32,16]", "critic.linear_last_hidden=true", "actor.normalization=layer"])
+    cfg = rlexp_cfg(
+        [
+            "algo=ppo",
+            "activation=relu",
+            "init=he",
+            "critic.activation=elu",
+            "actor.init=orthogonal",
+            "critic.hidden=[32,16]",
+            "critic.linear_last_hidden=true",
+            "actor.normalization=layer",
+        ]
+    )
     act, init, norm, net = network_groups(cfg, "actor")
     assert (act.name, init.name, norm.name, net.hidden) == ("relu", "orthogonal", "layer", [64, 64])
     assert init.last_layer_gain == 0.01 and not net.linear_last_hidden
@@ -116,7 +143,7 @@ def test_actor_and_critic_overrides_fall_back_to_the_shared_groups():
     assert (shared[0].name, shared[1].last_layer_gain, shared[3].hidden) == ("relu", None, [64, 64])
 
 
-def rlexp_cfg(overrides: List[str]):
+def rlexp_cfg(overrides: list[str]):
     from omegaconf import OmegaConf
 
     return OmegaConf.to_object(compose_config(overrides))
@@ -158,7 +185,7 @@ def test_gae_matches_a_plain_loop_with_terminations_and_truncations():
     adv, ret = gae(rewards, values, next_values, terminated, dones, 0.97, 0.9)
     for p in range(P):
         for e in range(E):
-            col = lambda x: x[:, p, e].tolist()  # noqa: E731
+            col = lambda x, p=p, e=e: x[:, p, e].tolist()  # noqa: E731
             expected = plain_gae(col(rewards), col(values), col(next_values), col(terminated), col(dones), 0.97, 0.9)
             torch.testing.assert_close(adv[:, p, e], torch.tensor(expected), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ret, adv + values)
@@ -179,15 +206,22 @@ def test_gae_with_lambda_one_is_the_discounted_return_bootstrapped_at_the_end():
 def make_minibatch(P=2, M=64, seed=0) -> Minibatch:
     g = torch.Generator().manual_seed(seed)
     valid = (torch.rand(P, M, generator=g) > 0.2).float()
-    return Minibatch(obs=torch.randn(P, M, 3, generator=g), actions=torch.randint(0, 2, (P, M), generator=g),
-                     log_probs=torch.randn(P, M, generator=g) * 0.1 - 0.7, advantages=torch.randn(P, M, generator=g),
-                     returns=torch.randn(P, M, generator=g), values=torch.randn(P, M, generator=g), valid=valid)
+    return Minibatch(
+        obs=torch.randn(P, M, 3, generator=g),
+        actions=torch.randint(0, 2, (P, M), generator=g),
+        log_probs=torch.randn(P, M, generator=g) * 0.1 - 0.7,
+        advantages=torch.randn(P, M, generator=g),
+        returns=torch.randn(P, M, generator=g),
+        values=torch.randn(P, M, generator=g),
+        valid=valid,
+    )
 
 
 @pytest.mark.parametrize("norm_adv,clip_vloss", [(True, True), (False, False), (True, False)])
 def test_ppo_losses_match_the_written_out_formulas(norm_adv, clip_vloss):
-    algo = ActorCriticConfig(name="ppo", clip_coef=0.2, norm_adv=norm_adv, clip_vloss=clip_vloss, ent_coef=0.01,
-                             vf_coef=0.5)
+    algo = ActorCriticConfig(
+        name="ppo", clip_coef=0.2, norm_adv=norm_adv, clip_vloss=clip_vloss, ent_coef=0.01, vf_coef=0.5
+    )
     mb = make_minibatch()
     g = torch.Generator().manual_seed(3)
     new_log_prob = mb.log_probs + 0.5 * torch.randn(mb.log_probs.shape, generator=g)  # ratios well beyond 1 +- 0.2
@@ -312,9 +346,13 @@ def test_policy_sampling_is_the_inverse_cdf_of_each_members_uniforms():
 # ====================================================================== TD3 / DDPG
 def td3_batch(P=2, B=32, O=3, A=2, seed=0) -> Batch:
     g = torch.Generator().manual_seed(seed)
-    return Batch(torch.randn(P, B, O, generator=g), torch.rand(P, B, A, generator=g) * 4 - 2,
-                 torch.randn(P, B, generator=g), torch.randn(P, B, O, generator=g),
-                 (torch.rand(P, B, generator=g) < 0.2).float())
+    return Batch(
+        torch.randn(P, B, O, generator=g),
+        torch.rand(P, B, A, generator=g) * 4 - 2,
+        torch.randn(P, B, generator=g),
+        torch.randn(P, B, O, generator=g),
+        (torch.rand(P, B, generator=g) < 0.2).float(),
+    )
 
 
 @pytest.mark.parametrize("twin,target_noise", [(True, 0.2), (False, 0.0)])
@@ -413,15 +451,23 @@ def test_reward_scaler_divides_by_the_std_of_the_discounted_return():
 
 
 # ====================================================================== end to end
-def read_metrics(out: Path, k: int) -> List[Dict]:
-    return [{key: v for key, v in json.loads(line).items() if not key.startswith("perf/")}
-            for line in (out / f"seed_{k}" / "metrics.jsonl").read_text().splitlines()]
+def read_metrics(out: Path, k: int) -> list[dict]:
+    return [
+        {key: v for key, v in json.loads(line).items() if not key.startswith("perf/")}
+        for line in (out / f"seed_{k}" / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 RUNS = {
     "ppo": ["algo=ppo", "total_steps=2048", "algo.num_steps=32", "env.num_envs=2", "network.hidden=[16,16]"],
-    "td3": ["algo=td3", "env=pendulum", "total_steps=800", "algo.learning_starts=300", "algo.batch_size=32",
-            "network.hidden=[16,16]"],
+    "td3": [
+        "algo=td3",
+        "env=pendulum",
+        "total_steps=800",
+        "algo.learning_starts=300",
+        "algo.batch_size=32",
+        "network.hidden=[16,16]",
+    ],
 }
 
 
@@ -430,8 +476,10 @@ def test_poisoned_member_diverges_alone_and_the_others_are_bitwise_unchanged(alg
     base = RUNS[algo] + ["num_seeds=3", "logger.log_every=200", "diagnostics.every=5", *QUIET]
     step = 512 if algo == "ppo" else 400
     runs = {}
-    for name, extra in (("base", []), ("poisoned", ["debug.inject.member=1", f"debug.inject.step={step}",
-                                                    "debug.inject.what=param"])):
+    for name, extra in (
+        ("base", []),
+        ("poisoned", ["debug.inject.member=1", f"debug.inject.step={step}", "debug.inject.what=param"]),
+    ):
         runs[name] = (tmp_path / name, run_job(compose_config(base + extra), tmp_path / name))
     (base_out, base_job), (out, job) = runs["base"], runs["poisoned"]
     assert base_job["counts"]["ok"] == 3
@@ -463,8 +511,16 @@ def random_return(env_id: str, episodes: int = 20) -> float:
 SMOKE = {
     "ppo": (["+experiment=cleanrl_ppo", "total_steps=20000"], "CartPole-v1"),
     "a2c": (["algo=a2c", "total_steps=20000"], "CartPole-v1"),
-    "td3": (["+experiment=td3_pendulum", "total_steps=6000", "algo.learning_starts=500", "algo.batch_size=64",
-             "optimizer.lr=3e-3"], "Pendulum-v1"),
+    "td3": (
+        [
+            "+experiment=td3_pendulum",
+            "total_steps=6000",
+            "algo.learning_starts=500",
+            "algo.batch_size=64",
+            "optimizer.lr=3e-3",
+        ],
+        "Pendulum-v1",
+    ),
 }
 
 
@@ -485,24 +541,30 @@ def test_short_run_returns_rise_above_a_random_policy(algo, tmp_path):
         return
     saved = json.loads((tmp_path / "seed_0" / "normalization.json").read_text())
     assert saved["reward"] is None and len(saved["obs"]["mean"]) == gym.make(env_id).observation_space.shape[0]
-    assert saved["obs"]["count"] == pytest.approx(job["members"][0]["steps"] + compose_config(overrides).env.num_envs,
-                                                  abs=1e-3)
+    assert saved["obs"]["count"] == pytest.approx(
+        job["members"][0]["steps"] + compose_config(overrides).env.num_envs, abs=1e-3
+    )
 
 
 # ====================================================================== bad input
-@pytest.mark.parametrize("overrides,key", [
-    (["algo=td3"], "algo"),  # CartPole's discrete actions
-    (["algo=ppo", "critic.action_layer=5"], "critic.action_layer"),
-    (["algo=ppo", "actor.activation=relux"], "actor.activation"),
-    (["algo=ppo", "critic.hidden=[0]"], "critic.hidden"),
-    (["algo=ppo", "algo.num_minibatches=10000"], "algo.num_minibatches"),
-    (["algo=td3", "env=pendulum", "algo.tau=1.5"], "algo.tau"),
-    (["algo=ddpg", "env=pendulum", "algo.policy_delay=0"], "algo.policy_delay"),
-    (["obs_norm.clip=0"], "obs_norm.clip"),
-    (["normalization=batch", "algo.batch_size=1"], "algo.batch_size"),  # no batch statistics in one sample
-    (["algo=ppo", "critic.normalization=batch", "algo.num_steps=4", "env.num_envs=1", "algo.num_minibatches=4"],
-     "algo.num_minibatches"),
-])
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["algo=td3"], "algo"),  # CartPole's discrete actions
+        (["algo=ppo", "critic.action_layer=5"], "critic.action_layer"),
+        (["algo=ppo", "actor.activation=relux"], "actor.activation"),
+        (["algo=ppo", "critic.hidden=[0]"], "critic.hidden"),
+        (["algo=ppo", "algo.num_minibatches=10000"], "algo.num_minibatches"),
+        (["algo=td3", "env=pendulum", "algo.tau=1.5"], "algo.tau"),
+        (["algo=ddpg", "env=pendulum", "algo.policy_delay=0"], "algo.policy_delay"),
+        (["obs_norm.clip=0"], "obs_norm.clip"),
+        (["normalization=batch", "algo.batch_size=1"], "algo.batch_size"),  # no batch statistics in one sample
+        (
+            ["algo=ppo", "critic.normalization=batch", "algo.num_steps=4", "env.num_envs=1", "algo.num_minibatches=4"],
+            "algo.num_minibatches",
+        ),
+    ],
+)
 def test_bad_actor_critic_values_name_the_key(overrides, key):
     with pytest.raises(ConfigError) as err:
         validate(compose_config(overrides))

@@ -6,8 +6,8 @@ from __future__ import annotations
 import ast
 import inspect
 import typing
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Dict, Iterator, List, Set
 
 import pytest
 
@@ -19,14 +19,15 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES: Dict[str, Path] = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+MODULES: dict[str, Path] = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
 def is_type_checking(node: ast.AST) -> bool:
     """``if TYPE_CHECKING:`` or ``if typing.TYPE_CHECKING:``."""
     test = node.test if isinstance(node, ast.If) else None
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def runtime_nodes(node: ast.AST) -> Iterator[ast.AST]:
@@ -39,12 +40,12 @@ def runtime_nodes(node: ast.AST) -> Iterator[ast.AST]:
         yield from runtime_nodes(child)
 
 
-def imported_modules(module: str) -> Set[str]:
+def imported_modules(module: str) -> set[str]:
     """The rlexp modules that importing ``module`` imports: each named module and the packages it
     lies in (Python runs a package's ``__init__`` first), apart from ``module``'s own packages."""
     tree = ast.parse(MODULES[module].read_text())
     is_package = MODULES[module].name == "__init__.py"
-    names: List[str] = []
+    names: list[str] = []
     for node in runtime_nodes(tree):
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
@@ -55,23 +56,23 @@ def imported_modules(module: str) -> Set[str]:
                 base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
             names += [base] + [f"{base}.{alias.name}" for alias in node.names]
     own = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 2)}
-    found: Set[str] = set()
+    found: set[str] = set()
     for name in names:
         parts = name.split(".")
         found |= {m for i in range(1, len(parts) + 1) if (m := ".".join(parts[:i])) in MODULES}
     return found - own
 
 
-IMPORTS: Dict[str, Set[str]] = {m: imported_modules(m) for m in MODULES}
+IMPORTS: dict[str, set[str]] = {m: imported_modules(m) for m in MODULES}
 
 
-def import_cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """One cycle (a list of modules, the first repeated at the end) per strongly connected group of
     two or more modules (Tarjan's algorithm)."""
-    index: Dict[str, int] = {}
-    low: Dict[str, int] = {}
-    stack: List[str] = []
-    groups: List[List[str]] = []
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
 
     def visit(v: str) -> None:
         index[v] = low[v] = len(index)
@@ -98,7 +99,7 @@ def import_cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
     return [cycle_through(sorted(group)[0], set(group), graph) for group in groups]
 
 
-def cycle_through(start: str, group: Set[str], graph: Dict[str, Set[str]]) -> List[str]:
+def cycle_through(start: str, group: set[str], graph: dict[str, set[str]]) -> list[str]:
     """A shortest import path from ``start`` back to itself within ``group`` (breadth first)."""
     paths = {w: [start, w] for w in sorted(graph[start] & group)}
     frontier = list(paths)
@@ -125,9 +126,11 @@ def test_the_cycle_finder_names_a_cycle():
 
 
 def test_the_import_walk_sees_function_level_imports_and_skips_type_checking_blocks(tmp_path, monkeypatch):
-    source = ("from typing import TYPE_CHECKING\nimport rlexp.nets\n"
-              "if TYPE_CHECKING:\n    from rlexp.runner import run_population\n"
-              "def f():\n    from rlexp.algos import dqn\n")
+    source = (
+        "from typing import TYPE_CHECKING\nimport rlexp.nets\n"
+        "if TYPE_CHECKING:\n    from rlexp.runner import run_population\n"
+        "def f():\n    from rlexp.algos import dqn\n"
+    )
     path = tmp_path / "probe.py"
     path.write_text(source)
     monkeypatch.setitem(MODULES, "rlexp.probe", path)
@@ -171,7 +174,9 @@ PROCESS_WIDE = {("gc", "disable"), ("gc", "enable"), ("gc", "freeze"), ("gc", "c
 @pytest.mark.parametrize("module", sorted(set(MODULES) - {"rlexp.train"}))
 def test_only_the_entry_point_sets_process_wide_state(module):
     tree = ast.parse(MODULES[module].read_text())
-    calls = {(node.func.value.id, node.func.attr) for node in ast.walk(tree)
-             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-             and isinstance(node.func.value, ast.Name)}
+    calls = {
+        (node.func.value.id, node.func.attr)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
+    }
     assert not calls & PROCESS_WIDE, f"{module} calls {sorted(calls & PROCESS_WIDE)}"

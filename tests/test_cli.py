@@ -18,13 +18,13 @@ import struct
 import subprocess
 import sys
 import zlib
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
-
-import pytest
+from typing import Any
 
 import gymnasium as gym
+import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
@@ -42,8 +42,12 @@ GROUPS = ("activation", "init", "normalization", "clipping", "optimizer", "netwo
 # A tiny budget (the rest of DQN's defaults are small too) whose cell stays short: rlexp cuts W&B
 # groups to 128 characters, and the tests compare the group with the whole cell.
 TOTAL_STEPS, LEARNING_STARTS, LOG_EVERY, TRAIN_FREQUENCY = 300, 100, 100, 10
-BUDGET = [f"total_steps={TOTAL_STEPS}", f"algo.learning_starts={LEARNING_STARTS}", f"logger.log_every={LOG_EVERY}",
-          f"algo.train_frequency={TRAIN_FREQUENCY}"]
+BUDGET = [
+    f"total_steps={TOTAL_STEPS}",
+    f"algo.learning_starts={LEARNING_STARTS}",
+    f"logger.log_every={LOG_EVERY}",
+    f"algo.train_frequency={TRAIN_FREQUENCY}",
+]
 HINT = "Set the environment variable HYDRA_FULL_ERROR"
 TIMEOUT = 600
 
@@ -55,7 +59,7 @@ def compose_config(overrides: Sequence[str] = ()):
         return compose(config_name="config", overrides=list(overrides))
 
 
-def options(group: str) -> List[str]:
+def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
@@ -66,10 +70,13 @@ def needs_box2d(env_id: str) -> bool:
 BOX2D_INSTALLED = importlib.util.find_spec("Box2D") is not None
 
 
-def cli_env(tmp: Path, **extra: str) -> Dict[str, str]:
+def cli_env(tmp: Path, **extra: str) -> dict[str, str]:
     """The environment of a CLI subprocess: W&B offline and silent, its dirs under tmp, no forced TTY."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "HYDRA_FULL_ERROR", "WANDB_MODE")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "HYDRA_FULL_ERROR", "WANDB_MODE")
+    }
     wandb_home = tmp / "wandb_home"
     env.update(
         WANDB_MODE="offline",
@@ -86,8 +93,14 @@ def cli_env(tmp: Path, **extra: str) -> Dict[str, str]:
 
 def run_cli(args: Sequence[str], tmp: Path, **env: str) -> subprocess.CompletedProcess:
     tmp.mkdir(parents=True, exist_ok=True)
-    return subprocess.run([sys.executable, "-m", "rlexp.train", *args], cwd=ROOT, env=cli_env(tmp, **env),
-                          capture_output=True, text=True, timeout=TIMEOUT)
+    return subprocess.run(
+        [sys.executable, "-m", "rlexp.train", *args],
+        cwd=ROOT,
+        env=cli_env(tmp, **env),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
 
 
 class Launch:
@@ -98,8 +111,9 @@ class Launch:
         self.args = [sys.executable, "-m", "rlexp.train", *args]
         self.stdout, self.stderr = tmp / "stdout.txt", tmp / "stderr.txt"
         with open(self.stdout, "w") as out, open(self.stderr, "w") as err:
-            self.proc = subprocess.Popen(self.args, cwd=ROOT, env=cli_env(tmp, **env), stdout=out, stderr=err,
-                                         stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                self.args, cwd=ROOT, env=cli_env(tmp, **env), stdout=out, stderr=err, stdin=subprocess.DEVNULL
+            )
 
     def result(self) -> subprocess.CompletedProcess:
         code = self.proc.wait(timeout=TIMEOUT)
@@ -121,18 +135,18 @@ def expected_cell(overrides: Sequence[str]) -> str:
     return ",".join(kept) or "default"
 
 
-def read_jsonl(path: Path) -> List[Dict[str, Any]]:
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def message_lines(proc: subprocess.CompletedProcess) -> List[str]:
+def message_lines(proc: subprocess.CompletedProcess) -> list[str]:
     """Non-blank lines of stdout and stderr, without Hydra's HYDRA_FULL_ERROR hint."""
     return [ln for ln in (proc.stdout + "\n" + proc.stderr).splitlines() if ln.strip() and HINT not in ln]
 
 
-def table_rows(stdout: str) -> Dict[int, List[str]]:
+def table_rows(stdout: str) -> dict[int, list[str]]:
     """Rows of the console summary table: seed -> the row's cells (box-drawing characters removed)."""
-    rows: Dict[int, List[str]] = {}
+    rows: dict[int, list[str]] = {}
     for line in stdout.splitlines():
         tokens = re.sub(r"[\u2500-\u257f|]", " ", line).split()
         if len(tokens) >= 3 and tokens[0].isdigit() and tokens[1] in ("ok", "diverged", "crashed"):
@@ -160,11 +174,11 @@ def read_wandb_records(path: Path) -> list:
         if left < _HEADER:  # block trailer: zero padding
             pos += left
             continue
-        crc, length, kind = struct.unpack("<IHB", data[pos:pos + _HEADER])
+        crc, length, kind = struct.unpack("<IHB", data[pos : pos + _HEADER])
         if crc == length == kind == 0:  # zero padding up to the next block
             pos += left
             continue
-        chunk = data[pos + _HEADER:pos + _HEADER + length]
+        chunk = data[pos + _HEADER : pos + _HEADER + length]
         assert zlib.crc32(chunk, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF == crc, f"bad checksum in {path}"
         pos += _HEADER + length
         if kind == 1:
@@ -186,7 +200,7 @@ def read_wandb_records(path: Path) -> list:
     return records
 
 
-def _items(items) -> Dict[str, Any]:
+def _items(items) -> dict[str, Any]:
     return {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in items}
 
 
@@ -196,7 +210,7 @@ def wandb_run_dir(member_dir: Path) -> Path:
     return runs[0]
 
 
-def read_wandb_run(member_dir: Path) -> Dict[str, Any]:
+def read_wandb_run(member_dir: Path) -> dict[str, Any]:
     """The run record (config, group, tags), history rows, merged summary and exit code of a member's run."""
     files = sorted(wandb_run_dir(member_dir).glob("run-*.wandb"))
     assert len(files) == 1, files
@@ -233,9 +247,9 @@ def same_value(a: Any, b: Any) -> bool:
     return a == b
 
 
-def flatten(d: Any, prefix: str = "") -> Dict[str, Any]:
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(d, dict):
-        out: Dict[str, Any] = {}
+        out: dict[str, Any] = {}
         for k, v in d.items():
             out.update(flatten(v, f"{prefix}{k}."))
         return out
@@ -260,8 +274,11 @@ BAD_VALUES = {
     "env_id_typo": (["env.id=CartPole-v9"], "env.id", ["CartPole-v9", "CartPole-v1"]),
     "continuous_env_with_dqn": (["env.id=Pendulum-v1", "algo=dqn"], "algo", ["dqn", "cannot handle", "continuous"]),
     "batch_above_buffer": (["algo.batch_size=2000", "algo.buffer_size=1000"], "algo.batch_size", ["algo.buffer_size"]),
-    "learning_starts_at_total": (["total_steps=400", "algo.learning_starts=400"], "algo.learning_starts",
-                                 ["total_steps"]),
+    "learning_starts_at_total": (
+        ["total_steps=400", "algo.learning_starts=400"],
+        "algo.learning_starts",
+        ["total_steps"],
+    ),
     "cuda_without_cuda": (["device=cuda"], "device", ["CUDA"]),
     "logger_mode_bogus": (["logger.mode=bogus"], "logger.mode", ["bogus"]),
 }
@@ -274,18 +291,26 @@ SWEEP = ["activation=relu,tanh", "init=xavier,he"]
 RERUN_OVERRIDES = ["num_seeds=1", *BUDGET, "logger.mode=disabled"]
 
 
-def _run_specs(base: Path) -> Dict[str, tuple]:
+def _run_specs(base: Path) -> dict[str, tuple]:
     """fixture name -> (args, tmp, env) of each CLI run that trains."""
     return {
         "single_run": ([*SINGLE_OVERRIDES, f"hydra.run.dir={base / 'single_run' / 'run'}"], base / "single_run", {}),
-        "multi_run": (["-m", *SWEEP, *BUDGET, "logger.mode=offline", f"hydra.sweep.dir={base / 'multi_run' / 'multi'}"],
-                      base / "multi_run", {}),
+        "multi_run": (
+            ["-m", *SWEEP, *BUDGET, "logger.mode=offline", f"hydra.sweep.dir={base / 'multi_run' / 'multi'}"],
+            base / "multi_run",
+            {},
+        ),
         # W&B mode: $WANDB_MODE=disabled alone, and overridden by an explicit logger.mode=offline
-        "env_disabled_run": (["num_seeds=1", *BUDGET, f"hydra.run.dir={base / 'env_disabled_run' / 'run'}"],
-                             base / "env_disabled_run", {"WANDB_MODE": "disabled"}),
-        "explicit_offline_run": (["num_seeds=1", *BUDGET, "logger.mode=offline",
-                                  f"hydra.run.dir={base / 'explicit_offline_run' / 'run'}"],
-                                 base / "explicit_offline_run", {"WANDB_MODE": "disabled"}),
+        "env_disabled_run": (
+            ["num_seeds=1", *BUDGET, f"hydra.run.dir={base / 'env_disabled_run' / 'run'}"],
+            base / "env_disabled_run",
+            {"WANDB_MODE": "disabled"},
+        ),
+        "explicit_offline_run": (
+            ["num_seeds=1", *BUDGET, "logger.mode=offline", f"hydra.run.dir={base / 'explicit_offline_run' / 'run'}"],
+            base / "explicit_offline_run",
+            {"WANDB_MODE": "disabled"},
+        ),
         # the first of two runs into the same run dir
         "rerun_run": ([*RERUN_OVERRIDES, f"hydra.run.dir={base / 'rerun_run' / 'run'}"], base / "rerun_run", {}),
     }
@@ -298,8 +323,9 @@ def runs(request, tmp_path_factory):
     The bad-input calls (short: they stop before training) run two at a time alongside."""
     wanted = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
     base = tmp_path_factory.mktemp("runs")
-    launches = {name: (Launch(args, tmp, **env), tmp) for name, (args, tmp, env) in _run_specs(base).items()
-                if name in wanted}
+    launches = {
+        name: (Launch(args, tmp, **env), tmp) for name, (args, tmp, env) in _run_specs(base).items() if name in wanted
+    }
     pool = ThreadPoolExecutor(max_workers=2)
     bad = {}
     if "bad_runs" in wanted:
@@ -348,13 +374,16 @@ ALL_OPTIONS = [(g, o) for g in GROUPS for o in options(g)]
 def test_the_entry_point_imports_without_collections_and_leaves_the_collector_on(tmp_path):
     """`python -m rlexp.train` imports torch and Hydra with the garbage collector off (start-up speed),
     then freezes what the imports made and turns the collector back on, whatever the run does next."""
-    probe = ("import gc, runpy, sys\n"
-             "sys.argv = ['rlexp.train', '--help']\n"
-             "try:\n    runpy.run_module('rlexp.train', run_name='__main__')\n"
-             "except SystemExit:\n    pass\n"
-             "print('probe', gc.isenabled(), gc.get_freeze_count())\n")
-    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=cli_env(tmp_path), capture_output=True,
-                         text=True, timeout=TIMEOUT)
+    probe = (
+        "import gc, runpy, sys\n"
+        "sys.argv = ['rlexp.train', '--help']\n"
+        "try:\n    runpy.run_module('rlexp.train', run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        "print('probe', gc.isenabled(), gc.get_freeze_count())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=cli_env(tmp_path), capture_output=True, text=True, timeout=TIMEOUT
+    )
     _, enabled, frozen = out.stdout.strip().splitlines()[-1].split()
     assert enabled == "True"
     assert int(frozen) > 100_000  # torch's and Hydra's objects, out of every later collection's way

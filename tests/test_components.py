@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from definitions import ref_activation
 from omegaconf import OmegaConf
 
+from rlexp.activations import ACTIVATIONS, activation_gain
 from rlexp.config import (
     ActivationConfig,
     AdamConfig,
@@ -41,8 +43,6 @@ from rlexp.config import (
     WeightNormConfig,
 )
 from rlexp.grad import CAUSES, CLIPPERS, GradientPipeline, Health, member_norms
-from definitions import ref_activation
-from rlexp.activations import ACTIVATIONS, activation_gain
 from rlexp.init import INITIALIZERS, init_linear, scheme_gain
 from rlexp.nets import (
     NORMALIZATIONS,
@@ -259,7 +259,7 @@ def mlp_reference(net: PopMLP, x, network, act, norm) -> torch.Tensor:
             last = i == n_layers - 1
             v, b = layer.weight[p], layer.bias[p]
             if norm.name == "weight" and (not last or norm.output_layer):
-                w = layer.g[p][:, None] * v / torch.sqrt((v ** 2).sum(1, keepdim=True) + norm.eps)
+                w = layer.g[p][:, None] * v / torch.sqrt((v**2).sum(1, keepdim=True) + norm.eps)
             else:
                 w = v
             z = F.linear(h, w, b)
@@ -279,17 +279,31 @@ def mlp_reference(net: PopMLP, x, network, act, norm) -> torch.Tensor:
 
 
 MLP_CASES = {
-    "none-relu": (NetworkConfig(name="mlp", hidden=[8, 8]), ActivationConfig(name="relu"),
-                  NormalizationConfig(name="none")),
-    "layer-tanh-residual": (NetworkConfig(name="mlp", hidden=[8, 8, 8], residual=True), ActivationConfig(name="tanh"),
-                            LayerNormConfig(name="layer", eps=1e-3)),
-    "batch-leaky-residual-scaled": (NetworkConfig(name="mlp", hidden=[8, 8], residual=True, output_scale=0.5),
-                                    LeakyReLUConfig(name="leaky_relu", negative_slope=0.2),
-                                    BatchNormConfig(name="batch", eps=1e-3)),
-    "weight-elu-output": (NetworkConfig(name="mlp", hidden=[8, 8]), ELUConfig(name="elu", alpha=0.7),
-                          WeightNormConfig(name="weight", eps=1e-8, g_init=1.3)),
-    "weight0-gelu-no-output": (NetworkConfig(name="mlp", hidden=[6], output_scale=3.0), ActivationConfig(name="gelu"),
-                               WeightNormConfig(name="weight", eps=0.0, output_layer=False)),
+    "none-relu": (
+        NetworkConfig(name="mlp", hidden=[8, 8]),
+        ActivationConfig(name="relu"),
+        NormalizationConfig(name="none"),
+    ),
+    "layer-tanh-residual": (
+        NetworkConfig(name="mlp", hidden=[8, 8, 8], residual=True),
+        ActivationConfig(name="tanh"),
+        LayerNormConfig(name="layer", eps=1e-3),
+    ),
+    "batch-leaky-residual-scaled": (
+        NetworkConfig(name="mlp", hidden=[8, 8], residual=True, output_scale=0.5),
+        LeakyReLUConfig(name="leaky_relu", negative_slope=0.2),
+        BatchNormConfig(name="batch", eps=1e-3),
+    ),
+    "weight-elu-output": (
+        NetworkConfig(name="mlp", hidden=[8, 8]),
+        ELUConfig(name="elu", alpha=0.7),
+        WeightNormConfig(name="weight", eps=1e-8, g_init=1.3),
+    ),
+    "weight0-gelu-no-output": (
+        NetworkConfig(name="mlp", hidden=[6], output_scale=3.0),
+        ActivationConfig(name="gelu"),
+        WeightNormConfig(name="weight", eps=0.0, output_layer=False),
+    ),
 }
 
 
@@ -307,8 +321,9 @@ def test_pop_mlp_forward_matches_direct_computation(case):
     for i, layer in enumerate(net.layers):
         wn = norm.name == "weight" and (i < n_layers - 1 or norm.output_layer)
         assert isinstance(layer, PopWeightNormLinear) == wn
-    x = torch.randn(2, 5, net.layers[0].weight.shape[-1], dtype=torch.float64,
-                    generator=torch.Generator().manual_seed(3))
+    x = torch.randn(
+        2, 5, net.layers[0].weight.shape[-1], dtype=torch.float64, generator=torch.Generator().manual_seed(3)
+    )
     y = net(x)
     assert y.shape == (2, 5, 2)
     torch.testing.assert_close(y, mlp_reference(net, x, network, act, norm))
@@ -323,23 +338,37 @@ def test_pop_mlp_forward_matches_direct_computation(case):
 @pytest.mark.parametrize("normalization", ["none", "layer"])  # the raw-op path and the forward() path
 def test_inference_matches_forward_after_a_pipeline_moves_and_updates_the_parameters(normalization):
     norm = LayerNormConfig(name="layer") if normalization == "layer" else NormalizationConfig(name="none")
-    net = PopMLP(3, 4, 2, NetworkConfig(name="mlp", hidden=[8, 8]), ActivationConfig(name="tanh"), norm,
-                 GainInitConfig(name="he"), gens(1, 2, 3))
+    net = PopMLP(
+        3,
+        4,
+        2,
+        NetworkConfig(name="mlp", hidden=[8, 8]),
+        ActivationConfig(name="tanh"),
+        norm,
+        GainInitConfig(name="he"),
+        gens(1, 2, 3),
+    )
     infer = net.inference()  # made before the pipeline moves the parameters into its flat buffer
     x = torch.randn(3, 5, 4, generator=torch.Generator().manual_seed(0))
     initial = infer(x)
     assert torch.equal(initial, net(x).detach())
-    pipe = GradientPipeline(list(net.parameters()), SGDConfig(name="sgd", lr=0.5), ClippingConfig(name="none"),
-                            RegularizationConfig(), weight_parameters(net), Health(3, CPU))
+    pipe = GradientPipeline(
+        list(net.parameters()),
+        SGDConfig(name="sgd", lr=0.5),
+        ClippingConfig(name="none"),
+        RegularizationConfig(),
+        weight_parameters(net),
+        Health(3, CPU),
+    )
     for _ in range(2):
         pipe.step(net(x).square().mean((1, 2)), env_step=0)
         assert torch.equal(infer(x), net(x).detach())
     assert not torch.equal(infer(x), initial)  # the updates moved the outputs, and inference saw them
 
 
-HOST_CASES = ([(name, "none", False) for name in sorted(ACTIVATIONS)]
-              + [("relu", norm, residual) for norm in sorted(NORMALIZATIONS) if norm != "none"
-                 for residual in (False, True)])
+HOST_CASES = [(name, "none", False) for name in sorted(ACTIVATIONS)] + [
+    ("relu", norm, residual) for norm in sorted(NORMALIZATIONS) if norm != "none" for residual in (False, True)
+]
 
 
 def greedy_actions(q: np.ndarray, expected: np.ndarray) -> np.ndarray:
@@ -351,16 +380,27 @@ def greedy_actions(q: np.ndarray, expected: np.ndarray) -> np.ndarray:
     return q.argmax(-1)[clear]
 
 
-@pytest.mark.parametrize("activation,normalization,residual", HOST_CASES,
-                         ids=[f"{a}-{n}" + ("-residual" if r else "") for a, n, r in HOST_CASES])
-def test_host_inference_matches_forward_after_a_pipeline_moves_and_updates_the_parameters(activation, normalization,
-                                                                                       residual):
+@pytest.mark.parametrize(
+    "activation,normalization,residual",
+    HOST_CASES,
+    ids=[f"{a}-{n}" + ("-residual" if r else "") for a, n, r in HOST_CASES],
+)
+def test_host_inference_matches_forward_after_a_pipeline_moves_and_updates_the_parameters(
+    activation, normalization, residual
+):
     """numpy (every component has a numpy form) or torch from host arrays: forward's greedy actions
     (eval mode) on samples without near-ties; values are not compared, float32 rounding order and
     the CPU's exp may differ."""
-    net = PopMLP(3, 4, 5, NetworkConfig(name="mlp", hidden=[32, 32], output_scale=0.5, residual=residual),
-                 activation_config(activation), normalization_config(normalization), GainInitConfig(name="he"),
-                 gens(1, 2, 3))
+    net = PopMLP(
+        3,
+        4,
+        5,
+        NetworkConfig(name="mlp", hidden=[32, 32], output_scale=0.5, residual=residual),
+        activation_config(activation),
+        normalization_config(normalization),
+        GainInitConfig(name="he"),
+        gens(1, 2, 3),
+    )
     net.eval()
     with torch.no_grad():  # pre-activations of both signs, some far below zero; norms away from identity
         for layer in net.layers:
@@ -377,8 +417,14 @@ def test_host_inference_matches_forward_after_a_pipeline_moves_and_updates_the_p
         return out
 
     initial = check()
-    pipe = GradientPipeline(list(net.parameters()), SGDConfig(name="sgd", lr=0.5), ClippingConfig(name="none"),
-                            RegularizationConfig(), weight_parameters(net), Health(3, CPU))
+    pipe = GradientPipeline(
+        list(net.parameters()),
+        SGDConfig(name="sgd", lr=0.5),
+        ClippingConfig(name="none"),
+        RegularizationConfig(),
+        weight_parameters(net),
+        Health(3, CPU),
+    )
     for _ in range(2):
         pipe.step(net(x).square().mean((1, 2)), env_step=0)
         check()
@@ -393,8 +439,12 @@ def test_host_inference_matches_forward_after_a_pipeline_moves_and_updates_the_p
 
 def test_pop_mlp_members_are_independent_with_batch_norm():
     network = NetworkConfig(name="mlp", hidden=[8, 8])
-    args = (network, ActivationConfig(name="relu"), BatchNormConfig(name="batch"),
-            InitConfig(name="default", bias=None))
+    args = (
+        network,
+        ActivationConfig(name="relu"),
+        BatchNormConfig(name="batch"),
+        InitConfig(name="default", bias=None),
+    )
     net_a = PopMLP(2, 3, 2, *args, gens(0, 1))
     net_b = PopMLP(2, 3, 2, *args, gens(0, 1))
     x = torch.randn(2, 6, 3)
@@ -411,16 +461,29 @@ ALL_SCHEMES = sorted(INITIALIZERS)
 
 
 def test_initializer_registry_names():
-    assert set(ALL_SCHEMES) == {"default", "xavier", "xavier_uniform", "xavier_normal", "he", "he_normal",
-                                "he_uniform", "orthogonal", "lecun"}
+    assert set(ALL_SCHEMES) == {
+        "default",
+        "xavier",
+        "xavier_uniform",
+        "xavier_normal",
+        "he",
+        "he_normal",
+        "he_uniform",
+        "orthogonal",
+        "lecun",
+    }
 
 
 @pytest.mark.parametrize("scheme", ALL_SCHEMES)
 def test_pop_mlp_member_initialization_depends_only_on_its_own_generator(scheme):
     cls = InitConfig if scheme in ("default", "lecun") else GainInitConfig
     init = structured(cls, name=scheme, bias=None if scheme == "default" else 0.0)
-    args = (NetworkConfig(name="mlp", hidden=[8, 8]), ActivationConfig(name="tanh"),
-            LayerNormConfig(name="layer"), init)
+    args = (
+        NetworkConfig(name="mlp", hidden=[8, 8]),
+        ActivationConfig(name="tanh"),
+        LayerNormConfig(name="layer"),
+        init,
+    )
     a = PopMLP(2, 4, 3, *args, gens(0, 1))
     b = PopMLP(2, 4, 3, *args, gens(9, 1))
     c = PopMLP(1, 4, 3, *args, gens(1))  # member 1 alone in a population of one
@@ -451,8 +514,9 @@ def test_he_init_member_equals_a_direct_draw_from_its_generator():
     w = torch.empty(3, 6, 10)
     init_linear(w, None, cfg, math.sqrt(2.0), gens(4, 5, 6))
     for p, seed in enumerate((4, 5, 6)):
-        direct = torch.empty(6, 10).normal_(0.0, math.sqrt(2.0) / math.sqrt(10),
-                                            generator=torch.Generator().manual_seed(seed))
+        direct = torch.empty(6, 10).normal_(
+            0.0, math.sqrt(2.0) / math.sqrt(10), generator=torch.Generator().manual_seed(seed)
+        )
         torch.testing.assert_close(w[p], direct)
 
 
@@ -484,11 +548,13 @@ INIT_STATS = [
 ]
 
 
-@pytest.mark.parametrize("scheme,gain,act,dist,scale", INIT_STATS,
-                         ids=[f"{s}-{g}-{a}" for s, g, a, _, _ in INIT_STATS])
+@pytest.mark.parametrize("scheme,gain,act,dist,scale", INIT_STATS, ids=[f"{s}-{g}-{a}" for s, g, a, _, _ in INIT_STATS])
 def test_init_statistics_match_the_formulas(scheme, gain, act, dist, scale):
-    cfg = (structured(InitConfig, name=scheme) if scheme in ("default", "lecun")
-           else structured(GainInitConfig, name=scheme, gain=gain))
+    cfg = (
+        structured(InitConfig, name=scheme)
+        if scheme in ("default", "lecun")
+        else structured(GainInitConfig, name=scheme, gain=gain)
+    )
     w = torch.empty(2, OUT, IN)
     init_linear(w, None, cfg, scheme_gain(cfg, activation_config(act)), gens(0, 1))
     s = scale(gain)
@@ -516,8 +582,9 @@ def test_orthogonal_init_is_orthogonal_with_gain(act, gain, shape):
     out, n_in = shape
     for p in range(2):
         gram = w[p] @ w[p].T if out <= n_in else w[p].T @ w[p]
-        torch.testing.assert_close(gram, expected_gain**2 * torch.eye(min(shape), dtype=torch.float64),
-                                   rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            gram, expected_gain**2 * torch.eye(min(shape), dtype=torch.float64), rtol=0, atol=1e-5
+        )
     assert not torch.equal(w[0], w[1])
 
 
@@ -538,8 +605,13 @@ def test_scheme_and_activation_gains():
     assert scheme_gain(orthogonal, activation_config("tanh")) == pytest.approx(5.0 / 3.0)
     assert scheme_gain(GainInitConfig(name="he_uniform", gain=0.7), activation_config("relu")) == pytest.approx(0.7)
     # null gain -> 1 for default / xavier / lecun whatever the activation
-    for cfg in (InitConfig(name="default"), InitConfig(name="lecun"), GainInitConfig(name="xavier", gain=None),
-                GainInitConfig(name="xavier_normal", gain=None), GainInitConfig(name="xavier_uniform", gain=None)):
+    for cfg in (
+        InitConfig(name="default"),
+        InitConfig(name="lecun"),
+        GainInitConfig(name="xavier", gain=None),
+        GainInitConfig(name="xavier_normal", gain=None),
+        GainInitConfig(name="xavier_uniform", gain=None),
+    ):
         assert scheme_gain(cfg, activation_config("relu")) == pytest.approx(1.0)
     # structured configs behave like the dataclasses
     he = structured(GainInitConfig, name="he", gain=None)
@@ -550,8 +622,9 @@ def test_scheme_and_activation_gains():
 def test_pop_mlp_hidden_gain_follows_leaky_relu_slope():
     init = structured(GainInitConfig, name="he", gain=None)
     act = structured(LeakyReLUConfig, name="leaky_relu", negative_slope=0.5)
-    net = PopMLP(1, 256, 4, NetworkConfig(name="mlp", hidden=[256]), act,
-                 NormalizationConfig(name="none"), init, gens(0))
+    net = PopMLP(
+        1, 256, 4, NetworkConfig(name="mlp", hidden=[256]), act, NormalizationConfig(name="none"), init, gens(0)
+    )
     expected = math.sqrt(2.0 / (1.0 + 0.5**2)) / math.sqrt(256)  # vs sqrt(2)/16 for slope 0.01: 10% apart
     torch.testing.assert_close(net.layers[0].weight.std().item(), expected, rtol=0.02, atol=0.0)
 
@@ -597,8 +670,16 @@ def test_last_layer_same_uses_last_layer_gain():
 
 def test_pop_mlp_applies_last_layer_settings_to_the_output_layer_only():
     init = structured(GainInitConfig, name="he", gain=None, bias=0.2, last_layer="uniform", last_layer_scale=0.01)
-    net = PopMLP(2, 4, 3, NetworkConfig(name="mlp", hidden=[16, 16]), ActivationConfig(name="relu"),
-                 NormalizationConfig(name="none"), init, gens(0, 1))
+    net = PopMLP(
+        2,
+        4,
+        3,
+        NetworkConfig(name="mlp", hidden=[16, 16]),
+        ActivationConfig(name="relu"),
+        NormalizationConfig(name="none"),
+        init,
+        gens(0, 1),
+    )
     out = net.layers[-1]
     assert out.weight.abs().max() <= 0.01 and out.bias.abs().max() <= 0.01
     assert not torch.equal(out.bias, torch.full_like(out.bias, 0.2))
@@ -645,8 +726,9 @@ def test_global_norm_clip_equals_clip_grad_norm_per_member():
             torch.testing.assert_close(clipped[t][p], refs[p][t])
             scale = min(1.0, max_norm / (pre[p].item() + 1e-6))
             torch.testing.assert_close(clipped[t][p], grads[t][p] * scale)
-    torch.testing.assert_close(member_norms(clipped)[1:], torch.full((2,), max_norm), rtol=1e-5, atol=1e-5,
-                               check_dtype=False)
+    torch.testing.assert_close(
+        member_norms(clipped)[1:], torch.full((2,), max_norm), rtol=1e-5, atol=1e-5, check_dtype=False
+    )
     assert torch.equal(clipped[0][0], grads[0][0])  # scale exactly 1 under the limit
 
 
@@ -742,8 +824,7 @@ def test_clipping_is_per_member(name):
 # ---------------------------------------------------------------- gradient pipeline
 def make_layer(P=2, n_in=3, n_out=2, seed=0) -> PopLinear:
     layer = PopLinear(P, n_in, n_out)
-    init_linear(layer.weight, layer.bias, InitConfig(name="default", bias=None), 1.0,
-                gens(*range(seed, seed + P)))
+    init_linear(layer.weight, layer.bias, InitConfig(name="default", bias=None), 1.0, gens(*range(seed, seed + P)))
     return layer
 
 
@@ -763,9 +844,14 @@ def test_pipeline_step_matches_direct_clip_and_sgd_update():
     params = [layer.weight, layer.bias]
     w0, b0 = layer.weight.detach().clone(), layer.bias.detach().clone()
     health = Health(2, CPU)
-    pipe = GradientPipeline(params, SGDConfig(name="sgd", lr=0.1),
-                            structured(NormClipConfig, name="global_norm", max_norm=3.0),
-                            RegularizationConfig(), weight_parameters(layer), health)
+    pipe = GradientPipeline(
+        params,
+        SGDConfig(name="sgd", lr=0.1),
+        structured(NormClipConfig, name="global_norm", max_norm=3.0),
+        RegularizationConfig(),
+        weight_parameters(layer),
+        health,
+    )
     stats = pipe.step(mse_per_member(layer, x, y), env_step=3)
 
     for p in range(2):
@@ -773,7 +859,7 @@ def test_pipeline_step_matches_direct_clip_and_sgd_update():
         b = b0[p].clone().requires_grad_()
         loss = (F.linear(x[p], w, b) - y[p]).square().mean()
         loss.backward()
-        norm = torch.sqrt((w.grad ** 2).sum() + (b.grad ** 2).sum())
+        norm = torch.sqrt((w.grad**2).sum() + (b.grad**2).sum())
         scale = min(1.0, 3.0 / (norm.item() + 1e-6))
         torch.testing.assert_close(stats.loss[p], loss.detach())
         torch.testing.assert_close(stats.grad_norm_pre_clip[p], norm, check_dtype=False)
@@ -793,8 +879,14 @@ def test_pipeline_nonfinite_loss_freezes_only_that_member():
         layer = make_layer()
         params = [layer.weight, layer.bias]
         health = Health(2, CPU)
-        pipe = GradientPipeline(params, AdamConfig(name="adam", lr=0.01),
-                                ClippingConfig(name="none"), RegularizationConfig(), [layer.weight], health)
+        pipe = GradientPipeline(
+            params,
+            AdamConfig(name="adam", lr=0.01),
+            ClippingConfig(name="none"),
+            RegularizationConfig(),
+            [layer.weight],
+            health,
+        )
         before = [p.detach().clone() for p in params]
         loss = mse_per_member(layer, x, y)
         if bad:
@@ -839,9 +931,14 @@ def test_pipeline_nonfinite_gradient_with_finite_loss():
     x, y = data()
     params = [layer.weight, layer.bias]
     health = Health(2, CPU)
-    pipe = GradientPipeline(params, SGDConfig(name="sgd", lr=0.1),
-                            NormClipConfig(name="global_norm", max_norm=1.0), RegularizationConfig(),
-                            [layer.weight], health)
+    pipe = GradientPipeline(
+        params,
+        SGDConfig(name="sgd", lr=0.1),
+        NormClipConfig(name="global_norm", max_norm=1.0),
+        RegularizationConfig(),
+        [layer.weight],
+        health,
+    )
     before = [p.detach().clone() for p in params]
     out = layer(x)
     base = (out - y).square().mean(dim=(1, 2))
@@ -863,8 +960,9 @@ def overflow_step():
     """One SGD step (lr 1) whose update overflows member 0's parameter: 3e38 - (-3e38) = inf."""
     w = torch.nn.Parameter(torch.tensor([[3e38], [1.0]]))  # [P=2, 1]
     health = Health(2, CPU)
-    pipe = GradientPipeline([w], SGDConfig(name="sgd", lr=1.0), ClippingConfig(name="none"),
-                            RegularizationConfig(), [w], health)
+    pipe = GradientPipeline(
+        [w], SGDConfig(name="sgd", lr=1.0), ClippingConfig(name="none"), RegularizationConfig(), [w], health
+    )
     k = torch.tensor([[-3e38], [0.5]])
     stats = pipe.step((k * (w - w.detach())).sum(1), env_step=4)  # loss 0, gradient k (finite)
     return w, health, pipe, stats
@@ -891,8 +989,9 @@ def test_pipeline_huge_finite_gradient_is_not_a_nonfinite_gradient():
     w = torch.nn.Parameter(torch.zeros(2, 4))
     scale = torch.tensor([[1e20] * 4, [1.0] * 4])
     health = Health(2, torch.device("cpu"))
-    pipe = GradientPipeline([w], SGDConfig(name="sgd", lr=1e-30), ClippingConfig(name="none"),
-                            RegularizationConfig(), [w], health)
+    pipe = GradientPipeline(
+        [w], SGDConfig(name="sgd", lr=1e-30), ClippingConfig(name="none"), RegularizationConfig(), [w], health
+    )
     stats = pipe.step((scale * w).sum(1), 1)
     assert bool(health.alive.all())
     expected = math.sqrt(4 * 1e40)  # the member's gradient norm, written out in float64
@@ -905,8 +1004,9 @@ def test_pipeline_finite_parameters_whose_sum_overflows_are_not_diverged():
     # element is finite: the exact check must then keep both members alive and updated
     w = torch.nn.Parameter(torch.tensor([[3e38, 3e38], [1.0, 2.0]]))  # [P=2, 2]
     health = Health(2, CPU)
-    pipe = GradientPipeline([w], SGDConfig(name="sgd", lr=1.0), ClippingConfig(name="none"),
-                            RegularizationConfig(), [w], health)
+    pipe = GradientPipeline(
+        [w], SGDConfig(name="sgd", lr=1.0), ClippingConfig(name="none"), RegularizationConfig(), [w], health
+    )
     stats = pipe.step((w - w.detach()).sum(1), env_step=3)  # loss 0, gradient 1 for every element
     assert stats.newly_diverged is not None and not bool(stats.newly_diverged.any())  # the exact check ran
     assert bool(health.alive.all())
@@ -926,9 +1026,14 @@ def test_pipeline_huge_gradient_in_member0_does_not_change_member1():
     for factor in (1.0, 1e6):
         layer = make_layer()
         params = [layer.weight, layer.bias]
-        pipe = GradientPipeline(params, AdamConfig(name="adam", lr=0.01),
-                                NormClipConfig(name="global_norm", max_norm=0.5), RegularizationConfig(),
-                                [layer.weight], Health(2, CPU))
+        pipe = GradientPipeline(
+            params,
+            AdamConfig(name="adam", lr=0.01),
+            NormClipConfig(name="global_norm", max_norm=0.5),
+            RegularizationConfig(),
+            [layer.weight],
+            Health(2, CPU),
+        )
         stats = []
         for step in range(3):
             loss = mse_per_member(layer, x, y) * torch.tensor([factor, 1.0])
@@ -940,21 +1045,37 @@ def test_pipeline_huge_gradient_in_member0_does_not_change_member1():
     for a, b in zip(sa, sb):
         assert torch.equal(a.grad_norm_pre_clip[1], b.grad_norm_pre_clip[1])
         assert torch.equal(a.grad_norm_post_clip[1], b.grad_norm_post_clip[1])
-    torch.testing.assert_close(sb[0].grad_norm_post_clip[0], torch.tensor(0.5), check_dtype=False)  # clipped to max_norm
+    torch.testing.assert_close(
+        sb[0].grad_norm_post_clip[0], torch.tensor(0.5), check_dtype=False
+    )  # clipped to max_norm
 
 
 @pytest.mark.parametrize("weights_only", [True, False])
 def test_regularization_adds_the_written_out_penalty_gradient(weights_only):
     l1, l2, lr = 0.01, 0.05, 0.1
-    net = PopMLP(2, 3, 2, NetworkConfig(name="mlp", hidden=[4]), ActivationConfig(name="tanh"),
-                 LayerNormConfig(name="layer"), GainInitConfig(name="he", bias=0.1), gens(0, 1))
+    net = PopMLP(
+        2,
+        3,
+        2,
+        NetworkConfig(name="mlp", hidden=[4]),
+        ActivationConfig(name="tanh"),
+        LayerNormConfig(name="layer"),
+        GainInitConfig(name="he", bias=0.1),
+        gens(0, 1),
+    )
     ref = copy.deepcopy(net)
     x, y = data()
     params = list(net.parameters())
     weights = weight_parameters(net)
     assert len(weights) == 2
-    pipe = GradientPipeline(params, SGDConfig(name="sgd", lr=lr), ClippingConfig(name="none"),
-                            RegularizationConfig(l1=l1, l2=l2, weights_only=weights_only), weights, Health(2, CPU))
+    pipe = GradientPipeline(
+        params,
+        SGDConfig(name="sgd", lr=lr),
+        ClippingConfig(name="none"),
+        RegularizationConfig(l1=l1, l2=l2, weights_only=weights_only),
+        weights,
+        Health(2, CPU),
+    )
     before = [p.detach().clone() for p in params]
     stats = pipe.step((net(x) - y).square().mean(dim=(1, 2)), env_step=0)
 
@@ -966,7 +1087,7 @@ def test_regularization_adds_the_written_out_penalty_gradient(weights_only):
         expected_grad = r.grad.clone()
         if id(p_new) in penalized:
             expected_grad += l1 * torch.sign(p_old) + 2 * l2 * p_old
-            expected_loss += l1 * p_old.abs().flatten(1).sum(1) + l2 * (p_old ** 2).flatten(1).sum(1)
+            expected_loss += l1 * p_old.abs().flatten(1).sum(1) + l2 * (p_old**2).flatten(1).sum(1)
         else:
             torch.testing.assert_close(p_new.grad, r.grad)  # unpenalized: the plain gradient
         torch.testing.assert_close(p_new.grad, expected_grad)
@@ -978,19 +1099,29 @@ def test_regularization_adds_the_written_out_penalty_gradient(weights_only):
 
 # ---------------------------------------------------------------- optimizers
 OPT_CASES = {
-    "adam": (AdamConfig(name="adam", lr=0.01, beta1=0.8, beta2=0.99, eps=1e-6, weight_decay=0.01),
-             lambda ps: torch.optim.Adam(ps, lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.01)),
-    "adamw": (AdamConfig(name="adamw", lr=0.01, weight_decay=0.1),
-              lambda ps: torch.optim.AdamW(ps, lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)),
-    "rmsprop": (RMSpropConfig(name="rmsprop", lr=0.01, alpha=0.9, eps=1e-6),
-                lambda ps: torch.optim.RMSprop(ps, lr=0.01, alpha=0.9, eps=1e-6)),
+    "adam": (
+        AdamConfig(name="adam", lr=0.01, beta1=0.8, beta2=0.99, eps=1e-6, weight_decay=0.01),
+        lambda ps: torch.optim.Adam(ps, lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.01),
+    ),
+    "adamw": (
+        AdamConfig(name="adamw", lr=0.01, weight_decay=0.1),
+        lambda ps: torch.optim.AdamW(ps, lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1),
+    ),
+    "rmsprop": (
+        RMSpropConfig(name="rmsprop", lr=0.01, alpha=0.9, eps=1e-6),
+        lambda ps: torch.optim.RMSprop(ps, lr=0.01, alpha=0.9, eps=1e-6),
+    ),
     "rmsprop-centered-momentum": (
         RMSpropConfig(name="rmsprop", lr=0.01, alpha=0.95, eps=1e-6, momentum=0.9, centered=True, weight_decay=0.01),
-        lambda ps: torch.optim.RMSprop(ps, lr=0.01, alpha=0.95, eps=1e-6, momentum=0.9, centered=True,
-                                       weight_decay=0.01)),
+        lambda ps: torch.optim.RMSprop(
+            ps, lr=0.01, alpha=0.95, eps=1e-6, momentum=0.9, centered=True, weight_decay=0.01
+        ),
+    ),
     "sgd": (SGDConfig(name="sgd", lr=0.05), lambda ps: torch.optim.SGD(ps, lr=0.05)),
-    "sgd-nesterov": (SGDConfig(name="sgd", lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.001),
-                     lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.001)),
+    "sgd-nesterov": (
+        SGDConfig(name="sgd", lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.001),
+        lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.001),
+    ),
 }
 
 
@@ -999,8 +1130,10 @@ def test_stacked_optimizer_equals_one_torch_optimizer_per_member(case):
     cfg, ref_factory = OPT_CASES[case]
     P = 3
     gen = torch.Generator().manual_seed(0)
-    stacked = [torch.nn.Parameter(torch.randn(P, 4, 5, generator=gen)),
-               torch.nn.Parameter(torch.randn(P, 4, generator=gen))]
+    stacked = [
+        torch.nn.Parameter(torch.randn(P, 4, 5, generator=gen)),
+        torch.nn.Parameter(torch.randn(P, 4, generator=gen)),
+    ]
     start = [s.detach().clone() for s in stacked]
     members = [[torch.nn.Parameter(s[p].detach().clone()) for s in stacked] for p in range(P)]
     opt = make_optimizer(stacked, structured(type(cfg), **vars(cfg)))
@@ -1022,22 +1155,33 @@ def test_stacked_optimizer_equals_one_torch_optimizer_per_member(case):
 
 # the torch.optim implementation each optimizer reproduces: (config, factory of the torch optimizer)
 TORCH_TWINS = {
-    "adam": (AdamConfig(name="adam", lr=0.01, weight_decay=0.01),
-             lambda ps: torch.optim.Adam(ps, lr=0.01, weight_decay=0.01, fused=True)),
-    "adamw": (AdamConfig(name="adamw", lr=0.01, weight_decay=0.01),
-              lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.01, fused=True)),
-    "rmsprop": (RMSpropConfig(name="rmsprop", lr=0.01, alpha=0.9, eps=1e-6),
-                lambda ps: torch.optim.RMSprop(ps, lr=0.01, alpha=0.9, eps=1e-6, foreach=True)),
+    "adam": (
+        AdamConfig(name="adam", lr=0.01, weight_decay=0.01),
+        lambda ps: torch.optim.Adam(ps, lr=0.01, weight_decay=0.01, fused=True),
+    ),
+    "adamw": (
+        AdamConfig(name="adamw", lr=0.01, weight_decay=0.01),
+        lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.01, fused=True),
+    ),
+    "rmsprop": (
+        RMSpropConfig(name="rmsprop", lr=0.01, alpha=0.9, eps=1e-6),
+        lambda ps: torch.optim.RMSprop(ps, lr=0.01, alpha=0.9, eps=1e-6, foreach=True),
+    ),
     "rmsprop-centered-momentum": (
         RMSpropConfig(name="rmsprop", lr=0.01, alpha=0.95, eps=1e-6, momentum=0.9, centered=True, weight_decay=0.01),
-        lambda ps: torch.optim.RMSprop(ps, lr=0.01, alpha=0.95, eps=1e-6, momentum=0.9, centered=True,
-                                       weight_decay=0.01, foreach=True)),
+        lambda ps: torch.optim.RMSprop(
+            ps, lr=0.01, alpha=0.95, eps=1e-6, momentum=0.9, centered=True, weight_decay=0.01, foreach=True
+        ),
+    ),
     "sgd": (SGDConfig(name="sgd", lr=0.05), lambda ps: torch.optim.SGD(ps, lr=0.05, fused=True)),
-    "sgd-momentum": (SGDConfig(name="sgd", lr=0.05, momentum=0.9, weight_decay=0.001),
-                     lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=0.001, fused=True)),
-    "sgd-nesterov": (SGDConfig(name="sgd", lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.001),
-                     lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.001,
-                                                fused=True)),
+    "sgd-momentum": (
+        SGDConfig(name="sgd", lr=0.05, momentum=0.9, weight_decay=0.001),
+        lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=0.001, fused=True),
+    ),
+    "sgd-nesterov": (
+        SGDConfig(name="sgd", lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.001),
+        lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.001, fused=True),
+    ),
 }
 
 
@@ -1045,7 +1189,10 @@ TORCH_TWINS = {
 def test_optimizer_is_bitwise_its_torch_twin_and_follows_lr_changes(case):
     cfg, twin = TORCH_TWINS[case]
     gen = torch.Generator().manual_seed(1)
-    ours = [torch.nn.Parameter(torch.randn(3, 4, 5, generator=gen)), torch.nn.Parameter(torch.randn(3, 4, generator=gen))]
+    ours = [
+        torch.nn.Parameter(torch.randn(3, 4, 5, generator=gen)),
+        torch.nn.Parameter(torch.randn(3, 4, generator=gen)),
+    ]
     theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
     start = ours[0].detach().clone()
     opt = make_optimizer(ours, structured(type(cfg), **vars(cfg)))
@@ -1068,15 +1215,17 @@ def test_optimizer_is_bitwise_its_torch_twin_and_follows_lr_changes(case):
 
 def test_no_optimizer_imports_torch_dynamo():
     """torch.optim.Optimizer's first construction imports torch._dynamo (~1.2 s): none of ours is one."""
-    code = ("import sys, torch\n"
-            "from rlexp.config import AdamConfig, RMSpropConfig, RMSpropTFConfig, SGDConfig\n"
-            "from rlexp.optim import make_optimizer\n"
-            "for cfg in (AdamConfig(name='adam'), AdamConfig(name='adamw'), RMSpropConfig(name='rmsprop', centered=True,"
-            " momentum=0.5), RMSpropTFConfig(name='rmsprop_tf'), SGDConfig(name='sgd', momentum=0.9)):\n"
-            "    p = torch.zeros(2, 3, requires_grad=True); p.grad = torch.ones(2, 3)\n"
-            "    make_optimizer([p], cfg).step()\n"
-            "    assert p.detach().ne(0).all(), cfg.name\n"
-            "print('torch._dynamo' in sys.modules)\n")
+    code = (
+        "import sys, torch\n"
+        "from rlexp.config import AdamConfig, RMSpropConfig, RMSpropTFConfig, SGDConfig\n"
+        "from rlexp.optim import make_optimizer\n"
+        "for cfg in (AdamConfig(name='adam'), AdamConfig(name='adamw'), RMSpropConfig(name='rmsprop', centered=True,"
+        " momentum=0.5), RMSpropTFConfig(name='rmsprop_tf'), SGDConfig(name='sgd', momentum=0.9)):\n"
+        "    p = torch.zeros(2, 3, requires_grad=True); p.grad = torch.ones(2, 3)\n"
+        "    make_optimizer([p], cfg).step()\n"
+        "    assert p.detach().ne(0).all(), cfg.name\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "False"
 
@@ -1094,22 +1243,32 @@ def tf1_rmsprop(p0, grads, lr, decay, momentum, epsilon, weight_decay=0.0):
     return p
 
 
-@pytest.mark.parametrize("momentum,weight_decay,eps", [(0.0, 0.0, 1e-6), (0.9, 0.0, 1e-6), (0.9, 0.01, 1e-6),
-                                                        (0.0, 0.0, 0.5)])
+@pytest.mark.parametrize(
+    "momentum,weight_decay,eps", [(0.0, 0.0, 1e-6), (0.9, 0.0, 1e-6), (0.9, 0.01, 1e-6), (0.0, 0.0, 0.5)]
+)
 def test_rmsprop_tf_matches_the_tf1_update(momentum, weight_decay, eps):
     lr, decay = 1e-4, 0.99
     gen = torch.Generator().manual_seed(0)
     p0 = torch.randn(2, 3, 4, generator=gen, dtype=torch.float64)
     grads = [torch.randn(2, 3, 4, generator=gen, dtype=torch.float64) * 3 for _ in range(5)]
     param = torch.nn.Parameter(p0.clone())
-    opt = make_optimizer([param], structured(RMSpropTFConfig, name="rmsprop_tf", lr=lr, decay=decay,
-                                             momentum=momentum, epsilon=eps, weight_decay=weight_decay))
+    opt = make_optimizer(
+        [param],
+        structured(
+            RMSpropTFConfig,
+            name="rmsprop_tf",
+            lr=lr,
+            decay=decay,
+            momentum=momentum,
+            epsilon=eps,
+            weight_decay=weight_decay,
+        ),
+    )
     for g in grads:
         param.grad = g.clone()
         opt.step()
     # compare the displacement (tiny next to p0) so the tolerance applies to the update itself
-    torch.testing.assert_close(param.detach() - p0,
-                               tf1_rmsprop(p0, grads, lr, decay, momentum, eps, weight_decay) - p0)
+    torch.testing.assert_close(param.detach() - p0, tf1_rmsprop(p0, grads, lr, decay, momentum, eps, weight_decay) - p0)
     if momentum:  # momentum matters
         assert not torch.allclose(param.detach(), tf1_rmsprop(p0, grads, lr, decay, 0.0, eps, weight_decay))
 
@@ -1185,8 +1344,16 @@ def test_scale_gradient_is_not_clipping():
 
 # ---------------------------------------------------------------- target updates
 def bn_mlp(seeds):
-    return PopMLP(2, 3, 2, NetworkConfig(name="mlp", hidden=[5]), ActivationConfig(name="relu"),
-                  BatchNormConfig(name="batch"), GainInitConfig(name="he", bias=0.0), gens(*seeds))
+    return PopMLP(
+        2,
+        3,
+        2,
+        NetworkConfig(name="mlp", hidden=[5]),
+        ActivationConfig(name="relu"),
+        BatchNormConfig(name="batch"),
+        GainInitConfig(name="he", bias=0.0),
+        gens(*seeds),
+    )
 
 
 @pytest.mark.parametrize("tau", [0.001, 0.005, 0.5, 1.0])

@@ -90,8 +90,9 @@ def test_non_cell_keys_are_hydras_exclusions():
 
 
 def test_help_lists_the_groups_and_keys():
-    proc = subprocess.run([sys.executable, "-m", "rlexp.train", "--help"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlexp.train", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = proc.stdout
     for group in SCHEMAS:

@@ -31,11 +31,9 @@ from rlexp.config import (
     BatchNormConfig,
     ClippingConfig,
     DQNConfig,
-    ELUConfig,
     EnvConfig,
     GainInitConfig,
     LayerNormConfig,
-    LeakyReLUConfig,
     NetworkConfig,
     NormalizationConfig,
     NormClipConfig,
@@ -45,7 +43,6 @@ from rlexp.config import (
 from rlexp.envs import PopulationEnv
 from rlexp.grad import CAUSES, GradientPipeline, Health
 from rlexp.nets import PopMLP, PopWeightNormLinear, weight_parameters
-from rlexp.optim import make_optimizer
 from rlexp.replay import Batch, ReplayBuffer
 from rlexp.streams import MemberStreams, member_generator
 from rlexp.train import population_threads, run_job
@@ -61,8 +58,16 @@ OBS, ACT = 3, 4
 def make_net(members: int, seed: int, hidden=(8, 8), n_in: int = OBS, n_out: int = ACT) -> PopMLP:
     """A small relu PopMLP; biases are randomized too so the reference forward must use them."""
     gens = [torch.Generator().manual_seed(1000 * seed + k) for k in range(members)]
-    net = PopMLP(members, n_in, n_out, NetworkConfig(name="mlp", hidden=list(hidden)), ActivationConfig(name="relu"),
-                 NormalizationConfig(name="none"), GainInitConfig(name="he"), gens)
+    net = PopMLP(
+        members,
+        n_in,
+        n_out,
+        NetworkConfig(name="mlp", hidden=list(hidden)),
+        ActivationConfig(name="relu"),
+        NormalizationConfig(name="none"),
+        GainInitConfig(name="he"),
+        gens,
+    )
     g = torch.Generator().manual_seed(seed + 77)
     with torch.no_grad():
         for layer in net.layers:
@@ -218,20 +223,36 @@ def test_dqn_loss_matches_written_out_target_and_loss(case):
 # ---------------------------------------------------------------- gradients without autograd
 # every activation with a written derivative, from the registry; non-default parameters where it has some
 _PARAMETERS = {"elu": {"alpha": 0.7}, "leaky_relu": {"negative_slope": 0.2}}
-ANALYTIC_ACTIVATIONS = {name: entry.schema(name=name, **_PARAMETERS.get(name, {}))
-                        for name, entry in ACTIVATIONS.items() if entry.backward is not None}
+ANALYTIC_ACTIVATIONS = {
+    name: entry.schema(name=name, **_PARAMETERS.get(name, {}))
+    for name, entry in ACTIVATIONS.items()
+    if entry.backward is not None
+}
 
 
-def analytic_net(members: int, activation: ActivationConfig, dtype: torch.dtype = torch.float32,
-                 norm: str = "none", **network) -> PopMLP:
+def analytic_net(
+    members: int, activation: ActivationConfig, dtype: torch.dtype = torch.float32, norm: str = "none", **network
+) -> PopMLP:
     """A PopMLP with biases, norm affines and weight-norm gains randomized (so every pre-activation
     has both signs)."""
     gens = [torch.Generator().manual_seed(50 + k) for k in range(members)]
-    normalization = {"none": NormalizationConfig(name="none"), "layer": LayerNormConfig(name="layer"),
-                     "batch": BatchNormConfig(name="batch"), "weight": WeightNormConfig(name="weight", g_init=0.8),
-                     "weight_hidden": WeightNormConfig(name="weight", g_init=0.8, output_layer=False)}[norm]
-    net = PopMLP(members, OBS, ACT, NetworkConfig(name="mlp", hidden=[16, 12], **network), activation,
-                 normalization, GainInitConfig(name="he"), gens).to(dtype)
+    normalization = {
+        "none": NormalizationConfig(name="none"),
+        "layer": LayerNormConfig(name="layer"),
+        "batch": BatchNormConfig(name="batch"),
+        "weight": WeightNormConfig(name="weight", g_init=0.8),
+        "weight_hidden": WeightNormConfig(name="weight", g_init=0.8, output_layer=False),
+    }[norm]
+    net = PopMLP(
+        members,
+        OBS,
+        ACT,
+        NetworkConfig(name="mlp", hidden=[16, 12], **network),
+        activation,
+        normalization,
+        GainInitConfig(name="he"),
+        gens,
+    ).to(dtype)
     g = torch.Generator().manual_seed(9)
     with torch.no_grad():
         for layer in net.layers:
@@ -246,8 +267,11 @@ def analytic_net(members: int, activation: ActivationConfig, dtype: torch.dtype 
 
 @pytest.mark.parametrize("name", list(ANALYTIC_ACTIVATIONS))
 @pytest.mark.parametrize("members", [1, 3])
-@pytest.mark.parametrize("network", [{}, {"output_scale": 0.3}, {"linear_last_hidden": True}],
-                         ids=["plain", "output_scale", "linear_last_hidden"])
+@pytest.mark.parametrize(
+    "network",
+    [{}, {"output_scale": 0.3}, {"linear_last_hidden": True}],
+    ids=["plain", "output_scale", "linear_last_hidden"],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("norm", ["none", "layer", "batch", "weight", "weight_hidden"])
 def test_backward_to_grads_equals_autograd_bit_for_bit(name, members, network, dtype, norm):
@@ -281,8 +305,17 @@ def test_analytic_backward_only_where_it_is_exact():
     gens = [torch.Generator().manual_seed(k) for k in range(2)]
 
     def pop(activation=relu, norm=NormalizationConfig(name="none"), extra_in=0, **network):
-        return PopMLP(2, OBS, ACT, NetworkConfig(name="mlp", hidden=[8, 8], **network), activation, norm,
-                      GainInitConfig(name="he"), gens, extra_in=extra_in)
+        return PopMLP(
+            2,
+            OBS,
+            ACT,
+            NetworkConfig(name="mlp", hidden=[8, 8], **network),
+            activation,
+            norm,
+            GainInitConfig(name="he"),
+            gens,
+            extra_in=extra_in,
+        )
 
     assert pop().analytic_backward
     assert pop(activation=ActivationConfig(name="softsign")).analytic_backward
@@ -319,8 +352,14 @@ def test_dqn_loss_written_grads_equal_backward_bit_for_bit(case, batch_size):
 def test_pipeline_refuses_written_grads_with_a_penalty():
     net = make_net(2, 0)
     params = list(net.parameters())
-    pipe = GradientPipeline(params, AdamConfig(name="adam"), ClippingConfig(name="none"),
-                            RegularizationConfig(l2=1e-3), weight_parameters(net), Health(2, CPU))
+    pipe = GradientPipeline(
+        params,
+        AdamConfig(name="adam"),
+        ClippingConfig(name="none"),
+        RegularizationConfig(l2=1e-3),
+        weight_parameters(net),
+        Health(2, CPU),
+    )
     assert pipe.has_penalty
     with pytest.raises(ValueError, match="penalty"):
         pipe.step(torch.zeros(2), env_step=1, grads_written=True)
@@ -333,8 +372,13 @@ def test_dqn_loss_switches_change_the_result():
     batch = make_batch(P, B, seed=3)
     r_max = torch.tensor([1.0, 2.5, 4.0])
     base = dqn_loss(q_net, target_net, batch, algo_cfg(), r_max)[0]
-    for kw in ({"double": True}, {"terminal_masking": False}, {"rescale_r": True}, {"loss": "huber"},
-               {"clip_delta": 1.0}):
+    for kw in (
+        {"double": True},
+        {"terminal_masking": False},
+        {"rescale_r": True},
+        {"loss": "huber"},
+        {"clip_delta": 1.0},
+    ):
         other = dqn_loss(q_net, target_net, batch, algo_cfg(**kw), r_max)[0]
         assert not torch.allclose(other, base), kw
     # double DQN matters only where the online and target argmax differ; make sure they do here
@@ -433,10 +477,19 @@ def test_without_target_network_y_carries_no_gradient(double):
     torch.testing.assert_close(loss.detach(), (q - y).square().mean(1).detach(), rtol=1e-5, atol=1e-6)
 
     # the check can fail: a y that carries the gradient gives a different parameter gradient
-    leaky = [torch.autograd.grad(
-        (q_net(batch.obs).gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)
-         - batch.rewards - 0.95 * (1.0 - batch.terminated) * q_net(batch.next_obs).max(-1).values
-         ).square().mean(1).sum(), params)]
+    leaky = [
+        torch.autograd.grad(
+            (
+                q_net(batch.obs).gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)
+                - batch.rewards
+                - 0.95 * (1.0 - batch.terminated) * q_net(batch.next_obs).max(-1).values
+            )
+            .square()
+            .mean(1)
+            .sum(),
+            params,
+        )
+    ]
     assert any(not torch.allclose(a, b, atol=1e-6) for a, b in zip(leaky[0], got))
 
 
@@ -498,8 +551,7 @@ def test_replay_sample_is_floor_u_times_size_per_member():
     # member 0 holds rows (step0,e0), (step0,e1), (step1,e0); member 1 holds (step0,e0), (step1,e0), (step1,e1)
     held = [[obs[0, 0], obs[0, 1], obs2[0, 0]], [obs[1, 0], obs2[1, 0], obs2[1, 1]]]
     acts = [[actions[0, 0], actions[0, 1], actions2[0, 0]], [actions[1, 0], actions2[1, 0], actions2[1, 1]]]
-    u = torch.tensor([[0.0, 0.3, 0.34, 0.5, 0.7, 0.999999], [0.999, 0.1, 0.6666, 0.67, 0.2, 0.4]],
-                     dtype=torch.float64)
+    u = torch.tensor([[0.0, 0.3, 0.34, 0.5, 0.7, 0.999999], [0.999, 0.1, 0.6666, 0.67, 0.2, 0.4]], dtype=torch.float64)
     batch = buf.sample(u)
     assert batch.obs.shape == (P, 6, O) and batch.actions.dtype == torch.long
     for p in range(P):
@@ -626,6 +678,7 @@ def test_population_env_steps_exactly_as_gymnasium_sync_vector_env(env_id, P, E,
 def test_population_env_steps_cartpoles_together_only_when_it_is_the_same():
     """Together needs 4+ environments of gymnasium's own CartPole: not for fewer, not for another
     environment, not when rendered (the single environment's render call would be skipped)."""
+
     def together(id, P, **kwargs):
         return PopulationEnv(EnvConfig(id=id, num_envs=1, kwargs=kwargs), list(range(P))).cartpoles is not None
 
@@ -745,9 +798,21 @@ def recorded_dqn_run(tmp_path_factory):
     try:
         mp.setattr(dqn_module, "ReplayBuffer", RecordingBuffer)
         envrec = _EnvRecorder(mp)
-        cfg = _compose(TINY + ["total_steps=400", "num_seeds=2", "env.num_envs=2", "env.max_episode_steps=15",
-                               "algo.end_e=1.0", "algo.learning_starts=300", "algo.train_frequency=50",
-                               "algo.batch_size=16", "algo.buffer_size=1000", "logger.log_every=100"])
+        cfg = _compose(
+            TINY
+            + [
+                "total_steps=400",
+                "num_seeds=2",
+                "env.num_envs=2",
+                "env.max_episode_steps=15",
+                "algo.end_e=1.0",
+                "algo.learning_starts=300",
+                "algo.train_frequency=50",
+                "algo.batch_size=16",
+                "algo.buffer_size=1000",
+                "logger.log_every=100",
+            ]
+        )
         out = tmp_path_factory.mktemp("recorded")
         job = run_job(cfg, out)
     finally:
@@ -845,8 +910,14 @@ def _run_population(perturb: bool = False, nan_obs: bool = False, n_updates: int
     target.requires_grad_(False)
     params = list(q_net.parameters())
     health = Health(P, CPU)
-    pipe = GradientPipeline(params, AdamConfig(name="adam", lr=1e-3), NormClipConfig(name="global_norm", max_norm=0.5), RegularizationConfig(),
-                            weight_parameters(q_net), health)
+    pipe = GradientPipeline(
+        params,
+        AdamConfig(name="adam", lr=1e-3),
+        NormClipConfig(name="global_norm", max_norm=0.5),
+        RegularizationConfig(),
+        weight_parameters(q_net),
+        health,
+    )
     batch = make_batch(P, B, seed=21)
     if nan_obs:
         batch.obs[2] = float("nan")
@@ -858,8 +929,14 @@ def _run_population(perturb: bool = False, nan_obs: bool = False, n_updates: int
     for i in range(n_updates):
         loss, _ = dqn_loss(q_net, target, batch, algo, r_max)
         stats = pipe.step(loss, env_step=10 * (i + 1))
-        history.append(dict(loss=stats.loss.clone(), pre=stats.grad_norm_pre_clip.clone(),
-                            grads=[p.grad.clone() for p in params], params=[p.detach().clone() for p in params]))
+        history.append(
+            dict(
+                loss=stats.loss.clone(),
+                pre=stats.grad_norm_pre_clip.clone(),
+                grads=[p.grad.clone() for p in params],
+                params=[p.detach().clone() for p in params],
+            )
+        )
     return initial, history, health
 
 
@@ -903,9 +980,14 @@ def test_population_member_equals_that_member_trained_alone():
     target = copy.deepcopy(q_net)
     target.requires_grad_(False)
     params = list(q_net.parameters())
-    pipe = GradientPipeline(params, AdamConfig(name="adam", lr=1e-3),
-                            NormClipConfig(name="global_norm", max_norm=0.5), RegularizationConfig(),
-                            weight_parameters(q_net), Health(1, CPU))
+    pipe = GradientPipeline(
+        params,
+        AdamConfig(name="adam", lr=1e-3),
+        NormClipConfig(name="global_norm", max_norm=0.5),
+        RegularizationConfig(),
+        weight_parameters(q_net),
+        Health(1, CPU),
+    )
     full = make_batch(P, B, seed=21)
     batch = Batch(full.obs[1:2], full.actions[1:2], full.rewards[1:2], full.next_obs[1:2], full.terminated[1:2])
     algo = algo_cfg(double=True, loss="huber")
@@ -949,9 +1031,18 @@ def _read_metrics(path: Path):
 def test_tiny_training_run_writes_the_output_contract(tmp_path, monkeypatch):
     envrec = _EnvRecorder(monkeypatch)
     total, starts, freq, gsteps, log_every = 600, 200, 50, 4, 100
-    cfg = _compose(TINY + [f"total_steps={total}", "num_seeds=2", f"algo.learning_starts={starts}",
-                           f"algo.train_frequency={freq}", f"algo.gradient_steps={gsteps}", "algo.batch_size=32",
-                           f"logger.log_every={log_every}"])
+    cfg = _compose(
+        TINY
+        + [
+            f"total_steps={total}",
+            "num_seeds=2",
+            f"algo.learning_starts={starts}",
+            f"algo.train_frequency={freq}",
+            f"algo.gradient_steps={gsteps}",
+            "algo.batch_size=32",
+            f"logger.log_every={log_every}",
+        ]
+    )
     job = run_job(cfg, tmp_path)
 
     on_disk = json.loads((tmp_path / "summary.json").read_text())
@@ -1004,9 +1095,20 @@ def test_tiny_training_run_writes_the_output_contract(tmp_path, monkeypatch):
 
 def test_a_divergence_is_a_result(tmp_path):
     total, starts, freq, log_every = 600, 200, 50, 100
-    cfg = _compose(TINY + [f"total_steps={total}", "num_seeds=2", f"algo.learning_starts={starts}",
-                           f"algo.train_frequency={freq}", "algo.gradient_steps=4", "algo.batch_size=32",
-                           f"logger.log_every={log_every}", "optimizer=sgd", "optimizer.lr=1e6"])
+    cfg = _compose(
+        TINY
+        + [
+            f"total_steps={total}",
+            "num_seeds=2",
+            f"algo.learning_starts={starts}",
+            f"algo.train_frequency={freq}",
+            "algo.gradient_steps=4",
+            "algo.batch_size=32",
+            f"logger.log_every={log_every}",
+            "optimizer=sgd",
+            "optimizer.lr=1e6",
+        ]
+    )
     job = run_job(cfg, tmp_path)  # returns normally
 
     on_disk = json.loads((tmp_path / "summary.json").read_text())
@@ -1034,25 +1136,45 @@ def test_threads_minus_one_picks_one_thread_per_8_members_within_the_cores(membe
     expected = max(1, min(cores, members // 8))  # 1 below 16 members; never more than the cores
     assert population_threads(members) == expected
     try:
-        job = run_job(_compose(TINY[:-1] + ["threads=-1", f"num_seeds={members}", "total_steps=40",
-                                           "algo.learning_starts=20"]), tmp_path)
+        job = run_job(
+            _compose(TINY[:-1] + ["threads=-1", f"num_seeds={members}", "total_steps=40", "algo.learning_starts=20"]),
+            tmp_path,
+        )
         assert job["threads"] == expected == torch.get_num_threads()
     finally:
         torch.set_num_threads(1)  # the rest of the suite runs on one thread
 
 
-@pytest.mark.parametrize("overrides,analytic", [([], True), (["regularization.l2=1e-4"], False),
-                                                (["normalization=layer"], True), (["activation=softsign"], True),
-                                                (["normalization=weight"], True), (["normalization=batch"], True)],
-                         ids=["plain", "l2_penalty", "layer_norm", "softsign", "weight_norm", "batch_norm"])
+@pytest.mark.parametrize(
+    "overrides,analytic",
+    [
+        ([], True),
+        (["regularization.l2=1e-4"], False),
+        (["normalization=layer"], True),
+        (["activation=softsign"], True),
+        (["normalization=weight"], True),
+        (["normalization=batch"], True),
+    ],
+    ids=["plain", "l2_penalty", "layer_norm", "softsign", "weight_norm", "batch_norm"],
+)
 def test_training_writes_gradients_without_autograd_only_where_exact(tmp_path, monkeypatch, overrides, analytic):
     """Training takes the analytic gradients for a plain network without a penalty, and autograd
     otherwise; both train (every update reaches the optimizer)."""
     calls = []
     real = PopMLP.backward_to_grads
     monkeypatch.setattr(PopMLP, "backward_to_grads", lambda self, *a: calls.append(1) or real(self, *a))
-    cfg = _compose(TINY + overrides + ["total_steps=300", "num_seeds=2", "algo.learning_starts=100",
-                                       "algo.train_frequency=20", "algo.gradient_steps=2", "algo.batch_size=16"])
+    cfg = _compose(
+        TINY
+        + overrides
+        + [
+            "total_steps=300",
+            "num_seeds=2",
+            "algo.learning_starts=100",
+            "algo.train_frequency=20",
+            "algo.gradient_steps=2",
+            "algo.batch_size=16",
+        ]
+    )
     job = run_job(cfg, tmp_path)
     assert job["status"] == "ok"
     updates = 2 * ((300 - 100) // 20)

@@ -15,21 +15,20 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, List, Sequence
 
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+from test_cli import CONF, Launch, compose_config, describe, message_lines, read_jsonl, read_wandb_run, run_cli
 
 from rlexp.config import ConfigError
 from rlexp.jobs import config_difference, move_aside, start_job, write_json
-from rlexp.registry import register
 from rlexp.loggers import _fit as fit_wandb  # W&B group names: the cell, cut to 128 characters
-from test_cli import CONF, Launch, compose_config, describe, message_lines, read_jsonl, read_wandb_run, run_cli
+from rlexp.registry import register
 
 BUDGET = ["total_steps=600", "algo.learning_starts=200", "logger.log_every=300", "logger.progress=off"]
 SMALL = ["+experiment=stability_grid_small", *BUDGET]
@@ -56,7 +55,7 @@ def compose_hydra(overrides: Sequence[str]):
         return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
 
 
-def job_dirs(sweep: Path) -> List[Path]:
+def job_dirs(sweep: Path) -> list[Path]:
     return sorted((p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
 
 
@@ -64,10 +63,13 @@ def read_json(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def file_hashes(root: Path) -> Dict[str, str]:
+def file_hashes(root: Path) -> dict[str, str]:
     """sha256 of every file under root, by relative path."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def check_finished_job(job_dir: Path, wandb: bool = False) -> dict:
@@ -135,13 +137,23 @@ def test_resume_does_not_change_the_cell():
     assert "resume" in cfg.hydra.job.config.override_dirname.exclude_keys
 
 
-@pytest.mark.parametrize("preset, target, keys", [
-    ("rlexp_joblib", "JoblibLauncher", {"n_jobs": -1, "prefer": "processes"}),
-    ("rlexp_submitit_local", "LocalLauncher", {"timeout_min": 60}),
-    ("rlexp_slurm", "SlurmLauncher", {"partition": None, "cpus_per_task": 2, "mem_gb": 4, "array_parallelism": 64}),
-    pytest.param("rlexp_ray", "RayLauncher", {}, marks=pytest.mark.skipif(
-        not RAY_INSTALLED, reason="hydra-ray-launcher is not installed here (its own extra: pip install -e '.[ray]')")),
-])
+@pytest.mark.parametrize(
+    "preset, target, keys",
+    [
+        ("rlexp_joblib", "JoblibLauncher", {"n_jobs": -1, "prefer": "processes"}),
+        ("rlexp_submitit_local", "LocalLauncher", {"timeout_min": 60}),
+        ("rlexp_slurm", "SlurmLauncher", {"partition": None, "cpus_per_task": 2, "mem_gb": 4, "array_parallelism": 64}),
+        pytest.param(
+            "rlexp_ray",
+            "RayLauncher",
+            {},
+            marks=pytest.mark.skipif(
+                not RAY_INSTALLED,
+                reason="hydra-ray-launcher is not installed here (its own extra: pip install -e '.[ray]')",
+            ),
+        ),
+    ],
+)
 def test_launcher_preset_composes_on_the_plugin(preset, target, keys):
     launcher = compose_hydra(["+experiment=stability_grid", f"hydra/launcher={preset}"]).hydra.launcher
     assert launcher._target_.endswith(f".{target}")
@@ -166,8 +178,12 @@ def test_resume_refuses_a_finished_job_of_another_config(tmp_path):
     config = OmegaConf.to_container(compose_config(), resolve=True)
     write_json(tmp_path / "summary.json", {"status": "diverged", "config": config})
     before = file_hashes(tmp_path)
-    assert start_job(tmp_path, {**config, "resume": True, "logger": {**config["logger"], "progress": "off"}},
-                     resume=True)["status"] == "diverged"
+    assert (
+        start_job(tmp_path, {**config, "resume": True, "logger": {**config["logger"], "progress": "off"}}, resume=True)[
+            "status"
+        ]
+        == "diverged"
+    )
     with pytest.raises(ConfigError, match="total_steps"):
         start_job(tmp_path, {**config, "total_steps": 7}, resume=True)
     with pytest.raises(ConfigError, match="resume=true"):
@@ -182,8 +198,17 @@ def joblib_grid(tmp_path_factory):
     """Two cells of the small grid through the joblib launcher (2 workers, W&B offline), each twice:
     as is, and forced to crash at env step 400."""
     base = tmp_path_factory.mktemp("joblib")
-    proc = run_cli([*SMALL, *JOBLIB, "clipping=none", "debug.crash_at_step=-1,400", "logger.mode=offline",
-                    f"hydra.sweep.dir={base / 'sweep'}"], base)
+    proc = run_cli(
+        [
+            *SMALL,
+            *JOBLIB,
+            "clipping=none",
+            "debug.crash_at_step=-1,400",
+            "logger.mode=offline",
+            f"hydra.sweep.dir={base / 'sweep'}",
+        ],
+        base,
+    )
     return proc, base / "sweep"
 
 
@@ -198,8 +223,11 @@ def test_joblib_runs_every_job(joblib_grid):
 def test_joblib_isolates_a_crashing_job(joblib_grid):
     proc, sweep = joblib_grid
     assert proc.returncode != 0, describe(proc)  # Hydra: the multirun ends non-zero after every job ran
-    crashed = [check_crashed_job(d, CRASHED, wandb=True) for d in job_dirs(sweep)
-               if CRASH in read_json(d / "summary.json")["cell"]]
+    crashed = [
+        check_crashed_job(d, CRASHED, wandb=True)
+        for d in job_dirs(sweep)
+        if CRASH in read_json(d / "summary.json")["cell"]
+    ]
     assert sorted(choices_of(j) for j in crashed) == [("relu", "none"), ("tanh", "none")]
 
 
@@ -207,8 +235,16 @@ def test_submitit_local_runs_every_job(tmp_path):
     """Two cells of the small grid (submitit's local executor starts every job at once: two keep
     the test quick on two cores)."""
     sweep = tmp_path / "sweep"
-    proc = run_cli([*SMALL, "hydra/launcher=rlexp_submitit_local", "clipping=none", "logger.mode=disabled",
-                    f"hydra.sweep.dir={sweep}"], tmp_path)
+    proc = run_cli(
+        [
+            *SMALL,
+            "hydra/launcher=rlexp_submitit_local",
+            "clipping=none",
+            "logger.mode=disabled",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, describe(proc)
     jobs = [check_finished_job(d) for d in job_dirs(sweep)]
     assert sorted(choices_of(j) for j in jobs) == [("relu", "none"), ("tanh", "none")]
@@ -219,8 +255,18 @@ def test_basic_launcher_crash_leaves_the_next_job_and_its_wandb_run_intact(tmp_p
     """The basic launcher runs jobs one after the other in one process: a crashed job must not
     leave its W&B run open for the next job."""
     sweep = tmp_path / "sweep"
-    proc = run_cli([*SMALL, "activation=relu", "clipping=none", "num_seeds=1", "debug.crash_at_step=400,-1",
-                    "logger.mode=offline", f"hydra.sweep.dir={sweep}"], tmp_path)
+    proc = run_cli(
+        [
+            *SMALL,
+            "activation=relu",
+            "clipping=none",
+            "num_seeds=1",
+            "debug.crash_at_step=400,-1",
+            "logger.mode=offline",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        tmp_path,
+    )
     assert proc.returncode != 0, describe(proc)
     crashed, fine = job_dirs(sweep)
     check_crashed_job(crashed, CRASHED, wandb=True)
@@ -233,8 +279,10 @@ def test_crash_before_training_is_recorded(tmp_path):
     """A job that raises while it is being set up (here: the environment refuses a keyword) still
     leaves a crashed summary with the error, for itself and each member."""
     run_dir = tmp_path / "run"
-    proc = run_cli([*BUDGET, "num_seeds=2", "+env.kwargs.no_such_kwarg=1", "logger.mode=disabled",
-                    f"hydra.run.dir={run_dir}"], tmp_path)
+    proc = run_cli(
+        [*BUDGET, "num_seeds=2", "+env.kwargs.no_such_kwarg=1", "logger.mode=disabled", f"hydra.run.dir={run_dir}"],
+        tmp_path,
+    )
     assert proc.returncode != 0, describe(proc)
     check_crashed_job(run_dir, "no_such_kwarg")
 
@@ -252,8 +300,12 @@ def test_resume_after_a_kill_keeps_finished_jobs_and_completes_the_rest(tmp_path
     sweep = tmp_path / "sweep"
     # a budget whose second half takes about a second, so that the kill lands while job 1 runs (with
     # SMALL's 600 steps job 1 could finish between its first record and the kill)
-    budget = ["total_steps=12000", "algo.learning_starts=200", f"logger.log_every={12000 // ROWS}",
-              "logger.progress=off"]
+    budget = [
+        "total_steps=12000",
+        "algo.learning_starts=200",
+        f"logger.log_every={12000 // ROWS}",
+        "logger.progress=off",
+    ]
     args = ["+experiment=stability_grid_small", *budget, "logger.mode=disabled", f"hydra.sweep.dir={sweep}"]
     first = Launch(args, tmp_path / "first")
     try:  # kill the grid once job 0 is finished and job 1 has started writing
@@ -279,8 +331,9 @@ def test_resume_after_a_kill_keeps_finished_jobs_and_completes_the_rest(tmp_path
     assert third.returncode != 0
     assert "resume=true" in third.stderr and "hydra.sweep.dir" in third.stderr, describe(third)
     after = file_hashes(sweep)
-    assert {k: v for k, v in after.items() if k != "multirun.yaml"} == \
-        {k: v for k, v in before.items() if k != "multirun.yaml"}
+    assert {k: v for k, v in after.items() if k != "multirun.yaml"} == {
+        k: v for k, v in before.items() if k != "multirun.yaml"
+    }
 
 
 def test_a_finished_run_dir_is_refused_in_one_line(tmp_path):
@@ -297,16 +350,28 @@ def test_a_finished_run_dir_is_refused_in_one_line(tmp_path):
 
 # ====================================================================== Ray, in its own environment
 @pytest.mark.slow
-@pytest.mark.skipif(not RAY_INSTALLED, reason="needs the ray extra in its own environment "
-                    "(python -m venv; pip install -e '.[ray]' pytest; see .ci/run)")
+@pytest.mark.skipif(
+    not RAY_INSTALLED,
+    reason="needs the ray extra in its own environment (python -m venv; pip install -e '.[ray]' pytest; see .ci/run)",
+)
 def test_ray_runs_every_job_of_the_grid(tmp_path):
     """The small grid through the Ray launcher on a local Ray cluster; Ray's files (~/.ray and its
     temp dir) stay under tmp dirs (the temp dir short: Ray's socket paths have a length limit)."""
     sweep = tmp_path / "sweep"
     ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     try:
-        proc = run_cli([*SMALL, "hydra/launcher=rlexp_ray", "debug.crash_at_step=-1,400", "logger.mode=offline",
-                        f"hydra.sweep.dir={sweep}"], tmp_path, HOME=str(tmp_path / "home"), RAY_TMPDIR=ray_tmp)
+        proc = run_cli(
+            [
+                *SMALL,
+                "hydra/launcher=rlexp_ray",
+                "debug.crash_at_step=-1,400",
+                "logger.mode=offline",
+                f"hydra.sweep.dir={sweep}",
+            ],
+            tmp_path,
+            HOME=str(tmp_path / "home"),
+            RAY_TMPDIR=ray_tmp,
+        )
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     assert proc.returncode != 0, describe(proc)  # the crashed jobs

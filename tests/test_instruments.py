@@ -13,15 +13,15 @@ import copy
 import inspect
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, List, Sequence
 
 import pytest
 import torch
 import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
 
 import rlexp.config  # noqa: F401  (registers the structured-config schemas with Hydra before compose)
-from hydra import compose, initialize_config_dir
 from rlexp.algos import dqn
 from rlexp.config import (
     ActivationConfig,
@@ -49,9 +49,8 @@ from rlexp.diagnostics import (
 )
 from rlexp.grad import GradientPipeline, Health
 from rlexp.nets import PopMLP, PopWeightNormLinear, weight_parameters
-from rlexp.optim import make_optimizer
-from rlexp.replay import Batch
 from rlexp.recorder import Recorder
+from rlexp.replay import Batch
 from rlexp.train import run_job
 
 torch.set_num_threads(1)
@@ -62,12 +61,25 @@ OBS, ACT = 3, 3
 
 
 # ====================================================================== helpers
-def make_net(members: int = 2, hidden: Sequence[int] = (5, 4), norm: NormalizationConfig | None = None,
-             seed: int = 0, act: str = "relu") -> PopMLP:
+def make_net(
+    members: int = 2,
+    hidden: Sequence[int] = (5, 4),
+    norm: NormalizationConfig | None = None,
+    seed: int = 0,
+    act: str = "relu",
+) -> PopMLP:
     """A tiny population MLP; biases randomized too so references must use them."""
     gens = [torch.Generator().manual_seed(100 * seed + k) for k in range(members)]
-    net = PopMLP(members, OBS, ACT, NetworkConfig(name="mlp", hidden=list(hidden)), ActivationConfig(name=act),
-                 norm or NormalizationConfig(name="none"), GainInitConfig(name="he"), gens)
+    net = PopMLP(
+        members,
+        OBS,
+        ACT,
+        NetworkConfig(name="mlp", hidden=list(hidden)),
+        ActivationConfig(name=act),
+        norm or NormalizationConfig(name="none"),
+        GainInitConfig(name="he"),
+        gens,
+    )
     g = torch.Generator().manual_seed(seed + 7)
     with torch.no_grad():
         for layer in net.layers:
@@ -79,12 +91,16 @@ def make_batch(P: int, B: int, seed: int = 0) -> Batch:
     g = torch.Generator().manual_seed(seed)
     terminated = (torch.rand(P, B, generator=g) < 0.3).float()
     terminated[:, 0], terminated[:, 1] = 1.0, 0.0
-    return Batch(obs=torch.randn(P, B, OBS, generator=g), actions=torch.randint(0, ACT, (P, B), generator=g),
-                 rewards=torch.randn(P, B, generator=g), next_obs=torch.randn(P, B, OBS, generator=g),
-                 terminated=terminated)
+    return Batch(
+        obs=torch.randn(P, B, OBS, generator=g),
+        actions=torch.randint(0, ACT, (P, B), generator=g),
+        rewards=torch.randn(P, B, generator=g),
+        next_obs=torch.randn(P, B, OBS, generator=g),
+        terminated=terminated,
+    )
 
 
-def ref_forward(weights: List[tuple], x: torch.Tensor) -> torch.Tensor:
+def ref_forward(weights: list[tuple], x: torch.Tensor) -> torch.Tensor:
     """Plain relu MLP of one member, float64: weights [(W, b), ...], x [B, in] -> [B, A]."""
     h = x.double()
     for i, (w, b) in enumerate(weights):
@@ -94,7 +110,7 @@ def ref_forward(weights: List[tuple], x: torch.Tensor) -> torch.Tensor:
     return h
 
 
-def member_weights(net: PopMLP, p: int) -> List[tuple]:
+def member_weights(net: PopMLP, p: int) -> list[tuple]:
     return [(layer.weight[p].detach().double(), layer.bias[p].detach().double()) for layer in net.layers]
 
 
@@ -108,10 +124,12 @@ def test_activation_stats_mean_std_dead_dormant_per_member():
     tau = 0.025
     # member 0: unit 4 small but not zero (dormant, not dead); unit 2 zero on some samples only
     # member 1: unit 0 exactly zero on the whole batch (dead), unit 3 small (dormant); negative values
-    h0 = torch.stack([
-        torch.tensor([[1.0, -2.0, 0.0, 1.5, 0.01], [2.0, 1.0, 0.5, -1.0, -0.02], [0.7, 1.1, 0.0, 0.9, 0.015]]),
-        torch.tensor([[0.0, 1.0, 0.6, 0.02, -2.0], [0.0, -0.5, 3.0, 0.01, 1.0], [0.0, 2.5, -1.0, -0.03, 0.4]]),
-    ])  # [P=2, B=3, H=5]
+    h0 = torch.stack(
+        [
+            torch.tensor([[1.0, -2.0, 0.0, 1.5, 0.01], [2.0, 1.0, 0.5, -1.0, -0.02], [0.7, 1.1, 0.0, 0.9, 0.015]]),
+            torch.tensor([[0.0, 1.0, 0.6, 0.02, -2.0], [0.0, -0.5, 3.0, 0.01, 1.0], [0.0, 2.5, -1.0, -0.03, 0.4]]),
+        ]
+    )  # [P=2, B=3, H=5]
     h1 = torch.tensor([[[0.3, 0.4], [0.0, 0.9]], [[0.0, 0.0], [0.0, 0.0]]])  # [2, 2, 2]: member 1 all dead
     stats = activation_stats([h0, h1], "q", tau)
 
@@ -181,13 +199,34 @@ def test_per_layer_is_sqrt_of_sum_of_squares_of_the_layer_tensors():
             assert out[layer][p].item() == pytest.approx(expected, rel=1e-12)
 
 
-@pytest.mark.parametrize("norm, expected", [
-    (NormalizationConfig(name="none"), ["q.0.weight", "q.0.bias", "q.1.weight", "q.1.bias", "q.2.weight", "q.2.bias"]),
-    (WeightNormConfig(name="weight"), ["q.0.weight", "q.0.bias", "q.0.g", "q.1.weight", "q.1.bias", "q.1.g",
-                                       "q.2.weight", "q.2.bias", "q.2.g"]),
-    (LayerNormConfig(name="layer"), ["q.0.weight", "q.0.bias", "q.1.weight", "q.1.bias", "q.2.weight", "q.2.bias",
-                                     "q.0.norm.weight", "q.0.norm.bias", "q.1.norm.weight", "q.1.norm.bias"]),
-])
+@pytest.mark.parametrize(
+    "norm, expected",
+    [
+        (
+            NormalizationConfig(name="none"),
+            ["q.0.weight", "q.0.bias", "q.1.weight", "q.1.bias", "q.2.weight", "q.2.bias"],
+        ),
+        (
+            WeightNormConfig(name="weight"),
+            ["q.0.weight", "q.0.bias", "q.0.g", "q.1.weight", "q.1.bias", "q.1.g", "q.2.weight", "q.2.bias", "q.2.g"],
+        ),
+        (
+            LayerNormConfig(name="layer"),
+            [
+                "q.0.weight",
+                "q.0.bias",
+                "q.1.weight",
+                "q.1.bias",
+                "q.2.weight",
+                "q.2.bias",
+                "q.0.norm.weight",
+                "q.0.norm.bias",
+                "q.1.norm.weight",
+                "q.1.norm.bias",
+            ],
+        ),
+    ],
+)
 def test_parameter_names_are_aligned_with_net_parameters(norm, expected):
     net = make_net(2, norm=norm)
     names = parameter_names(net, "q")
@@ -219,8 +258,10 @@ def test_dqn_instruments_match_direct_gradients_clipping_updates_and_q_statistic
     L = len(q_net.layers)
 
     # reference: per member, plain autograd on float64 copies; y from the target net's max
-    before = [[t.detach().clone() for t in layer_params] for layer_params in
-              [(layer.weight, layer.bias) for layer in q_net.layers]]
+    before = [
+        [t.detach().clone() for t in layer_params]
+        for layer_params in [(layer.weight, layer.bias) for layer in q_net.layers]
+    ]
     ref_grads = []  # [P][L] (gW, gb)
     for p in range(P):
         ws = [(w[p].double().requires_grad_(), b[p].double().requires_grad_()) for w, b in before]
@@ -232,15 +273,20 @@ def test_dqn_instruments_match_direct_gradients_clipping_updates_and_q_statistic
         grads = torch.autograd.grad(loss, [t for wb in ws for t in wb])
         ref_grads.append([(grads[2 * i], grads[2 * i + 1]) for i in range(L)])
     layer_pre = [[l2(*ref_grads[p][i]) for i in range(L)] for p in range(P)]
-    total = [math.sqrt(sum(v ** 2 for v in layer_pre[p])) for p in range(P)]
+    total = [math.sqrt(sum(v**2 for v in layer_pre[p])) for p in range(P)]
     max_norm = 0.5 * min(total)  # clipping really scales every member
     scale = [min(1.0, max_norm / (total[p] + 1e-6)) for p in range(P)]
     assert all(s < 0.6 for s in scale)
 
     health = Health(P, CPU)
-    pipeline = GradientPipeline(list(q_net.parameters()), SGDConfig(name="sgd", lr=lr),
-                                NormClipConfig(name="global_norm", max_norm=max_norm), RegularizationConfig(),
-                                weight_parameters(q_net), health)
+    pipeline = GradientPipeline(
+        list(q_net.parameters()),
+        SGDConfig(name="sgd", lr=lr),
+        NormClipConfig(name="global_norm", max_norm=max_norm),
+        RegularizationConfig(),
+        weight_parameters(q_net),
+        health,
+    )
     loss, _ = dqn.dqn_loss(q_net, target_net, batch, algo, r_max)
     update = pipeline.step(loss, env_step=100, diagnose=True)
     record = dqn.instruments(q_net, target_net, batch, algo, r_max, update, names, tau=0.025)
@@ -320,8 +366,14 @@ def test_zero_v_with_eps0_is_located_at_the_weight_norm():
     # the same through a real update: the pipeline sees a non-finite loss, locate names the layer
     names = parameter_names(net, "q")
     health = Health(P, CPU)
-    pipeline = GradientPipeline(list(net.parameters()), SGDConfig(name="sgd", lr=0.01),
-                                NormClipConfig(name="none"), RegularizationConfig(), weight_parameters(net), health)
+    pipeline = GradientPipeline(
+        list(net.parameters()),
+        SGDConfig(name="sgd", lr=0.01),
+        NormClipConfig(name="none"),
+        RegularizationConfig(),
+        weight_parameters(net),
+        health,
+    )
     algo = DQNConfig(name="dqn")
     loss, _ = dqn.dqn_loss(net, target_net, batch, algo, torch.ones(P))
     update = pipeline.step(loss, env_step=7)
@@ -334,8 +386,12 @@ def test_zero_v_with_eps0_is_located_at_the_weight_norm():
 # ====================================================================== 5. locating non-finite values
 @pytest.mark.parametrize("norm", ["none", "layer", "batch", "weight"])
 def test_locate_nonfinite_all_finite_is_none(norm):
-    cfgs = {"none": NormalizationConfig(name="none"), "layer": LayerNormConfig(name="layer"),
-            "batch": rlexp.config.BatchNormConfig(name="batch"), "weight": WeightNormConfig(name="weight")}
+    cfgs = {
+        "none": NormalizationConfig(name="none"),
+        "layer": LayerNormConfig(name="layer"),
+        "batch": rlexp.config.BatchNormConfig(name="batch"),
+        "weight": WeightNormConfig(name="weight"),
+    }
     net = make_net(2, norm=cfgs[norm])
     x = torch.randn(2, 8, OBS, generator=torch.Generator().manual_seed(0))
     assert torch.isfinite(net(x)).all()
@@ -343,11 +399,14 @@ def test_locate_nonfinite_all_finite_is_none(norm):
         assert locate_nonfinite(net, "q", p, x[p], "replay.obs") is None
 
 
-@pytest.mark.parametrize("module, tensor, expected", [
-    ("layers", "weight", "q.1.weight"),
-    ("layers", "bias", "q.2.bias"),
-    ("norms", "weight", "q.0.norm.weight"),
-])
+@pytest.mark.parametrize(
+    "module, tensor, expected",
+    [
+        ("layers", "weight", "q.1.weight"),
+        ("layers", "bias", "q.2.bias"),
+        ("norms", "weight", "q.0.norm.weight"),
+    ],
+)
 def test_locate_nonfinite_parameter_names_the_tensor_of_that_member_only(module, tensor, expected):
     net = make_net(2, norm=LayerNormConfig(name="layer"))
     index = int(expected.split(".")[1])
@@ -432,7 +491,7 @@ def test_locate_gradient_nearest_the_output_with_layer_norm():
 
 
 # ====================================================================== 6. explosions
-def _strikes_reference(exceed: List[List[bool]], patience: int) -> List[List[bool]]:
+def _strikes_reference(exceed: list[list[bool]], patience: int) -> list[list[bool]]:
     """Per check and member: flagged when the last ``patience`` checks all exceeded."""
     counts = [0] * len(exceed[0])
     flagged = []
@@ -447,15 +506,22 @@ def test_explosions_need_patience_consecutive_checks_per_member():
     q_bound = torch.tensor([10.0, 5.0, 1.0, 2.0])
     q = [[11, 6, 0.5, 2], [12, 7, 0.9, 2], [13, 4, 0.1, 2], [14, 6, 0.2, 2], [9, 6, 0.3, 2], [11, 7, 0.4, 2]]
     g_bound = 100.0
-    g = [[1, 101, 1e9, 100], [1, 102, 1e9, 100], [1, 103, 1, 100], [1, 50, 1e9, 100], [101, 200, 1e9, 100],
-         [1, 300, 1e9, 100]]
+    g = [
+        [1, 101, 1e9, 100],
+        [1, 102, 1e9, 100],
+        [1, 103, 1, 100],
+        [1, 50, 1e9, 100],
+        [101, 200, 1e9, 100],
+        [1, 300, 1e9, 100],
+    ]
     exp = Explosions(4, patience=3, device=CPU)
     q_exceed = [[float(v) > float(b) for v, b in zip(row, q_bound)] for row in q]
     g_exceed = [[float(v) > g_bound for v in row] for row in g]
     q_ref, g_ref = _strikes_reference(q_exceed, 3), _strikes_reference(g_exceed, 3)
     for t in range(len(q)):
-        value, gradient = exp.check(torch.tensor(q[t], dtype=torch.float32), q_bound,
-                                    torch.tensor(g[t], dtype=torch.float64), g_bound)
+        value, gradient = exp.check(
+            torch.tensor(q[t], dtype=torch.float32), q_bound, torch.tensor(g[t], dtype=torch.float64), g_bound
+        )
         assert value.tolist() == q_ref[t], t
         assert gradient.tolist() == g_ref[t], t
     # the known answers: value flagged for member 0 from the 3rd check, member 1 only at the 6th
@@ -491,8 +557,7 @@ def test_instrument_history_compares_with_the_earliest_kept_record():
     h.add(2, {"x": 1.0})
     h.add(3, {"x": 20.0})
     h.add(4, {"x": 20.0})  # kept: steps 2, 3, 4; earliest x = 1
-    assert h.first_moved() == pytest.approx({"instrument": "x", "step": 3, "from": 1.0, "to": 20.0,
-                                             "since_step": 2})
+    assert h.first_moved() == pytest.approx({"instrument": "x", "step": 3, "from": 1.0, "to": 20.0, "since_step": 2})
     h.add(5, {"x": 20.0})  # kept: steps 3, 4, 5; earliest x = 20: nothing moved
     assert h.first_moved() is None
     h.add(6, {"x": 199.0})  # 9.95x: below the factor
@@ -504,8 +569,15 @@ def test_instrument_history_compares_with_the_earliest_kept_record():
 # ====================================================================== end to end (Hydra + run_job)
 TOTAL, STARTS, LOG_EVERY, SEEDS = 2000, 1000, 200, 4
 INJECT_MEMBER, INJECT_STEP = 2, 1216  # a multiple of train_frequency (16) after learning starts, not a log step
-BASE = [f"num_seeds={SEEDS}", f"total_steps={TOTAL}", "network.hidden=[16,16]", f"algo.learning_starts={STARTS}",
-        "logger.mode=disabled", "logger.progress=off", f"logger.log_every={LOG_EVERY}"]
+BASE = [
+    f"num_seeds={SEEDS}",
+    f"total_steps={TOTAL}",
+    "network.hidden=[16,16]",
+    f"algo.learning_starts={STARTS}",
+    "logger.mode=disabled",
+    "logger.progress=off",
+    f"logger.log_every={LOG_EVERY}",
+]
 
 
 def compose_config(overrides: Sequence[str]):
@@ -513,15 +585,15 @@ def compose_config(overrides: Sequence[str]):
         return compose(config_name="config", overrides=list(overrides))
 
 
-def read_metrics(out: Path, k: int) -> List[Dict]:
+def read_metrics(out: Path, k: int) -> list[dict]:
     return [json.loads(line) for line in (out / f"seed_{k}" / "metrics.jsonl").read_text().splitlines()]
 
 
-def read_summary(out: Path, k: int) -> Dict:
+def read_summary(out: Path, k: int) -> dict:
     return json.loads((out / f"seed_{k}" / "summary.json").read_text())
 
 
-def without_perf(records: List[Dict]) -> List[Dict]:
+def without_perf(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in records]
 
 
@@ -537,8 +609,9 @@ def baseline_run(tmp_path_factory):
 @pytest.fixture(scope="module", params=["param", "grad", "obs"])
 def injected_run(request, tmp_path_factory):
     what = request.param
-    cfg = compose_config(BASE + [f"debug.inject.member={INJECT_MEMBER}", f"debug.inject.step={INJECT_STEP}",
-                                 f"debug.inject.what={what}"])
+    cfg = compose_config(
+        BASE + [f"debug.inject.member={INJECT_MEMBER}", f"debug.inject.step={INJECT_STEP}", f"debug.inject.what={what}"]
+    )
     out = tmp_path_factory.mktemp(f"inject_{what}")
     job = run_job(cfg, out)
     return what, out, job
@@ -553,8 +626,11 @@ def test_fault_injection_is_located_and_leaves_other_members_bitwise_unchanged(b
     member = read_summary(out, INJECT_MEMBER)
     assert member["status"] == "diverged"
     assert member["diverged_at_step"] == INJECT_STEP
-    expected = {"param": ("nonfinite_param", "q.0.weight"), "grad": ("nonfinite_grad", "q.0.weight"),
-                "obs": ("nonfinite_obs", "env.obs")}[what]
+    expected = {
+        "param": ("nonfinite_param", "q.0.weight"),
+        "grad": ("nonfinite_grad", "q.0.weight"),
+        "obs": ("nonfinite_obs", "env.obs"),
+    }[what]
     assert (member["divergence"]["cause"], member["divergence"]["where"]) == expected
     assert member == job["members"][INJECT_MEMBER]
 
@@ -581,16 +657,17 @@ def test_fault_injection_is_located_and_leaves_other_members_bitwise_unchanged(b
 Q_FACTOR = 0.01  # bound = 0.01 * r_max / (1 - gamma) = 1.0 on CartPole: Q values a little trained exceed it
 
 
-def _spy_record_instruments(monkeypatch) -> List[tuple]:
+def _spy_record_instruments(monkeypatch) -> list[tuple]:
     """Wrap Recorder.record_instruments: record (step, q_abs_max, reward_scale, grad_norm) of every call."""
-    calls: List[tuple] = []
+    calls: list[tuple] = []
     original = Recorder.record_instruments
     signature = inspect.signature(original)
 
     def spy(self, *args, **kwargs):
         a = signature.bind(self, *args, **kwargs).arguments
-        calls.append((a["step"], a["q_abs_max"].tolist(), torch.as_tensor(a["reward_scale"]).tolist(),
-                      a["grad_norm"].tolist()))
+        calls.append(
+            (a["step"], a["q_abs_max"].tolist(), torch.as_tensor(a["reward_scale"]).tolist(), a["grad_norm"].tolist())
+        )
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(Recorder, "record_instruments", spy)
@@ -640,7 +717,7 @@ def test_value_explosion_after_patience_consecutive_records(divergence, tmp_path
 # ---------------------------------------------------------------- a population that diverges entirely
 def test_all_members_diverged_ends_early_and_the_table_names_cause_and_where(tmp_path, capsys, monkeypatch):
     seeds = 2
-    logged: List[int] = []
+    logged: list[int] = []
     original_log = Recorder._log
 
     def spy_log(self, step):

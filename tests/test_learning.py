@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def _check(tmp_path: Path, preset: str) -> dict:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "learning_check.py"), "--preset", preset, "--out", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     result = json.loads(next(tmp_path.glob("*/learning_check.json")).read_text())
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

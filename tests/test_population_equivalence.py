@@ -14,7 +14,6 @@ or a clipping scale computed across members, a member reading another's batch) f
 from __future__ import annotations
 
 import copy
-from typing import List, Optional, Tuple
 
 import pytest
 import torch
@@ -40,7 +39,6 @@ from rlexp.config import (
 )
 from rlexp.grad import GradientPipeline, Health
 from rlexp.nets import PopMLP, weight_parameters
-from rlexp.optim import make_optimizer
 from rlexp.replay import Batch
 
 torch.set_num_threads(1)
@@ -70,8 +68,16 @@ NORMS = {
 def make_pop(n_in: int, n_out: int, activation: str, norm: str, seed: int, dtype: torch.dtype) -> PopMLP:
     """A PopMLP whose members differ in every parameter (biases and norm affines randomized too)."""
     gens = [torch.Generator().manual_seed(100 * seed + k) for k in range(P)]
-    net = PopMLP(P, n_in, n_out, NetworkConfig(name="mlp", hidden=list(HIDDEN)), ActivationConfig(name=activation),
-                 NORMS[norm], GainInitConfig(name="he"), gens).to(dtype)
+    net = PopMLP(
+        P,
+        n_in,
+        n_out,
+        NetworkConfig(name="mlp", hidden=list(HIDDEN)),
+        ActivationConfig(name=activation),
+        NORMS[norm],
+        GainInitConfig(name="he"),
+        gens,
+    ).to(dtype)
     g = torch.Generator().manual_seed(seed + 7)
     with torch.no_grad():
         for layer in net.layers:
@@ -84,13 +90,13 @@ def make_pop(n_in: int, n_out: int, activation: str, norm: str, seed: int, dtype
     return net
 
 
-def plain_member(pop: PopMLP, k: int, activation: str, norm: str) -> Tuple[nn.Sequential, List[Tuple]]:
+def plain_member(pop: PopMLP, k: int, activation: str, norm: str) -> tuple[nn.Sequential, list[tuple]]:
     """Member k as nn.Sequential(Linear, [LayerNorm | BatchNorm1d], act, ..., Linear) with its weights
     copied in, and the (population tensor, plain tensor) pairs: PopLinear's weight [P, out, in] and
     bias [P, out] hold nn.Linear's weight [out, in] and bias [out] at index k."""
-    modules: List[nn.Module] = []
-    pairs: List[Tuple] = []
-    buffers: List[Tuple] = []
+    modules: list[nn.Module] = []
+    pairs: list[tuple] = []
+    buffers: list[tuple] = []
     dtype = pop.layers[0].weight.dtype
     for i, layer in enumerate(pop.layers):
         out_f, in_f = layer.weight.shape[1:]
@@ -117,25 +123,30 @@ def plain_member(pop: PopMLP, k: int, activation: str, norm: str) -> Tuple[nn.Se
 def assert_member_tensors(pairs, k: int, what: str, tol: dict) -> None:
     """Every population tensor's slice k equals the plain member's tensor."""
     for i, (pop_t, plain_t) in enumerate(pairs):
-        torch.testing.assert_close(pop_t.detach()[k], plain_t.detach(), **tol, msg=lambda m: f"{what} #{i}: {m}")
+        torch.testing.assert_close(pop_t.detach()[k], plain_t.detach(), **tol, msg=lambda m, i=i: f"{what} #{i}: {m}")
 
 
 def assert_member_grads(pairs, k: int, tol: dict) -> None:
     """Every population gradient's slice k equals the plain member's gradient."""
     for i, (pop_t, plain_t) in enumerate(pairs):
         if isinstance(pop_t, nn.Parameter):
-            torch.testing.assert_close(pop_t.grad[k], plain_t.grad, **tol, msg=lambda m: f"grad #{i}: {m}")
+            torch.testing.assert_close(pop_t.grad[k], plain_t.grad, **tol, msg=lambda m, i=i: f"grad #{i}: {m}")
 
 
 def make_pipeline(params, weights, clipping: str) -> GradientPipeline:
-    clip = NormClipConfig(name="global_norm", max_norm=MAX_NORM) if clipping == "global_norm" \
+    clip = (
+        NormClipConfig(name="global_norm", max_norm=MAX_NORM)
+        if clipping == "global_norm"
         else ClippingConfig(name="none")
-    return GradientPipeline(params, AdamConfig(name="adam", lr=LR), clip,
-                            RegularizationConfig(), weights, Health(P, CPU))
+    )
+    return GradientPipeline(
+        params, AdamConfig(name="adam", lr=LR), clip, RegularizationConfig(), weights, Health(P, CPU)
+    )
 
 
-def plain_step(loss: torch.Tensor, params: List[torch.Tensor], opt: torch.optim.Optimizer,
-               clipping: str) -> torch.Tensor:
+def plain_step(
+    loss: torch.Tensor, params: list[torch.Tensor], opt: torch.optim.Optimizer, clipping: str
+) -> torch.Tensor:
     """backward -> clip_grad_norm_ -> Adam step for one member; returns the pre-clip gradient norm."""
     opt.zero_grad(set_to_none=True)
     loss.backward()
@@ -151,15 +162,18 @@ def plain_step(loss: torch.Tensor, params: List[torch.Tensor], opt: torch.optim.
 def random_batch(seed: int, dtype: torch.dtype, B: int = 32) -> Batch:
     """A different batch per member; rewards large enough that Huber's linear part is reached."""
     g = torch.Generator().manual_seed(seed)
-    return Batch(obs=torch.randn(P, B, OBS, generator=g).to(dtype),
-                 actions=torch.randint(0, N_ACT, (P, B), generator=g),
-                 rewards=2.0 * torch.randn(P, B, generator=g).to(dtype),
-                 next_obs=torch.randn(P, B, OBS, generator=g).to(dtype),
-                 terminated=(torch.rand(P, B, generator=g) < 0.3).to(dtype))
+    return Batch(
+        obs=torch.randn(P, B, OBS, generator=g).to(dtype),
+        actions=torch.randint(0, N_ACT, (P, B), generator=g),
+        rewards=2.0 * torch.randn(P, B, generator=g).to(dtype),
+        next_obs=torch.randn(P, B, OBS, generator=g).to(dtype),
+        terminated=(torch.rand(P, B, generator=g) < 0.3).to(dtype),
+    )
 
 
-def plain_dqn_loss(q: nn.Module, boot: nn.Module, obs, actions, rewards, next_obs, terminated,
-                   algo: DQNConfig) -> Tuple[torch.Tensor, torch.Tensor]:
+def plain_dqn_loss(
+    q: nn.Module, boot: nn.Module, obs, actions, rewards, next_obs, terminated, algo: DQNConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
     """y = r + gamma (1 - terminated) max_a Q_boot(s', a) (no gradient); loss = mean (Q(s,a) - y)^2 or Huber.
     Batch norm: the bootstrap pass uses running statistics (eval), the online pass the batch's (train).
     Returns the loss and the TD errors."""
@@ -175,16 +189,25 @@ def plain_dqn_loss(q: nn.Module, boot: nn.Module, obs, actions, rewards, next_ob
 # (activation, normalization, dtype). Batch norm only in float64: in float32 the bias before it gets a
 # gradient of pure rounding noise (~1e-7, zero in exact arithmetic), which Adam turns into random steps
 # of order lr, so two correct implementations drift apart by ~lr after one update.
-DQN_NETS = [("relu", "none", F32), ("relu", "layer", F32), ("tanh", "none", F32),
-            ("relu", "none", F64), ("relu", "layer", F64), ("relu", "batch", F64)]
+DQN_NETS = [
+    ("relu", "none", F32),
+    ("relu", "layer", F32),
+    ("tanh", "none", F32),
+    ("relu", "none", F64),
+    ("relu", "layer", F64),
+    ("relu", "batch", F64),
+]
 
 
 # every network also runs with its gradients written without autograd (dqn_loss(write_grads=True))
 DQN_CASES = [(*net, False) for net in DQN_NETS] + [(*net, True) for net in DQN_NETS]
 
 
-@pytest.mark.parametrize("activation,norm,dtype,written", DQN_CASES,
-                         ids=[f"{a}-{n}-{str(d)[-7:]}-{'written' if w else 'autograd'}" for a, n, d, w in DQN_CASES])
+@pytest.mark.parametrize(
+    "activation,norm,dtype,written",
+    DQN_CASES,
+    ids=[f"{a}-{n}-{str(d)[-7:]}-{'written' if w else 'autograd'}" for a, n, d, w in DQN_CASES],
+)
 @pytest.mark.parametrize("loss", ["mse", "huber"])
 @pytest.mark.parametrize("clipping", ["global_norm", "none"])
 @pytest.mark.parametrize("target", [True, False], ids=["target", "no_target"])
@@ -214,8 +237,9 @@ def test_dqn_population_equals_members_trained_one_at_a_time(activation, norm, l
         pop_loss, _ = dqn_loss(q_net, target_net, batch, algo, torch.ones(P), write_grads=written)
         stats = pipe.step(pop_loss, env_step=step + 1, grads_written=written)
         for k, (q, boot, pairs, opt) in enumerate(members):
-            loss_k, td = plain_dqn_loss(q, boot, batch.obs[k], batch.actions[k], batch.rewards[k], batch.next_obs[k],
-                                        batch.terminated[k], algo)
+            loss_k, td = plain_dqn_loss(
+                q, boot, batch.obs[k], batch.actions[k], batch.rewards[k], batch.next_obs[k], batch.terminated[k], algo
+            )
             pre = plain_step(loss_k, list(q.parameters()), opt, clipping)
             torch.testing.assert_close(pop_loss.detach()[k], loss_k.detach(), **tol)
             torch.testing.assert_close(stats.grad_norm_pre_clip[k].to(dtype), pre.detach(), **tol)
@@ -239,8 +263,9 @@ def test_dqn_check_detects_a_population_wide_clipping_norm():
     total = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))
     scale = (MAX_NORM / (total + 1e-6)).clamp(max=1.0)
     q, pairs = plain_member(q_net, 0, "relu", "none")
-    loss_0, _ = plain_dqn_loss(q, q, batch.obs[0], batch.actions[0], batch.rewards[0], batch.next_obs[0],
-                               batch.terminated[0], algo)
+    loss_0, _ = plain_dqn_loss(
+        q, q, batch.obs[0], batch.actions[0], batch.rewards[0], batch.next_obs[0], batch.terminated[0], algo
+    )
     plain_step(loss_0, list(q.parameters()), torch.optim.Adam(q.parameters(), lr=LR), "global_norm")
     for g in grads:
         g.mul_(scale)
@@ -249,8 +274,9 @@ def test_dqn_check_detects_a_population_wide_clipping_norm():
 
 
 # ---------------------------------------------------------------- PPO / A2C
-def random_minibatch(actor: Actor, critic: PopMLP, continuous: bool, seed: int, dtype: torch.dtype,
-                     M: int = 64) -> Minibatch:
+def random_minibatch(
+    actor: Actor, critic: PopMLP, continuous: bool, seed: int, dtype: torch.dtype, M: int = 64
+) -> Minibatch:
     """Old log-probs and values away from the current ones (so both clips act on part of the
     samples); a few invalid samples per member."""
     g = torch.Generator().manual_seed(seed)
@@ -264,13 +290,20 @@ def random_minibatch(actor: Actor, critic: PopMLP, continuous: bool, seed: int, 
         actions = out + randn(*out.shape) if continuous else torch.randint(0, N_ACT, (P, M), generator=g)
         log_prob, _ = actor.log_prob_entropy(obs, actions, out)
         values = critic(obs).squeeze(-1)
-    return Minibatch(obs=obs, actions=actions, log_probs=log_prob + 0.3 * randn(P, M), advantages=1.0 + randn(P, M),
-                     returns=values + 2.0 * randn(P, M), values=values + 0.3 * randn(P, M),
-                     valid=(torch.rand(P, M, generator=g) > 0.15).to(dtype))
+    return Minibatch(
+        obs=obs,
+        actions=actions,
+        log_probs=log_prob + 0.3 * randn(P, M),
+        advantages=1.0 + randn(P, M),
+        returns=values + 2.0 * randn(P, M),
+        values=values + 0.3 * randn(P, M),
+        valid=(torch.rand(P, M, generator=g) > 0.15).to(dtype),
+    )
 
 
-def plain_ppo_losses(policy: nn.Module, log_std: Optional[nn.Parameter], value_fn: nn.Module, mb: Minibatch, k: int,
-                     algo: ActorCriticConfig) -> Tuple[torch.Tensor, torch.Tensor]:
+def plain_ppo_losses(
+    policy: nn.Module, log_std: nn.Parameter | None, value_fn: nn.Module, mb: Minibatch, k: int, algo: ActorCriticConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Member k's actor and critic losses over its valid samples only, written out:
     actor = -mean min(A ratio, A clip(ratio)) - ent_coef mean entropy (A normalized with the mean and
     unbiased std); critic = vf_coef * 0.5 mean max((V - R)^2, (V_old + clip(V - V_old) - R)^2)."""
@@ -326,8 +359,18 @@ def test_ppo_population_equals_members_trained_one_at_a_time(continuous, norm, d
             actor_pairs.append((actor.log_std, log_std))
             actor_plain.append(log_std)
         value_fn, critic_pairs = plain_member(critic, k, "tanh", norm)
-        members.append((policy, log_std, value_fn, actor_pairs, critic_pairs, actor_plain,
-                        torch.optim.Adam(actor_plain, lr=LR), torch.optim.Adam(value_fn.parameters(), lr=LR)))
+        members.append(
+            (
+                policy,
+                log_std,
+                value_fn,
+                actor_pairs,
+                critic_pairs,
+                actor_plain,
+                torch.optim.Adam(actor_plain, lr=LR),
+                torch.optim.Adam(value_fn.parameters(), lr=LR),
+            )
+        )
 
     for step in range(2):  # two minibatches: the second sees the updated weights and Adam state
         mb = random_minibatch(actor, critic, continuous, seed=20 + step, dtype=dtype)
@@ -339,8 +382,9 @@ def test_ppo_population_equals_members_trained_one_at_a_time(continuous, norm, d
         assert ((new_values - mb.values).abs() > algo.clip_coef).any(1).all()
         actor_stats = actor_pipe.step(losses["actor_loss"], env_step=step + 1)
         critic_stats = critic_pipe.step(losses["critic_loss"], env_step=step + 1)
-        for k, (policy, log_std, value_fn, actor_pairs, critic_pairs, actor_plain, actor_opt, critic_opt) \
-                in enumerate(members):
+        for k, (policy, log_std, value_fn, actor_pairs, critic_pairs, actor_plain, actor_opt, critic_opt) in enumerate(
+            members
+        ):
             actor_loss, critic_loss = plain_ppo_losses(policy, log_std, value_fn, mb, k, algo)
             pre_actor = plain_step(actor_loss, actor_plain, actor_opt, clipping)
             pre_critic = plain_step(critic_loss, list(value_fn.parameters()), critic_opt, clipping)

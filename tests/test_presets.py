@@ -52,6 +52,7 @@ def flat(cfg) -> dict:
                 walk(value, f"{prefix}{key}.")
             else:
                 out[f"{prefix}{key}"] = value
+
     walk(OmegaConf.to_container(cfg), "")
     return out
 
@@ -79,8 +80,9 @@ def test_nan_hunt_baseline_is_the_documented_setting():
 
 
 def _short(preset, tmp_path):
-    cfg = compose_config([f"+experiment={preset}", "total_steps=3000", "num_seeds=2",
-                          "logger.mode=disabled", "logger.progress=off"])
+    cfg = compose_config(
+        [f"+experiment={preset}", "total_steps=3000", "num_seeds=2", "logger.mode=disabled", "logger.progress=off"]
+    )
     return run_job(cfg, tmp_path)
 
 
@@ -104,23 +106,53 @@ def test_bench_smoke_writes_consistent_figures(tmp_path):
     """A tiny run of every section: each figure is measured, and each ratio is the one of its medians."""
     out = tmp_path / "bench.json"
     steps = 1500
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--steps", str(steps),
-                           "--ppo-steps", "1024", "--repeats", "1", "--populations", "1", "16", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "bench.py"),
+            "--steps",
+            str(steps),
+            "--ppo-steps",
+            "1024",
+            "--repeats",
+            "1",
+            "--populations",
+            "1",
+            "16",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     bench = json.loads(out.read_text())
     medians, samples = bench["medians_s"], bench["samples_s"]
-    assert set(medians) == {"dqn_rlexp", "dqn_rlexp_loop", "dqn_sb3", "population_p1", "population_p16",
-                            "diagnostics_default", "diagnostics_off", "startup_to_first_step", "startup_process",
-                            "ppo_rlexp", "ppo_rlexp_loop", "ppo_sb3"}
+    assert set(medians) == {
+        "dqn_rlexp",
+        "dqn_rlexp_loop",
+        "dqn_sb3",
+        "population_p1",
+        "population_p16",
+        "diagnostics_default",
+        "diagnostics_off",
+        "startup_to_first_step",
+        "startup_process",
+        "ppo_rlexp",
+        "ppo_rlexp_loop",
+        "ppo_sb3",
+    }
     assert all(v > 0 for v in medians.values())
     assert all(samples[name] == [value] for name, value in medians.items())  # one repeat: the median is it
     ratios = bench["ratios"]
     assert ratios["dqn_speedup_vs_sb3"] == pytest.approx(medians["dqn_sb3"] / medians["dqn_rlexp"])
     assert ratios["per_seed_throughput_p16_vs_p1"] == pytest.approx(
-        16 * medians["population_p1"] / medians["population_p16"])
+        16 * medians["population_p1"] / medians["population_p16"]
+    )
     assert ratios["diagnostics_overhead"] == pytest.approx(
-        medians["diagnostics_default"] / medians["diagnostics_off"] - 1.0)
+        medians["diagnostics_default"] / medians["diagnostics_off"] - 1.0
+    )
     assert ratios["startup_to_first_step_s"] == pytest.approx(medians["startup_to_first_step"])
     assert ratios["ppo_speedup_vs_sb3"] == pytest.approx(medians["ppo_sb3"] / medians["ppo_rlexp"])
     assert set(bench["targets"]) == set(ratios) == set(bench["passed"]) == set(bench["ratios_per_round_median"])
@@ -137,6 +169,10 @@ def test_bench_smoke_writes_consistent_figures(tmp_path):
     assert bench["throughput"]["16"]["per_seed_steps_per_s"] == pytest.approx(steps / medians["population_p16"])
     settings = bench["settings"]
     assert (settings["steps"], settings["ppo_steps"], settings["repeats"], settings["populations"]) == (
-        steps, 1024, 1, [1, 16])
+        steps,
+        1024,
+        1,
+        [1, 16],
+    )
     assert bench["versions"]["stable_baselines3"] and bench["versions"]["torch"] and bench["machine"]["cpus"] >= 1
     assert len(bench["machine"]["load_average_start"]) == 3 and len(bench["machine"]["load_average_end"]) == 3

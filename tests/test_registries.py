@@ -11,15 +11,14 @@ declares one) bit for bit autograd's; the value checks.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Dict, List
 
 import pytest
 import torch
 import torch.nn.functional as F
+from definitions import ref_activation
 from omegaconf import OmegaConf
 from torch import nn
 
-from definitions import ref_activation
 from rlexp.activations import ACTIVATIONS, check_activation
 from rlexp.config import ActivationConfig, ConfigError, GainInitConfig, NetworkConfig, NormalizationConfig
 from rlexp.diagnostics import activity_instruments, locate_nonfinite
@@ -39,6 +38,7 @@ from rlexp.nets import (
 torch.set_num_threads(1)
 
 P, B, N_IN, N_OUT, HIDDEN = 3, 7, 4, 3, [8, 6]
+
 
 class Definition(nn.Module):
     """An activation as its written-out definition (tests/definitions.py), with the config's parameters."""
@@ -65,9 +65,16 @@ def normalization_config(name: str) -> NormalizationConfig:
 def make_net(activation: str, normalization: str, dtype: torch.dtype = torch.float64, **network) -> PopMLP:
     """A population whose members differ, with biases and norm affines away from their initial values."""
     gens = [torch.Generator().manual_seed(10 + k) for k in range(P)]
-    net = PopMLP(P, N_IN, N_OUT, NetworkConfig(name="mlp", hidden=list(HIDDEN), **network),
-                 activation_config(activation), normalization_config(normalization), GainInitConfig(name="he"),
-                 gens).to(dtype)
+    net = PopMLP(
+        P,
+        N_IN,
+        N_OUT,
+        NetworkConfig(name="mlp", hidden=list(HIDDEN), **network),
+        activation_config(activation),
+        normalization_config(normalization),
+        GainInitConfig(name="he"),
+        gens,
+    ).to(dtype)
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for name, p in net.named_parameters():
@@ -112,8 +119,11 @@ def twin_linear(layer: PopLinear, k: int) -> tuple[nn.Module, list]:
             w = linear.parametrizations.weight.original
             sn._u.copy_(layer.u[k])
             sn._v.copy_(F.normalize(torch.mv(w.T, sn._u), dim=0, eps=1e-12))
-        return linear, [(layer.weight, linear.parametrizations.weight.original), (layer.bias, linear.bias),
-                        (layer.u, sn._u)]
+        return linear, [
+            (layer.weight, linear.parametrizations.weight.original),
+            (layer.bias, linear.bias),
+            (layer.u, sn._u),
+        ]
     return linear, [(layer.weight, linear.weight), (layer.bias, linear.bias)]
 
 
@@ -125,8 +135,12 @@ def twin_norm(norm: nn.Module, k: int) -> tuple[nn.Module, list]:
         pairs = [(norm.weight, twin.weight), (norm.bias, twin.bias)]
     elif isinstance(norm, PopBatchNorm):
         twin = nn.BatchNorm1d(width, eps=norm.eps, momentum=norm.momentum, dtype=dtype)
-        pairs = [(norm.weight, twin.weight), (norm.bias, twin.bias), (norm.running_mean, twin.running_mean),
-                 (norm.running_var, twin.running_var)]
+        pairs = [
+            (norm.weight, twin.weight),
+            (norm.bias, twin.bias),
+            (norm.running_mean, twin.running_mean),
+            (norm.running_var, twin.running_var),
+        ]
     elif isinstance(norm, PopRMSNorm):
         twin = nn.RMSNorm(width, eps=norm.eps, dtype=dtype)
         pairs = [(norm.weight, twin.weight)]
@@ -140,7 +154,7 @@ def twin_norm(norm: nn.Module, k: int) -> tuple[nn.Module, list]:
 
 def twin_member(net: PopMLP, k: int, activation: ActivationConfig) -> tuple[nn.Sequential, list]:
     """Member k of ``net`` as nn.Sequential of torch.nn modules, and every (population, twin) tensor pair."""
-    modules: List[nn.Module] = []
+    modules: list[nn.Module] = []
     pairs: list = []
     for i, layer in enumerate(net.layers):
         linear, linear_pairs = twin_linear(layer, k)
@@ -189,8 +203,16 @@ def test_population_equals_torch_nn_twins_per_member(activation, normalization):
 @pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
 def test_every_activation_has_an_init_gain(activation, scheme):
     gens = [torch.Generator().manual_seed(k) for k in range(2)]
-    net = PopMLP(2, N_IN, N_OUT, NetworkConfig(name="mlp", hidden=[16]), activation_config(activation),
-                 NormalizationConfig(name="none"), GainInitConfig(name=scheme), gens)
+    net = PopMLP(
+        2,
+        N_IN,
+        N_OUT,
+        NetworkConfig(name="mlp", hidden=[16]),
+        activation_config(activation),
+        NormalizationConfig(name="none"),
+        GainInitConfig(name=scheme),
+        gens,
+    )
     assert ACTIVATIONS[activation].gain(activation_config(activation)) > 0
     assert torch.isfinite(net.layers[0].weight).all()
 
@@ -201,8 +223,10 @@ def test_written_backward_is_autograd_bit_for_bit(activation, normalization, cap
     """Where every component declares a written backward, forward_saved + backward_to_grads give
     autograd's outputs, gradients and buffers exactly; elsewhere the network says so and uses autograd."""
     with caplog.at_level(logging.DEBUG, logger="rlexp.nets"):
-        net, twin = make_net(activation, normalization, torch.float32), make_net(activation, normalization,
-                                                                                 torch.float32)
+        net, twin = (
+            make_net(activation, normalization, torch.float32),
+            make_net(activation, normalization, torch.float32),
+        )
     declared = all(c.written_backward for c in twin._components)
     assert twin.analytic_backward == declared
     if not declared:
@@ -252,8 +276,9 @@ def test_checks_refuse_unknown_names_and_bad_values():
     with pytest.raises(ConfigError, match="activation.name"):
         check_activation(OmegaConf.structured(ActivationConfig(name="swish")))
     with pytest.raises(ConfigError, match="critic.normalization.eps"):
-        check_normalization(OmegaConf.structured(NORMALIZATIONS["rms"].schema(name="rms", eps=-1e-5)),
-                            "critic.normalization")
+        check_normalization(
+            OmegaConf.structured(NORMALIZATIONS["rms"].schema(name="rms", eps=-1e-5)), "critic.normalization"
+        )
     with pytest.raises(ConfigError, match="normalization.power_iterations"):
         check_normalization(OmegaConf.structured(NormalizationConfig(name="spectral", power_iterations=0)))
     with pytest.raises(ConfigError, match="init.gain"):
@@ -274,5 +299,8 @@ def test_a_zero_weight_is_located_at_the_spectral_norm():
         net.layers[1].u[1] = F.normalize(torch.ones(HIDDEN[1]), dim=0)
     x = inputs(torch.float32)
     assert locate_nonfinite(net, "q", 1, x[1], "replay.obs") == (
-        "nonfinite_loss", "q.1.spectral_norm", "W/sigma is non-finite: sigma = 0")
+        "nonfinite_loss",
+        "q.1.spectral_norm",
+        "W/sigma is non-finite: sigma = 0",
+    )
     assert locate_nonfinite(net, "q", 0, x[0], "replay.obs") is None

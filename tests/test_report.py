@@ -12,25 +12,32 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
 from PIL import Image
 from rliable import library, metrics
 from scipy.stats import trim_mean
+from test_cli import cli_env, read_wandb_records, read_wandb_run
 
 from rlexp.report import build_report, iqm_fast, performance_profiles, poi_fast
-from test_cli import cli_env, read_wandb_records, read_wandb_run
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium")
 
 
 def report_cli(args: Sequence[str], tmp: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlexp.report", *args], cwd=ROOT, env=cli_env(tmp),
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "rlexp.report", *args],
+        cwd=ROOT,
+        env=cli_env(tmp),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 # ---------------------------------------------------------------------- a real multirun, then damaged
@@ -39,12 +46,29 @@ def multirun(tmp_path_factory) -> Path:
     """2 activations x (no fault, a NaN parameter injected into member 1 at step 400), 3 seeds each."""
     tmp = tmp_path_factory.mktemp("report_multirun")
     sweep = tmp / "sweep"
-    args = ["-m", "activation=relu,tanh", "debug.inject.what=none,param", "debug.inject.member=1",
-            "debug.inject.step=400", "total_steps=800", "num_seeds=3", "algo.learning_starts=200",
-            "logger.log_every=200", "logger.progress=off", "logger.mode=disabled", "threads=1",
-            f"hydra.sweep.dir={sweep}"]
-    done = subprocess.run([sys.executable, "-m", "rlexp.train", *args], cwd=ROOT, env=cli_env(tmp),
-                          capture_output=True, text=True, timeout=300)
+    args = [
+        "-m",
+        "activation=relu,tanh",
+        "debug.inject.what=none,param",
+        "debug.inject.member=1",
+        "debug.inject.step=400",
+        "total_steps=800",
+        "num_seeds=3",
+        "algo.learning_starts=200",
+        "logger.log_every=200",
+        "logger.progress=off",
+        "logger.mode=disabled",
+        "threads=1",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "rlexp.train", *args],
+        cwd=ROOT,
+        env=cli_env(tmp),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return sweep
 
@@ -76,12 +100,12 @@ def damaged_report(damaged, tmp_path_factory) -> subprocess.CompletedProcess:
     return done
 
 
-def grid(root: Path) -> List[Dict[str, str]]:
+def grid(root: Path) -> list[dict[str, str]]:
     with open(root / "grid.csv", newline="") as f:
         return list(csv.DictReader(f))
 
 
-def job_summaries(root: Path) -> List[Dict[str, Any]]:
+def job_summaries(root: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(root.glob("*/summary.json"))]
 
 
@@ -89,13 +113,15 @@ def test_grid_csv_one_row_per_member(damaged, damaged_report):
     rows = grid(damaged)
     assert len(rows) == 6 * 3  # 4 jobs that ran + 2 crashed, 3 members each
     assert list(rows[0])[:4] == ["job", "cell", "activation", "debug.inject.what"]
-    assert {r["cell"] for r in rows} == {f"activation={a},debug.inject.what={w}"
-                                         for a in ("relu", "tanh") for w in ("none", "param")}
+    assert {r["cell"] for r in rows} == {
+        f"activation={a},debug.inject.what={w}" for a in ("relu", "tanh") for w in ("none", "param")
+    }
     crashed = [r for r in rows if r["status"] == "crashed"]
     assert sorted({r["job"] for r in crashed}) == ["4", "5"] and len(crashed) == 6
     diverged = [r for r in rows if r["status"] == "diverged"]
     assert {(r["debug.inject.what"], r["member"], r["cause"], r["where"]) for r in diverged} == {
-        ("param", "1", "nonfinite_param", "q.0.weight")}
+        ("param", "1", "nonfinite_param", "q.0.weight")
+    }
     assert all(int(r["diverged_at_step"]) >= 400 for r in diverged)
     for path in damaged.glob("*/summary.json"):  # every member's final return as its job summary has it
         for m in json.loads(path.read_text())["members"]:
@@ -140,7 +166,9 @@ def test_wandb_summary_run_read_back(damaged, damaged_report):
     assert len(runs) == 1 and list(runs[0].glob("run-*.wandb"))
     wb = read_wandb_run(damaged / "report_wandb")
     assert wb["group"] == "report" and wb["exit_code"] == 0
-    run = next(r.run for r in read_wandb_records(next(runs[0].glob("run-*.wandb"))) if r.WhichOneof("record_type") == "run")
+    run = next(
+        r.run for r in read_wandb_records(next(runs[0].glob("run-*.wandb"))) if r.WhichOneof("record_type") == "run"
+    )
     assert run.job_type == "report"
     report = build_report(damaged, reps=500)
     for stats in report.cells:
@@ -152,25 +180,46 @@ def test_wandb_summary_run_read_back(damaged, damaged_report):
 
 
 # ---------------------------------------------------------------------- exact numbers, hand-written jobs
-def write_job(root: Path, name: str, choices: Dict[str, str], returns: Sequence[float],
-              diverged: Sequence[int] = ()) -> None:
+def write_job(
+    root: Path, name: str, choices: dict[str, str], returns: Sequence[float], diverged: Sequence[int] = ()
+) -> None:
     """A job dir as the trainer writes it, with known final returns (members in ``diverged`` diverged)."""
     job = root / name
     (job / ".hydra").mkdir(parents=True)
     (job / ".hydra" / "overrides.yaml").write_text("".join(f"- {k}={v}\n" for k, v in choices.items()))
-    members = [{"status": "diverged" if k in diverged else "ok", "seed": k, "member": k, "steps": 1000,
-                "final_return": r, "episodes": 10, "wall_s": 1.0,
-                "diverged_at_step": 500 + 100 * k if k in diverged else None,
-                "divergence": {"cause": "nonfinite_loss", "where": "loss", "detail": "d"} if k in diverged else None}
-               for k, r in enumerate(returns)]
+    members = [
+        {
+            "status": "diverged" if k in diverged else "ok",
+            "seed": k,
+            "member": k,
+            "steps": 1000,
+            "final_return": r,
+            "episodes": 10,
+            "wall_s": 1.0,
+            "diverged_at_step": 500 + 100 * k if k in diverged else None,
+            "divergence": {"cause": "nonfinite_loss", "where": "loss", "detail": "d"} if k in diverged else None,
+        }
+        for k, r in enumerate(returns)
+    ]
     statuses = [m["status"] for m in members]
-    (job / "summary.json").write_text(json.dumps({
-        "status": "diverged" if diverged else "ok", "cell": ",".join(f"{k}={v}" for k, v in choices.items()),
-        "choices": choices, "env": "CartPole-v1", "members": members, "error": None,
-        "counts": {s: statuses.count(s) for s in ("ok", "diverged", "crashed")}}))
+    (job / "summary.json").write_text(
+        json.dumps(
+            {
+                "status": "diverged" if diverged else "ok",
+                "cell": ",".join(f"{k}={v}" for k, v in choices.items()),
+                "choices": choices,
+                "env": "CartPole-v1",
+                "members": members,
+                "error": None,
+                "counts": {s: statuses.count(s) for s in ("ok", "diverged", "crashed")},
+            }
+        )
+    )
     for m in members:
         (job / f"seed_{m['member']}").mkdir()
-        lines = [json.dumps({"step": s, "episode/return_last10": m["final_return"] * s / 1000}) for s in (250, 500, 1000)]
+        lines = [
+            json.dumps({"step": s, "episode/return_last10": m["final_return"] * s / 1000}) for s in (250, 500, 1000)
+        ]
         (job / f"seed_{m['member']}" / "metrics.jsonl").write_text("\n".join(lines) + "\n")
 
 
@@ -222,9 +271,23 @@ def test_iqm_ci_profile_and_poi_match_rliable(synthetic):
 
 
 def test_heatmap_axes_overridable_and_pooled(synthetic, tmp_path):
-    done = report_cli([str(synthetic), "--rows", "optimizer", "--cols", "activation", "--reps", "50",
-                       "--compare", "activation=tanh,init=he", "activation=relu,init=he",
-                       "--wandb-mode", "disabled"], tmp_path)
+    done = report_cli(
+        [
+            str(synthetic),
+            "--rows",
+            "optimizer",
+            "--cols",
+            "activation",
+            "--reps",
+            "50",
+            "--compare",
+            "activation=tanh,init=he",
+            "activation=relu,init=he",
+            "--wandb-mode",
+            "disabled",
+        ],
+        tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     html = (synthetic / "report.html").read_text()
     assert "Rows: optimizer, columns: activation; pooled over init" in html
@@ -251,8 +314,9 @@ def test_bad_input_one_line_exit_2(case, synthetic, tmp_path):
 
 # ---------------------------------------------------------------------- seen as a person sees it
 def chromium(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_page_renders_in_headless_chromium(damaged, damaged_report, tmp_path):

@@ -4,7 +4,6 @@ action spaces. An algorithm is one module with ``train(ctx: RunContext) -> None`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Tuple, Type
 
 from rlexp.algos import dqn, ppo, td3
 from rlexp.config import A2CConfig, ActorCriticConfig, AlgoConfig, DDPGConfig, DQNConfig, TD3Config
@@ -14,11 +13,11 @@ from rlexp.run import Algorithm
 @dataclass(frozen=True)
 class AlgoSpec:
     train: Algorithm  # train(ctx: RunContext) -> None
-    schema: Type[AlgoConfig]  # the algo group's structured config
-    action_spaces: Tuple[str, ...]  # "discrete" and/or "continuous"
+    schema: type[AlgoConfig]  # the algo group's structured config
+    action_spaces: tuple[str, ...]  # "discrete" and/or "continuous"
 
 
-ALGOS: Dict[str, AlgoSpec] = {
+ALGOS: dict[str, AlgoSpec] = {
     "dqn": AlgoSpec(dqn.train, DQNConfig, ("discrete",)),
     "ppo": AlgoSpec(ppo.train, ActorCriticConfig, ("discrete", "continuous")),
     "a2c": AlgoSpec(ppo.train, A2CConfig, ("discrete", "continuous")),

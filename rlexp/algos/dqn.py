@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 from functools import partial
-from typing import Dict, Optional
 
 import numpy as np
 import torch
@@ -68,7 +67,7 @@ def td_loss_grad(td: torch.Tensor, algo: DQNConfig) -> torch.Tensor:
 
 
 def td_target(
-    q_net: PopMLP, target_net: Optional[PopMLP], batch: Batch, algo: DQNConfig, r_max: torch.Tensor
+    q_net: PopMLP, target_net: PopMLP | None, batch: Batch, algo: DQNConfig, r_max: torch.Tensor
 ) -> torch.Tensor:
     """The bootstrap target y [P, B], computed without gradient."""
     with torch.no_grad():
@@ -88,12 +87,12 @@ def td_target(
 
 def dqn_loss(
     q_net: PopMLP,
-    target_net: Optional[PopMLP],
+    target_net: PopMLP | None,
     batch: Batch,
     algo: DQNConfig,
     r_max: torch.Tensor,
     write_grads: bool = False,
-) -> tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-member DQN loss [P] and per-member statistics (Q and TD error) for one batch.
 
     ``write_grads`` (networks with ``analytic_backward`` only): no autograd graph; the gradient of
@@ -113,8 +112,12 @@ def dqn_loss(
     q = q_all.gather(-1, taken).squeeze(-1)  # [P, B]
     td = q - target
     q_value, td_abs = q.detach(), td.detach().abs()
-    stats = {"q_mean": q_value.mean(1), "q_max": q_value.amax(1), "td_abs_mean": td_abs.mean(1),
-             "td_abs_max": td_abs.amax(1)}
+    stats = {
+        "q_mean": q_value.mean(1),
+        "q_max": q_value.amax(1),
+        "td_abs_mean": td_abs.mean(1),
+        "td_abs_max": td_abs.amax(1),
+    }
     if write_grads:  # the gradient reaches only the taken action's output
         grad_q = torch.zeros_like(q_all).scatter_(-1, taken, td_loss_grad(td, algo).unsqueeze(-1))  # [P, B, A]
         q_net.backward_to_grads(saved, grad_q)
@@ -123,22 +126,30 @@ def dqn_loss(
 
 def instruments(
     q_net: PopMLP,
-    target_net: Optional[PopMLP],
+    target_net: PopMLP | None,
     batch: Batch,
     algo: DQNConfig,
     r_max: torch.Tensor,
     update: UpdateStats,
     names: list[str],
     tau: float,
-) -> Dict[str, torch.Tensor]:
+) -> dict[str, torch.Tensor]:
     """Per-member, per-layer instrument record ([P] each) after a diagnosed update."""
     q_all, stats = activity_instruments(q_net, "q", batch.obs, tau)  # [P, B, A]
     with torch.no_grad():
         q = q_all.gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)  # [P, B]
         td = q - td_target(q_net, target_net, batch, algo, r_max)
-        stats.update({"q/mean": q.mean(1), "q/min": q.amin(1), "q/max": q.amax(1),
-                      "q/abs_max": q_all.abs().amax((1, 2)), "td/mean": td.mean(1), "td/std": td.std(1),
-                      "td/abs_max": td.abs().amax(1)})
+        stats.update(
+            {
+                "q/mean": q.mean(1),
+                "q/min": q.amin(1),
+                "q/max": q.amax(1),
+                "q/abs_max": q_all.abs().amax((1, 2)),
+                "td/mean": td.mean(1),
+                "td/std": td.std(1),
+                "td/abs_max": td.abs().amax(1),
+            }
+        )
         if target_net is not None:
             q_target = target_net(batch.obs).gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)
             stats["q/online_target_gap"] = (q - q_target).mean(1)
@@ -147,7 +158,12 @@ def instruments(
 
 
 def locate(
-    q_net: PopMLP, target_net: Optional[PopMLP], batch: Batch, member: int, cause: str, names: list[str],
+    q_net: PopMLP,
+    target_net: PopMLP | None,
+    batch: Batch,
+    member: int,
+    cause: str,
+    names: list[str],
     update: UpdateStats,
 ) -> Located:
     """Where member ``member``'s non-finite update was born: its parameters and batch, then the
@@ -163,11 +179,12 @@ def locate(
     return locate_in_update(cause, names, list(q_net.parameters()), member, update)
 
 
-def histograms(q_net: PopMLP, names: list[str], batch: Batch) -> Dict[str, torch.Tensor]:
+def histograms(q_net: PopMLP, names: list[str], batch: Batch) -> dict[str, torch.Tensor]:
     """W&B histograms: each parameter's gradient and each hidden layer's output on the batch [P, B, h]."""
     hidden = hidden_outputs(q_net, batch.obs)[1]
-    return ({f"grad/{n}": p.grad for n, p in zip(names, q_net.parameters())}
-            | {f"activation/q.{i}": h for i, h in enumerate(hidden)})
+    return {f"grad/{n}": p.grad for n, p in zip(names, q_net.parameters())} | {
+        f"activation/q.{i}": h for i, h in enumerate(hidden)
+    }
 
 
 def train(ctx: RunContext) -> None:
@@ -220,21 +237,31 @@ def train(ctx: RunContext) -> None:
                 diagnose = recorder.diagnose(updates)
                 batch = buffer.sample(ctx.streams.uniform(algo.batch_size))
                 if ctx.obs_norm.enabled:  # stored raw, normalized with the current statistics
-                    batch = dataclasses.replace(batch, obs=ctx.obs_norm.tensor(batch.obs),
-                                                next_obs=ctx.obs_norm.tensor(batch.next_obs))
+                    batch = dataclasses.replace(
+                        batch, obs=ctx.obs_norm.tensor(batch.obs), next_obs=ctx.obs_norm.tensor(batch.next_obs)
+                    )
                 recorder.inject_param(q_net, step)
                 loss, stats = dqn_loss(q_net, target_net, batch, algo, r_scale, write_grads=analytic)
                 update = pipeline.step(loss, step, diagnose, grads_written=analytic)
                 recorder.record_update(update, stats)
-                recorder.locate_divergence(update, partial(locate, q_net, target_net, batch, names=names,
-                                                                   update=update))
+                recorder.locate_divergence(
+                    update, partial(locate, q_net, target_net, batch, names=names, update=update)
+                )
                 if diagnose:
-                    record = instruments(q_net, target_net, batch, algo, r_scale, update, names,
-                                         cfg.diagnostics.dormant_tau)
+                    record = instruments(
+                        q_net, target_net, batch, algo, r_scale, update, names, cfg.diagnostics.dormant_tau
+                    )
                     reward_scale = torch.ones_like(r_scale) if algo.rescale_r else r_scale  # [P]
-                    recorder.record_instruments(record, step, update.grad_norm_pre_clip, q_abs_max=record["q/abs_max"],
-                                                reward_scale=reward_scale, output_layer=f"q.{len(q_net.layers) - 1}",
-                                                update=updates, histograms=partial(histograms, q_net, names, batch))
+                    recorder.record_instruments(
+                        record,
+                        step,
+                        update.grad_norm_pre_clip,
+                        q_abs_max=record["q/abs_max"],
+                        reward_scale=reward_scale,
+                        output_layer=f"q.{len(q_net.layers) - 1}",
+                        update=updates,
+                        histograms=partial(histograms, q_net, names, batch),
+                    )
                 updates += 1
                 if target_net is not None and algo.target_update == "soft":
                     soft_update_(target_net, q_net, algo.tau)

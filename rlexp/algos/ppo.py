@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import partial
-from typing import Dict, List, Optional, Tuple
 
 import gymnasium as gym
 import numpy as np
@@ -58,8 +57,9 @@ class Actor(nn.Module):
         super().__init__()
         self.net = net
         self.continuous = continuous
-        self.log_std = nn.Parameter(torch.zeros(members, action_dim, device=net.layers[0].weight.device)) \
-            if continuous else None
+        self.log_std = (
+            nn.Parameter(torch.zeros(members, action_dim, device=net.layers[0].weight.device)) if continuous else None
+        )
 
     def log_prob(self, out: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """log pi(a|s) [P, B] from the policy output ``out`` [P, B, A] (a forward pass's)."""
@@ -69,8 +69,9 @@ class Actor(nn.Module):
             return (-0.5 * z.square() - log_std - 0.5 * LOG_2PI).sum(-1)
         return F.log_softmax(out, -1).gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
 
-    def log_prob_entropy(self, obs: torch.Tensor, actions: torch.Tensor,
-                         out: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    def log_prob_entropy(
+        self, obs: torch.Tensor, actions: torch.Tensor, out: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """log pi(a|s) and the policy entropy, both [P, B]; ``out`` reuses a forward pass's output."""
         out = self.net(obs) if out is None else out
         if self.continuous:
@@ -101,7 +102,7 @@ def gae(
     dones: torch.Tensor,
     gamma: float,
     lam: float,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized advantage estimates and returns, all [T, P, E] (see the module docstring)."""
     deltas = rewards + gamma * (1.0 - terminated) * next_values - values  # every step at once
     carry = gamma * lam * (1.0 - dones)  # what A_t+1 is weighted with in A_t
@@ -130,9 +131,12 @@ class Minibatch:
 
 
 def ppo_losses(
-    new_log_prob: torch.Tensor, entropy: torch.Tensor, new_values: torch.Tensor, mb: Minibatch,
+    new_log_prob: torch.Tensor,
+    entropy: torch.Tensor,
+    new_values: torch.Tensor,
+    mb: Minibatch,
     algo: ActorCriticConfig,
-) -> Dict[str, torch.Tensor]:
+) -> dict[str, torch.Tensor]:
     """Per-member losses and statistics ([P] each) of one minibatch: actor_loss, critic_loss,
     policy_loss, value_loss, entropy, approx_kl, clipfrac."""
     w = mb.valid
@@ -154,29 +158,41 @@ def ppo_losses(
     with torch.no_grad():
         approx_kl = masked_mean((ratio - 1) - log_ratio, w)
         clipfrac = masked_mean(((ratio - 1).abs() > algo.clip_coef).float(), w)
-    return {"actor_loss": policy_loss - algo.ent_coef * mean_entropy, "critic_loss": algo.vf_coef * value_loss,
-            "policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(),
-            "entropy": mean_entropy.detach(), "approx_kl": approx_kl, "clipfrac": clipfrac}
+    return {
+        "actor_loss": policy_loss - algo.ent_coef * mean_entropy,
+        "critic_loss": algo.vf_coef * value_loss,
+        "policy_loss": policy_loss.detach(),
+        "value_loss": value_loss.detach(),
+        "entropy": mean_entropy.detach(),
+        "approx_kl": approx_kl,
+        "clipfrac": clipfrac,
+    }
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """1 - Var(R - V) / Var(R) per member over the valid samples of [P, N] tensors."""
+
     def var(x: torch.Tensor) -> torch.Tensor:
         return masked_mean((x - masked_mean(x, w).unsqueeze(1)).square(), w)
+
     return 1.0 - var(returns - values) / var(returns).clamp(min=1e-12)
 
 
-def histograms(actor: Actor, critic: PopMLP, actor_names: List[str], critic_names: List[str], mb: Minibatch,
-               out: torch.Tensor) -> Dict[str, torch.Tensor]:
+def histograms(
+    actor: Actor, critic: PopMLP, actor_names: list[str], critic_names: list[str], mb: Minibatch, out: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """W&B histograms: the minibatch's actions, the policy's output ``out`` [P, M, A] and each
     parameter's gradient."""
-    return ({"policy/action": mb.actions.float(), "policy/output": out.detach()}
-            | {f"grad/{k}": p.grad for k, p in zip(actor_names, actor.parameters())}
-            | {f"grad/{k}": p.grad for k, p in zip(critic_names, critic.parameters())})
+    return (
+        {"policy/action": mb.actions.float(), "policy/output": out.detach()}
+        | {f"grad/{k}": p.grad for k, p in zip(actor_names, actor.parameters())}
+        | {f"grad/{k}": p.grad for k, p in zip(critic_names, critic.parameters())}
+    )
 
 
-def locate(net: Actor | PopMLP, prefix: str, names: List[str], obs: torch.Tensor, update: UpdateStats, member: int,
-           cause: str) -> Located:
+def locate(
+    net: Actor | PopMLP, prefix: str, names: list[str], obs: torch.Tensor, update: UpdateStats, member: int, cause: str
+) -> Located:
     """Where member ``member``'s non-finite update of ``net`` was born: its forward on the minibatch's
     observations [P, M, obs] layer by layer, then the loss, the gradients and the parameters after the step."""
     found = locate_nonfinite(net.net if isinstance(net, Actor) else net, prefix, member, obs[member], "rollout.obs")
@@ -253,8 +269,10 @@ def train(ctx: RunContext) -> None:
                 for group in pipe.optimizer.param_groups:
                     group["lr"] = lr * max(0.0, 1.0 - (rollout - 1) / num_updates)
             recorder.note(lr=lr * max(0.0, 1.0 - (rollout - 1) / num_updates))
-        rewards, terminated, dones, valid = (torch.from_numpy(x).to(device)  # [T, P, E]
-                                             for x in (rewards_np, terminated_np, dones_np, valid_np))
+        rewards, terminated, dones, valid = (
+            torch.from_numpy(x).to(device)  # [T, P, E]
+            for x in (rewards_np, terminated_np, dones_np, valid_np)
+        )
         with torch.no_grad():
             last_value = value_of(torch.from_numpy(ctx.obs_norm(obs)).to(device)).squeeze(-1)  # [P, E]
             next_values = torch.cat([values[1:], last_value.unsqueeze(0)])
@@ -263,8 +281,15 @@ def train(ctx: RunContext) -> None:
         def flat(x: torch.Tensor) -> torch.Tensor:  # [T, P, E, ...] -> [P, T*E, ...]
             return x.transpose(0, 1).reshape(members, T * E, *x.shape[3:])
 
-        data = Minibatch(flat(torch.from_numpy(obs_np).to(device)), flat(torch.from_numpy(actions_np).to(device)),
-                         flat(log_probs), flat(advantages), flat(returns), flat(values), flat(valid))
+        data = Minibatch(
+            flat(torch.from_numpy(obs_np).to(device)),
+            flat(torch.from_numpy(actions_np).to(device)),
+            flat(log_probs),
+            flat(advantages),
+            flat(returns),
+            flat(values),
+            flat(valid),
+        )
         rollout_stats = {"explained_variance": explained_variance(data.values, data.returns, data.valid)}
         n = T * E
         size = n // algo.num_minibatches
@@ -272,7 +297,7 @@ def train(ctx: RunContext) -> None:
         for _ in range(algo.update_epochs):
             order = np.argsort(ctx.streams.uniform(n), axis=1) + member_rows  # [P, N] rows, shuffled per member
             for start in range(0, size * algo.num_minibatches, size):
-                rows = torch.from_numpy(order[:, start:start + size].reshape(-1)).to(device)  # [P * M]
+                rows = torch.from_numpy(order[:, start : start + size].reshape(-1)).to(device)  # [P * M]
                 mb = Minibatch(*(take_rows(getattr(data, f), rows) for f in Minibatch.__dataclass_fields__))
                 diagnose = recorder.diagnose(updates)
                 recorder.inject_param(critic, step)  # debug.inject.what=param poisons the critic
@@ -289,26 +314,51 @@ def train(ctx: RunContext) -> None:
                 stats = {k: losses[k] for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")}
                 stats.update(rollout_stats)
                 recorder.record_update({"actor_": actor_update, "critic_": critic_update}, stats)
-                recorder.locate_divergence(actor_update, partial(locate, actor, "actor", actor_names, mb.obs,
-                                                                 actor_update))
-                recorder.locate_divergence(critic_update, partial(locate, critic, "critic", critic_names, mb.obs,
-                                                                  critic_update))
+                recorder.locate_divergence(
+                    actor_update, partial(locate, actor, "actor", actor_names, mb.obs, actor_update)
+                )
+                recorder.locate_divergence(
+                    critic_update, partial(locate, critic, "critic", critic_names, mb.obs, critic_update)
+                )
                 if diagnose:
-                    record = instruments(actor, critic, mb, actor_update, critic_update, actor_names, critic_names,
-                                         cfg.diagnostics.dormant_tau, low if continuous else None,
-                                         high if continuous else None)
+                    record = instruments(
+                        actor,
+                        critic,
+                        mb,
+                        actor_update,
+                        critic_update,
+                        actor_names,
+                        critic_names,
+                        cfg.diagnostics.dormant_tau,
+                        low if continuous else None,
+                        high if continuous else None,
+                    )
                     grad_norm = torch.maximum(actor_update.grad_norm_pre_clip, critic_update.grad_norm_pre_clip)
                     recorder.record_instruments(
-                        record, step, grad_norm, q_abs_max=record["v/abs_max"], reward_scale=r_max,
-                        output_layer=f"critic.{len(critic.layers) - 1}", update=updates,
-                        histograms=partial(histograms, actor, critic, actor_names, critic_names, mb, out))
+                        record,
+                        step,
+                        grad_norm,
+                        q_abs_max=record["v/abs_max"],
+                        reward_scale=r_max,
+                        output_layer=f"critic.{len(critic.layers) - 1}",
+                        update=updates,
+                        histograms=partial(histograms, actor, critic, actor_names, critic_names, mb, out),
+                    )
                 updates += 1
 
 
 def instruments(
-    actor: Actor, critic: PopMLP, mb: Minibatch, actor_update, critic_update, actor_names: List[str],
-    critic_names: List[str], tau: float, low: Optional[np.ndarray], high: Optional[np.ndarray],
-) -> Dict[str, torch.Tensor]:
+    actor: Actor,
+    critic: PopMLP,
+    mb: Minibatch,
+    actor_update,
+    critic_update,
+    actor_names: list[str],
+    critic_names: list[str],
+    tau: float,
+    low: np.ndarray | None,
+    high: np.ndarray | None,
+) -> dict[str, torch.Tensor]:
     """Per-member instrument record ([P] each): both networks' layers, the value and the policy's
     output distribution (entropy, action mean and std; for Box actions the fraction of sampled
     actions beyond the bounds, which the environment clips)."""

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Sequence
 from functools import partial
-from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -61,7 +61,11 @@ def normal(uniform: np.ndarray, shape: tuple, device: torch.device) -> torch.Ten
 
 
 def td3_target(
-    actor_target: PopMLP, critic_targets: List[PopMLP], squash: ScaledTanh, batch: Batch, algo: TD3Config,
+    actor_target: PopMLP,
+    critic_targets: list[PopMLP],
+    squash: ScaledTanh,
+    batch: Batch,
+    algo: TD3Config,
     noise: torch.Tensor,
 ) -> torch.Tensor:
     """The bootstrap target y [P, B] from standard normal ``noise`` [P, B, A] (no gradient)."""
@@ -75,24 +79,34 @@ def td3_target(
         return batch.rewards + algo.gamma * (1.0 - batch.terminated) * next_q
 
 
-def locate(nets: Sequence[PopMLP], prefixes: Sequence[str], names: List[str], obs: torch.Tensor,
-           actions: Optional[torch.Tensor], update: UpdateStats, member: int, cause: str) -> Located:
+def locate(
+    nets: Sequence[PopMLP],
+    prefixes: Sequence[str],
+    names: list[str],
+    obs: torch.Tensor,
+    actions: torch.Tensor | None,
+    update: UpdateStats,
+    member: int,
+    cause: str,
+) -> Located:
     """Where member ``member``'s non-finite update of ``nets`` was born: each network's forward on the
     batch's observations [P, B, obs] (and, for the critics, actions [P, B, A]) layer by layer, then the
     loss, the gradients and the parameters after the step."""
     for net, prefix in zip(nets, prefixes):
-        found = locate_nonfinite(net, prefix, member, obs[member], "replay.obs",
-                                 None if actions is None else actions[member])
+        found = locate_nonfinite(
+            net, prefix, member, obs[member], "replay.obs", None if actions is None else actions[member]
+        )
         if found is not None:
             return found
     return locate_in_update(cause, names, [p for net in nets for p in net.parameters()], member, update)
 
 
-def histograms(actor: PopMLP, squash: ScaledTanh, actor_names: List[str], batch: Batch) -> Dict[str, torch.Tensor]:
+def histograms(actor: PopMLP, squash: ScaledTanh, actor_names: list[str], batch: Batch) -> dict[str, torch.Tensor]:
     """W&B histograms: the actor's actions and pre-tanh outputs on the batch [P, B, A], its gradients."""
     pre_tanh = actor(batch.obs)
-    return ({"policy/action": squash(pre_tanh), "policy/pre_tanh": pre_tanh}
-            | {f"grad/{k}": p.grad for k, p in zip(actor_names, actor.parameters())})
+    return {"policy/action": squash(pre_tanh), "policy/pre_tanh": pre_tanh} | {
+        f"grad/{k}": p.grad for k, p in zip(actor_names, actor.parameters())
+    }
 
 
 def train(ctx: RunContext) -> None:
@@ -105,8 +119,9 @@ def train(ctx: RunContext) -> None:
     squash = ScaledTanh(low, high, device)
 
     actor = ctx.make_net(obs_dim, action_dim, role="actor")
-    critics = nn.ModuleList(ctx.make_net(obs_dim, 1, role="critic", extra_in=action_dim)
-                            for _ in range(2 if algo.twin else 1))
+    critics = nn.ModuleList(
+        ctx.make_net(obs_dim, 1, role="critic", extra_in=action_dim) for _ in range(2 if algo.twin else 1)
+    )
     actor_target, critic_targets = copy.deepcopy(actor), copy.deepcopy(critics)
     actor_target.requires_grad_(False), critic_targets.requires_grad_(False)
     for net in (actor, critics, actor_target, critic_targets):
@@ -148,13 +163,15 @@ def train(ctx: RunContext) -> None:
         for _ in range(algo.gradient_steps):
             batch = buffer.sample(ctx.streams.uniform(algo.batch_size))  # [P, B, ...]
             if ctx.obs_norm.enabled:  # stored raw, normalized with the current statistics
-                batch = dataclasses.replace(batch, obs=ctx.obs_norm.tensor(batch.obs),
-                                            next_obs=ctx.obs_norm.tensor(batch.next_obs))
+                batch = dataclasses.replace(
+                    batch, obs=ctx.obs_norm.tensor(batch.obs), next_obs=ctx.obs_norm.tensor(batch.next_obs)
+                )
             update_actor = (critic_updates + 1) % algo.policy_delay == 0
             diagnose = update_actor and recorder.diagnose(actor_updates)
             recorder.inject_param(critics[0], step)  # debug.inject.what=param poisons the critic
-            noise = normal(ctx.streams.uniform(algo.batch_size * action_dim),
-                           (members, algo.batch_size, action_dim), device)
+            noise = normal(
+                ctx.streams.uniform(algo.batch_size * action_dim), (members, algo.batch_size, action_dim), device
+            )
             target = td3_target(actor_target, list(critic_targets), squash, batch, algo, noise)  # [P, B]
             critics.train()
             q_pred = [c(batch.obs, batch.actions).squeeze(-1) for c in critics]  # each [P, B]
@@ -162,8 +179,10 @@ def train(ctx: RunContext) -> None:
             critic_loss = sum((q - target).square().mean(1) for q in q_pred)  # [P]
             critic_update = critic_pipe.step(critic_loss, step, diagnose)
             critic_updates += 1
-            recorder.locate_divergence(critic_update, partial(locate, critics, critic_prefixes, critic_names, batch.obs,
-                                                              batch.actions, critic_update))
+            recorder.locate_divergence(
+                critic_update,
+                partial(locate, critics, critic_prefixes, critic_names, batch.obs, batch.actions, critic_update),
+            )
             if not update_actor:
                 continue
 
@@ -173,31 +192,63 @@ def train(ctx: RunContext) -> None:
             actor.eval()
             critics.requires_grad_(True)
             actor_update = actor_pipe.step(actor_loss, step, diagnose)
-            recorder.locate_divergence(actor_update, partial(locate, [actor], ["actor"], actor_names, batch.obs, None,
-                                                             actor_update))
+            recorder.locate_divergence(
+                actor_update, partial(locate, [actor], ["actor"], actor_names, batch.obs, None, actor_update)
+            )
             soft_update_(actor_target, actor, algo.tau)
             soft_update_(critic_targets, critics, algo.tau)
             q_detached = q_pred[0].detach()
-            recorder.record_update({"actor_": actor_update, "critic_": critic_update},
-                                   {"q_mean": q_detached.mean(1), "q_max": q_detached.amax(1),
-                                    "td_abs_mean": (q_detached - target).abs().mean(1)})
+            recorder.record_update(
+                {"actor_": actor_update, "critic_": critic_update},
+                {
+                    "q_mean": q_detached.mean(1),
+                    "q_max": q_detached.amax(1),
+                    "td_abs_mean": (q_detached - target).abs().mean(1),
+                },
+            )
             if diagnose:
-                record = instruments(actor, critics, critic_targets, squash, batch, target, actor_update,
-                                     critic_update, actor_names, critic_names, critic_prefixes,
-                                     cfg.diagnostics.dormant_tau)
+                record = instruments(
+                    actor,
+                    critics,
+                    critic_targets,
+                    squash,
+                    batch,
+                    target,
+                    actor_update,
+                    critic_update,
+                    actor_names,
+                    critic_names,
+                    critic_prefixes,
+                    cfg.diagnostics.dormant_tau,
+                )
                 grad_norm = torch.maximum(actor_update.grad_norm_pre_clip, critic_update.grad_norm_pre_clip)
                 recorder.record_instruments(
-                    record, step, grad_norm, q_abs_max=record["q/abs_max"], reward_scale=r_max,
-                    output_layer=f"critic.{len(critics[0].layers) - 1}", update=actor_updates,
-                    histograms=partial(histograms, actor, squash, actor_names, batch))
+                    record,
+                    step,
+                    grad_norm,
+                    q_abs_max=record["q/abs_max"],
+                    reward_scale=r_max,
+                    output_layer=f"critic.{len(critics[0].layers) - 1}",
+                    update=actor_updates,
+                    histograms=partial(histograms, actor, squash, actor_names, batch),
+                )
             actor_updates += 1
 
 
 def instruments(
-    actor: PopMLP, critics: nn.ModuleList, critic_targets: nn.ModuleList, squash: ScaledTanh, batch: Batch,
-    target: torch.Tensor, actor_update: UpdateStats, critic_update: UpdateStats, actor_names: List[str],
-    critic_names: List[str], critic_prefixes: List[str], tau: float,
-) -> Dict[str, torch.Tensor]:
+    actor: PopMLP,
+    critics: nn.ModuleList,
+    critic_targets: nn.ModuleList,
+    squash: ScaledTanh,
+    batch: Batch,
+    target: torch.Tensor,
+    actor_update: UpdateStats,
+    critic_update: UpdateStats,
+    actor_names: list[str],
+    critic_names: list[str],
+    critic_prefixes: list[str],
+    tau: float,
+) -> dict[str, torch.Tensor]:
     """Per-member instrument record ([P] each): actor and critic layers, Q and TD-error statistics,
     the online - target gap, and the actor's output distribution (mean, std, and the fraction
     saturated: |tanh| > 0.99, where the squashing's gradient has all but vanished)."""
@@ -212,9 +263,17 @@ def instruments(
     with torch.no_grad():
         q = q_all[0]  # [P, B]
         td = q - target
-        stats.update({"q/mean": q.mean(1), "q/min": q.amin(1), "q/max": q.amax(1),
-                      "q/abs_max": torch.stack(q_all).abs().amax((0, 2)), "td/mean": td.mean(1),
-                      "td/std": td.std(1), "td/abs_max": td.abs().amax(1)})
+        stats.update(
+            {
+                "q/mean": q.mean(1),
+                "q/min": q.amin(1),
+                "q/max": q.amax(1),
+                "q/abs_max": torch.stack(q_all).abs().amax((0, 2)),
+                "td/mean": td.mean(1),
+                "td/std": td.std(1),
+                "td/abs_max": td.abs().amax(1),
+            }
+        )
         stats["q/online_target_gap"] = (q - critic_targets[0](batch.obs, batch.actions).squeeze(-1)).mean(1)
         squashed = torch.tanh(pre_tanh)  # [P, B, A]
         stats["policy/mean"] = squashed.mean((1, 2))
