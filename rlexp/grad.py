@@ -13,7 +13,6 @@ diverged and frozen while the others go on bitwise unchanged.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -32,10 +31,6 @@ from rlexp.config import (
     require_choice,
 )
 from rlexp.optim import make_optimizer
-
-# A member's gradient is a strided view into the pipeline's flat gradient buffer; backward adds into
-# it in place, which torch reports (once) as a layout mismatch. Nothing is copied or lost.
-warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout contract")
 
 CAUSES = (
     "none",

@@ -18,7 +18,6 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,8 @@ import yaml
 
 from rlexp.config import NON_CELL_KEYS
 from rlexp.loggers import WANDB_MODES
+from rlexp.report_data import CellStats, Job, Report
+from rlexp.report_html import render_html
 
 # settings that never make a cell besides NON_CELL_KEYS (the trainer's): the env, a task (a column of the
 # score matrix) rather than a cell, and Hydra's own keys
@@ -134,22 +135,6 @@ def parse_overrides(lines: Any) -> dict[str, str]:
 def _cell_key(key: str) -> bool:
     non_cell = any(key == k or key.startswith(f"{k}.") for k in NON_CELL_KEYS)
     return not non_cell and key not in TASK_KEYS and not key.startswith("hydra")
-
-
-@dataclass
-class Job:
-    """One job dir of the grid, read defensively."""
-
-    dir: Path
-    name: str  # the dir relative to the report's root ("0", "1", …; "." for a single run)
-    status: str  # ok | diverged | crashed
-    error: str | None
-    env: str
-    settings: dict[str, str]  # group choices and overrides, without the ignored keys
-    members: list[dict[str, Any]]
-    cell: str = ""
-    project: str = "rlexp"
-    entity: str | None = None
 
 
 def _is_job_dir(path: Path) -> bool:
@@ -416,22 +401,6 @@ def iqm(values: Sequence[float]) -> float:
     return iqm_fast(np.asarray(values, dtype=float)) if len(values) else float("nan")
 
 
-@dataclass
-class CellStats:
-    """Per-cell figures for the tables, the heatmaps and W&B."""
-
-    cell: str
-    members: int  # non-crashed members
-    scored: int  # members with a final return
-    diverged: int
-    divergence_rate: float  # diverged / members (NaN without members)
-    iqm: float = float("nan")
-    ci: tuple[float, float] = (float("nan"), float("nan"))
-    median_return: float = float("nan")
-    median_diverged_step: float = float("nan")
-    causes: Counter = field(default_factory=Counter)  # "cause@where" -> count
-
-
 def cell_stats(
     rows: Sequence[dict[str, Any]], cells: Sequence[str], estimates: dict[str, tuple[float, float, float]]
 ) -> list[CellStats]:
@@ -663,31 +632,6 @@ def log_to_wandb(report: Report, mode: str, timeout: float) -> Path | None:
 
 
 # ----------------------------------------------------------------------------- the report
-@dataclass
-class Report:
-    """Everything the page, the CSV and W&B show."""
-
-    root: Path
-    jobs: list[Job]
-    keys: list[str]  # cell keys (swept, not implied)
-    varying: list[str]  # every varying key (rows/cols may use any)
-    rows: list[dict[str, Any]]
-    columns: list[str]
-    tasks: list[str]
-    cells: list[CellStats]
-    row_key: str | None
-    col_key: str | None
-    reps: int
-    seed: int
-    status_counts: dict[str, int]
-    poi: tuple[str, str, tuple[float, float, float]] | None = None
-    best: CellStats | None = None
-    worst: CellStats | None = None
-    figures: dict[str, Path] = field(default_factory=dict)
-    curve_metric: str = "episode/return_last10"
-    seconds: float = 0.0
-
-
 def _values_in_order(rows: Sequence[dict[str, Any]], key: str | None) -> list[str]:
     if key is None:
         return [""]
@@ -851,8 +795,6 @@ def draw_figures(report: Report, scores: dict[str, np.ndarray]) -> None:
 
 def write_outputs(report: Report) -> Path:
     """grid.csv and report.html in the report's dir; returns the HTML's path."""
-    from rlexp.report_html import render_html
-
     write_csv(report.rows, report.columns, report.root / "grid.csv")
     path = report.root / "report.html"
     path.write_text(render_html(report))

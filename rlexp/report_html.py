@@ -7,10 +7,9 @@ import math
 from collections.abc import Iterable, Sequence
 from html import escape
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from rlexp.report import CellStats, Report
+from rlexp.report_data import CellStats, Report
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 24px auto;

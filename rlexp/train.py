@@ -8,7 +8,8 @@ the process-wide state:
 - the garbage collector: off while ``python -m rlexp.train`` imports torch and Hydra (~200k objects
   that all live on), then those are frozen out of every later collection and it is back on; each job
   freezes what exists before it trains (a sweep's worker processes never run this module as main);
-- torch's intra-op threads: ``threads`` (0 = torch's default, -1 = ``population_threads``).
+- torch's intra-op threads: ``threads`` (0 = torch's default, -1 = ``population_threads``);
+- the warnings filter: torch's note on the gradient layout of the pipelines' flat buffers is silenced.
 
 Importing this module does nothing else.
 """
@@ -22,6 +23,7 @@ if __name__ == "__main__":
     gc.disable()  # the imports below make ~200k objects (torch, hydra) that all live on: no collections meanwhile
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +54,15 @@ def population_threads(members: int) -> int:
 
 
 def set_process_state(cfg: DictConfig) -> None:
-    """Before a job: torch's threads from ``cfg.threads``, and the collector kept off every object that
-    exists now (imports, Hydra's config, ...) for the rest of the process."""
+    """Before a job: torch's threads from ``cfg.threads``, the collector kept off every object that
+    exists now (imports, Hydra's config, ...) for the rest of the process, and torch's note on the
+    gradient layout silenced (a member's gradient is a strided view into its pipeline's flat buffer,
+    which backward adds into in place: nothing is copied or lost)."""
     threads = population_threads(cfg.num_seeds) if cfg.threads == -1 else cfg.threads
     if threads > 0:
         torch.set_num_threads(threads)
     gc.freeze()
+    warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout contract")
 
 
 def prepare(cfg: DictConfig) -> tuple[Algorithm, torch.device]:
