@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from rlexp.component import Component, HostForward
-from rlexp.config import ActivationConfig, ELUConfig, LeakyReLUConfig, require_choice
+from rlexp.config import ActivationConfig, ELUConfig, LeakyReLUConfig, require, require_choice
 
 Function = Callable[[torch.Tensor], torch.Tensor]
 # (grad wrt the output, pre-activation h, output y, config) -> grad wrt h
@@ -116,8 +116,16 @@ ACTIVATIONS: dict[str, Activation] = {
 
 
 def check_activation(cfg: ActivationConfig, key: str = "activation") -> None:
-    """Refuse an activation config whose name is not in the registry (ConfigError at ``key``.name)."""
+    """Refuse a name not in the registry, a leaky slope outside [0, 1) and an ELU alpha <= 0, whichever
+    option is chosen (ConfigError at ``key``.<field>)."""
     require_choice(cfg.name, f"{key}.name", ACTIVATIONS)
+    require(
+        0 <= cfg.negative_slope < 1,
+        f"{key}.negative_slope",
+        cfg.negative_slope,
+        "a value in [0, 1): the slope for x < 0 of a rectifier",
+    )
+    require(cfg.alpha > 0, f"{key}.alpha", cfg.alpha, "a value > 0")
 
 
 def activation_gain(cfg: ActivationConfig) -> float:

@@ -1,15 +1,20 @@
 """Value checks, once, before any work: each failure is a ConfigError naming the key and the fix.
 
-Hydra's structured configs already refuse unknown keys and wrong types. ``validate`` walks the config
-groups and calls each registry's own check (``check_clipping`` beside the clippers, ...), then the
-checks of the top-level keys and of combinations that cannot work.
+Hydra's structured configs already refuse unknown keys and wrong types. ``validate`` refuses a
+non-finite float anywhere, walks the config groups and calls each registry's own check
+(``check_clipping`` beside the clippers, ...), then checks every other key's domain and the
+combinations that cannot work. Every numeric key has a domain, whichever option or algorithm reads it:
+``tests/test_config.py`` tries a value outside it for each.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import re
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import gymnasium as gym
 import torch
@@ -35,12 +40,6 @@ def _positive(cfg: DictConfig, prefix: str, keys: Iterable[str]) -> None:
 def _non_negative(cfg: DictConfig, prefix: str, keys: Iterable[str]) -> None:
     for k in keys:
         require(cfg[k] >= 0, f"{prefix}.{k}", cfg[k], "a value >= 0")
-
-
-def _fraction(cfg: DictConfig, prefix: str, keys: Iterable[str], closed_high: bool = False) -> None:
-    for k in keys:
-        ok = 0 <= cfg[k] <= 1 if closed_high else 0 <= cfg[k] < 1
-        require(ok, f"{prefix}.{k}", cfg[k], "a value in [0, 1]" if closed_high else "a value in [0, 1)")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -81,9 +80,31 @@ GROUP_CHECKS: dict[str, Callable[[DictConfig, str], None]] = {
 }
 
 
+def _check_finite(node: DictConfig, prefix: str = "") -> None:
+    """Refuse nan and +-inf in every float key (env.kwargs, gymnasium's own, excepted)."""
+    for key in node.keys():
+        path = f"{prefix}{key}"
+        if path in ("hydra", "env.kwargs"):
+            continue
+        value = node[key]
+        if isinstance(value, DictConfig):
+            _check_finite(value, f"{path}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(path, f"{value!r} is not a finite number", f"set {path} to a finite number")
+
+
+def _check_widths(hidden: Any, key: str, fallback: str = "") -> None:
+    """A list of hidden widths: at least one, each >= 1."""
+    widths = list(hidden)
+    need = "a network needs at least one hidden layer"
+    require(len(widths) >= 1, key, widths, f"a list of at least one width{fallback}: {need}")
+    require(all(h >= 1 for h in widths), key, widths, f"a list of widths >= 1{fallback}")
+
+
 def validate(cfg: DictConfig) -> None:
     """Check every value of a composed config; raises ConfigError on the first bad one."""
     _check_known_keys(cfg)
+    _check_finite(cfg)
     for group, check in GROUP_CHECKS.items():
         check(cfg[group], group)
     for group in ("network", "algo", "divergence"):
@@ -92,15 +113,20 @@ def validate(cfg: DictConfig) -> None:
     require(cfg.total_steps >= 1, "total_steps", cfg.total_steps, "an integer >= 1")
     require(cfg.num_seeds >= 1, "num_seeds", cfg.num_seeds, "an integer >= 1")
     require(cfg.seed >= 0, "seed", cfg.seed, "an integer >= 0")
+    cores = len(os.sched_getaffinity(0))
     require(
-        cfg.threads >= -1, "threads", cfg.threads, "an integer >= -1 (0 = torch's default, -1 = by population size)"
+        -1 <= cfg.threads <= cores,
+        "threads",
+        cfg.threads,
+        f"an integer in [-1, {cores}]: at most {cores}, the cores this process may use "
+        "(0 = torch's default, -1 = by population size)",
     )
     resolve_device(cfg.device)
 
     _non_negative(cfg.regularization, "regularization", ("l1", "l2"))
 
     net = cfg.network
-    require(all(h >= 1 for h in net.hidden), "network.hidden", list(net.hidden), "a list of widths >= 1")
+    _check_widths(net.hidden, "network.hidden")
     require(net.output_scale != 0, "network.output_scale", net.output_scale, "a non-zero factor")
 
     log = cfg.logger
@@ -108,14 +134,25 @@ def validate(cfg: DictConfig) -> None:
         require_choice(log.mode, "logger.mode", WANDB_MODES)
     require_choice(log.progress, "logger.progress", ("auto", "rich", "plain", "off"))
     require(log.log_every >= 1, "logger.log_every", log.log_every, "an integer >= 1 (env steps)")
+    require(log.init_timeout > 0, "logger.init_timeout", log.init_timeout, "a value > 0 (seconds)")
 
-    require(cfg.env.num_envs >= 1, "env.num_envs", cfg.env.num_envs, "an integer >= 1")
+    env = cfg.env
+    require(env.num_envs >= 1, "env.num_envs", env.num_envs, "an integer >= 1")
+    if env.max_episode_steps is not None:
+        require(
+            env.max_episode_steps >= 1,
+            "env.max_episode_steps",
+            env.max_episode_steps,
+            "an integer >= 1 (or null for the env's own limit)",
+        )
     diag, div, inject = cfg.diagnostics, cfg.divergence, cfg.debug.inject
     require(diag.every >= 0, "diagnostics.every", diag.every, "an integer >= 0 (0 = off)")
     require(diag.histogram_every >= 0, "diagnostics.histogram_every", diag.histogram_every, "an integer >= 0")
     require(0 <= diag.dormant_tau < 1, "diagnostics.dormant_tau", diag.dormant_tau, "a value in [0, 1)")
     _positive(div, "divergence", ("q_bound_factor", "grad_norm_bound", "patience"))
     require_choice(inject.what, "debug.inject.what", ("none", "param", "grad", "obs"))
+    require(inject.member >= -1, "debug.inject.member", inject.member, "-1 (none) or a member index")
+    require(inject.step >= -1, "debug.inject.step", inject.step, "-1 (none) or an env step >= 0")
     if inject.what != "none":
         require(
             0 <= inject.member < cfg.num_seeds,
@@ -139,13 +176,14 @@ def validate(cfg: DictConfig) -> None:
     for key in ("obs_norm", "reward_norm"):
         _positive(cfg[key], key, ("clip",))
     _validate_networks(cfg)
+    _check_algo(cfg.algo)
     check_env_id(cfg.env.id)
     {
         "dqn": _validate_dqn,
         "ppo": _validate_actor_critic,
         "a2c": _validate_actor_critic,
-        "ddpg": _validate_td3,
-        "td3": _validate_td3,
+        "ddpg": _validate_replay,
+        "td3": _validate_replay,
     }[cfg.algo.name](cfg)
     _validate_action_space(cfg)
 
@@ -158,12 +196,7 @@ def _validate_networks(cfg: DictConfig) -> None:
             if node[group] is not None:
                 require_choice(node[group], f"{role}.{group}", SCHEMAS[group])
         if node.hidden is not None:
-            require(
-                all(h >= 1 for h in node.hidden),
-                f"{role}.hidden",
-                list(node.hidden),
-                "a list of widths >= 1 (or null for network.hidden)",
-            )
+            _check_widths(node.hidden, f"{role}.hidden", " (or null for network.hidden)")
         if node.last_layer_gain is not None:
             require(node.last_layer_gain > 0, f"{role}.last_layer_gain", node.last_layer_gain, "a value > 0 (or null)")
     depth = len(cfg.critic.hidden if cfg.critic.hidden is not None else cfg.network.hidden)
@@ -187,10 +220,54 @@ def _require_batch_statistics(cfg: DictConfig, key: str, batch: int) -> None:
             )
 
 
+Domain = tuple[Callable[[Any], bool], str]  # (is the value in it?, what fits, for the message)
+COUNT: Domain = (lambda v: v >= 1, "an integer >= 1")
+STEPS: Domain = (lambda v: v >= 0, "an integer >= 0 (env steps)")
+POSITIVE: Domain = (lambda v: v > 0, "a value > 0")
+NON_NEGATIVE: Domain = (lambda v: v >= 0, "a value >= 0")
+UNIT: Domain = (lambda v: 0 <= v <= 1, "a value in [0, 1]")
+UNIT_OPEN_LOW: Domain = (lambda v: 0 < v <= 1, "a value in (0, 1]")
+
+# every numeric algo key -> its domain, checked whichever algorithm runs (a key an algorithm does not
+# read keeps its meaning for the one that does)
+ALGO_DOMAINS: dict[str, Domain] = {
+    "gamma": UNIT,
+    "buffer_size": COUNT,
+    "batch_size": COUNT,
+    "learning_starts": STEPS,
+    "train_frequency": COUNT,
+    "gradient_steps": COUNT,
+    "tau": UNIT_OPEN_LOW,
+    "start_e": UNIT,
+    "end_e": UNIT,
+    "exploration_fraction": UNIT_OPEN_LOW,
+    "target_update_period": COUNT,
+    "huber_delta": POSITIVE,
+    "clip_delta": (lambda v: v >= 0, "a value >= 0 (0 = no clipping)"),
+    "r_max": POSITIVE,
+    "num_steps": COUNT,
+    "gae_lambda": UNIT,
+    "update_epochs": COUNT,
+    "num_minibatches": COUNT,
+    "clip_coef": POSITIVE,
+    "ent_coef": NON_NEGATIVE,
+    "vf_coef": NON_NEGATIVE,
+    "anneal_steps": (lambda v: v is None or v >= 1, "an integer >= 1 (or null for total_steps)"),
+    "exploration_noise": NON_NEGATIVE,
+    "policy_delay": COUNT,
+    "target_noise": (lambda v: v >= 0, "a value >= 0 (0 = off)"),
+    "target_noise_clip": NON_NEGATIVE,
+}
+
+
+def _check_algo(algo: DictConfig) -> None:
+    """Every numeric algo key in its domain (``ALGO_DOMAINS``)."""
+    for key, (ok, rule) in ALGO_DOMAINS.items():
+        require(ok(algo[key]), f"algo.{key}", algo[key], rule)
+
+
 def _validate_actor_critic(cfg: DictConfig) -> None:
     algo = cfg.algo
-    for k in ("num_steps", "update_epochs", "num_minibatches"):
-        require(algo[k] >= 1, f"algo.{k}", algo[k], "an integer >= 1")
     batch = algo.num_steps * cfg.env.num_envs
     if algo.num_minibatches > batch:
         raise ConfigError(
@@ -199,11 +276,6 @@ def _validate_actor_critic(cfg: DictConfig) -> None:
             "lower algo.num_minibatches",
         )
     _require_batch_statistics(cfg, "algo.num_minibatches", batch // algo.num_minibatches)
-    _fraction(algo, "algo", ("gamma", "gae_lambda"), closed_high=True)
-    if algo.anneal_steps is not None:
-        require(algo.anneal_steps >= 1, "algo.anneal_steps", algo.anneal_steps, "an integer >= 1 (or null)")
-    _positive(algo, "algo", ("clip_coef",))
-    _non_negative(algo, "algo", ("ent_coef", "vf_coef"))
     if batch > cfg.total_steps:
         raise ConfigError(
             "total_steps",
@@ -212,14 +284,9 @@ def _validate_actor_critic(cfg: DictConfig) -> None:
         )
 
 
-def _validate_replay(cfg: DictConfig, counts: Iterable[str]) -> None:
-    """Checks every replay-based algorithm shares: counts >= 1, gamma, tau, the batch, learning_starts."""
+def _validate_replay(cfg: DictConfig) -> None:
+    """Combinations every replay-based algorithm needs: a batch the buffer holds, learning before the end."""
     algo = cfg.algo
-    for k in ("buffer_size", "batch_size", "train_frequency", "gradient_steps", *counts):
-        require(algo[k] >= 1, f"algo.{k}", algo[k], "an integer >= 1")
-    _fraction(algo, "algo", ("gamma",), closed_high=True)
-    require(0 < algo.tau <= 1, "algo.tau", algo.tau, "a value in (0, 1]")
-    require(algo.learning_starts >= 0, "algo.learning_starts", algo.learning_starts, "an integer >= 0")
     if algo.batch_size > algo.buffer_size:
         raise ConfigError(
             "algo.batch_size",
@@ -235,22 +302,10 @@ def _validate_replay(cfg: DictConfig, counts: Iterable[str]) -> None:
         )
 
 
-def _validate_td3(cfg: DictConfig) -> None:
-    _validate_replay(cfg, ("policy_delay",))
-    _non_negative(cfg.algo, "algo", ("exploration_noise", "target_noise", "target_noise_clip"))
-
-
 def _validate_dqn(cfg: DictConfig) -> None:
-    _validate_replay(cfg, ("target_update_period",))
-    algo = cfg.algo
-    _fraction(algo, "algo", ("start_e", "end_e"), closed_high=True)
-    require(
-        0 < algo.exploration_fraction <= 1, "algo.exploration_fraction", algo.exploration_fraction, "a value in (0, 1]"
-    )
-    require_choice(algo.target_update, "algo.target_update", ("hard", "soft"))
-    require_choice(algo.loss, "algo.loss", ("mse", "huber"))
-    _positive(algo, "algo", ("huber_delta", "r_max"))
-    _non_negative(algo, "algo", ("clip_delta",))
+    _validate_replay(cfg)
+    require_choice(cfg.algo.target_update, "algo.target_update", ("hard", "soft"))
+    require_choice(cfg.algo.loss, "algo.loss", ("mse", "huber"))
 
 
 def action_kind(space: gym.Space) -> str:

@@ -244,7 +244,7 @@ class NetworkConfig:
     """The network's shape, shared by every network of a job."""
 
     name: str = knob(MISSING, NAME_HELP)
-    hidden: list[int] = knob([64, 64], "widths of the hidden layers")
+    hidden: list[int] = knob([64, 64], "widths of the hidden layers (at least one)")
     residual: bool = knob(False, "hidden layers of equal width become x + act(norm(fc(x)))")
     output_scale: float = knob(1.0, "the output layer's result is multiplied by this")
     linear_last_hidden: bool = knob(False, "the last hidden layer has no activation (the seed critic's)")
@@ -413,7 +413,7 @@ class DivergenceConfig:
 @dataclass
 class InjectConfig:
     member: int = knob(-1, "the member to poison (-1 = none)")
-    step: int = knob(-1, "env step at (or first update at/after) which to poison it")
+    step: int = knob(-1, "env step at (or first update at/after) which to poison it (-1 = none)")
     what: str = knob("none", "none | param | grad | obs")
 
 
@@ -463,5 +463,7 @@ class Config:
     seed: int = knob(0, "member k is seeded with seed + k")
     num_seeds: int = knob(1, "population size P: members trained together in one process")
     device: str = knob("auto", "auto | cpu | cuda | cuda:N")
-    threads: int = knob(1, "torch intra-op threads; 0 = torch's default; -1 = one per 8 members, at most the cores")
+    threads: int = knob(
+        1, "torch intra-op threads, at most the cores this process may use; 0 = torch's default; -1 = one per 8 members"
+    )
     resume: bool = knob(False, "skip jobs whose dir holds a finished job (else starting there is refused)")

@@ -1,32 +1,51 @@
-"""A job's directory: finished or not, resume, refusal, crash records.
+"""A job's directory: one writer, finished or not, resume, refusal, corruption, crash records.
 
-A job dir is *finished* when its ``summary.json`` says ``ok`` or ``diverged``. Starting a job there
-is refused unless ``resume=true``, which returns the recorded summary and touches no file (Hydra
-skips its ``.hydra/`` record there too: see ``hydra_subdir``). An earlier attempt that did not
-finish (interrupted, killed, crashed) loses nothing: its files move into ``attempt_<n>/`` before the
-job starts again.
+A job holds an exclusive lock on its dir (``.lock``, ``hold_dir``) from before it moves or writes
+anything until it ends; a second process aiming at the same dir is refused. A job dir is *finished*
+when its ``summary.json`` says ``ok`` or ``diverged`` and it and its members' files are intact.
+Starting a job there is refused unless ``resume=true``, which returns the recorded summary and
+touches no file (Hydra skips its ``.hydra/`` record there too: see ``hydra_subdir``). An earlier
+attempt that did not finish (interrupted, killed, crashed) or whose files are corrupt loses nothing:
+its files move into ``attempt_<n>/`` before the job starts again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import os
 import re
+import socket
+import sys
+import tempfile
 import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
+from omegaconf import DictConfig
 
 from rlexp.config import NON_CELL_KEYS, SEED_KEYS, ConfigError
 
 FINISHED = ("ok", "diverged")
+STATUSES = (*FINISHED, "crashed")
 HYDRA_SUBDIR = ".hydra"
+LOCK = ".lock"
+CORRUPT = "corrupt.txt"
 ATTEMPT = re.compile(r"attempt_(\d+)")
 # keys that may differ between a finished job and its resumption: they pick the machine or the console
 RESUME_IGNORES = tuple(key for key in NON_CELL_KEYS if key not in SEED_KEYS)
+# keys a member's summary.json always holds (docs/outputs.md): without one it is corrupt
+MEMBER_KEYS = (
+    "status", "seed", "member", "steps", "final_return", "episodes", "wall_s", "diverged_at_step", "divergence",
+)  # fmt: skip
 _ABSENT = "<absent>"
+_HELD: dict[Path, int] = {}  # job dir (resolved) -> the descriptor of its .lock, locked by this process
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -37,29 +56,232 @@ def write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def read_summary(out_dir: Path) -> dict[str, Any] | None:
-    """The job summary recorded in ``out_dir``, or None (none, or unreadable)."""
+# ---------------------------------------------------------------- one writer per job dir
+def _unwritable(path: Path, exc: OSError, dir_key: str) -> ConfigError:
+    code = errno.errorcode.get(exc.errno, str(exc.errno)) if exc.errno is not None else type(exc).__name__
+    return ConfigError(
+        dir_key,
+        f"cannot create or write {path}: {code} ({exc.strerror or exc})",
+        f"set {dir_key} to a directory this process can create and write",
+    )
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock whose file is open as ``fd``: the pid and host it wrote there, or 'another
+    process' while the file says nothing yet, or still names a dead process of this host (a new holder
+    has taken the lock over and not written yet)."""
     try:
-        summary = json.loads((out_dir / "summary.json").read_text())
-    except (OSError, ValueError):
+        held = json.loads(os.pread(fd, 4096, 0))
+        pid, host = int(held["pid"]), str(held["host"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return "another process"
+    if host == socket.gethostname():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return "another process"
+        except PermissionError:  # alive, another user's
+            pass
+    return f"pid {pid} on host {host}"
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """True when ``path`` still names the file open as ``fd`` (a releasing holder removes it)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
+
+
+def hold_dir(out_dir: Path, dir_key: str | None = None) -> None:
+    """Take this process's exclusive lock on the job dir ``out_dir`` (made if missing), for the job's lifetime.
+
+    The lock is ``flock`` on ``<out_dir>/.lock``, which then holds ``{"pid": …, "host": …}``. The kernel
+    drops it when the holder dies, so a lock left by a killed job is taken over (its file's old content is
+    overwritten). Holding it already: nothing. A ConfigError at ``dir_key`` (default: the key that picks
+    this job's dir) when another live process holds it, naming that process, or when the dir cannot be
+    made or written, naming the errno.
+    """
+    path = out_dir.resolve()
+    if path in _HELD:
+        return
+    dir_key = dir_key or _dir_key()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if _same_file(fd, path / LOCK):
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode(), 0)
+                    break
+            except BlockingIOError:
+                holder = _holder(fd)
+                os.close(fd)
+                raise ConfigError(
+                    dir_key,
+                    f"{out_dir} is in use by {holder} (it holds {out_dir / LOCK})",
+                    f"wait for that job to end, or set {dir_key} to another directory",
+                ) from None
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)  # its holder removed the file between our open and our lock: lock the new one
+    except OSError as exc:
+        raise _unwritable(out_dir, exc, dir_key) from None
+    _HELD[path] = fd
+
+
+def release_dir(out_dir: Path) -> None:
+    """Drop this process's lock on ``out_dir`` and remove its ``.lock`` (nothing when it holds none)."""
+    path = out_dir.resolve()
+    fd = _HELD.pop(path, None)
+    if fd is None:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            (path / LOCK).unlink()  # while still locked: whoever locks next makes a fresh file
+    finally:
+        os.close(fd)
+
+
+def check_writable(out_dir: Path, dir_key: str) -> None:
+    """Make ``out_dir`` if missing and write (then remove) an empty file there; a ConfigError at ``dir_key``
+    naming the dir and the errno when that fails."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write_check"):
+            pass
+    except OSError as exc:
+        raise _unwritable(out_dir, exc, dir_key) from None
+
+
+def _refuse(check: Callable[[], None]) -> None:
+    """Run ``check``; a ConfigError is printed as its one line and the process exits with code 2."""
+    try:
+        check()
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+class JobDirCheck(Callback):
+    """Hydra callback, before Hydra makes or writes any output dir: a single run takes its job dir's lock
+    (``hold_dir``), a multirun checks that its sweep dir can be written. A refusal is one line and exit code 2."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _refuse(lambda: hold_dir(Path(config.hydra.run.dir), "hydra.run.dir"))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _refuse(lambda: check_writable(Path(config.hydra.sweep.dir), "hydra.sweep.dir"))
+
+
+# ---------------------------------------------------------------- finished, unfinished or corrupt
+def _json_kind(value: Any) -> str:
+    return {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
+
+
+def _read_object(path: Path, keys: Sequence[str] = ("status",)) -> tuple[dict[str, Any] | None, str | None]:
+    """(the JSON object in ``path``, None), or (None, what is wrong with it): missing, not JSON, not an
+    object, missing key <k>, unknown status."""
+    try:
+        obj = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None, "missing"
+    except OSError as exc:
+        return None, f"unreadable ({exc.strerror})"
+    except ValueError as exc:  # cut off, garbage, not UTF-8
+        return None, f"not JSON ({exc})"
+    if not isinstance(obj, dict):
+        return None, f"not an object ({_json_kind(obj)})"
+    missing = [key for key in keys if key not in obj]
+    if missing:
+        return None, f"missing key {', '.join(missing)}"
+    if obj["status"] not in STATUSES:
+        return None, f"unknown status {obj['status']!r}"
+    return obj, None
+
+
+def _last_line_problem(path: Path) -> str | None:
+    """What is wrong with the end of a JSON-lines file: missing, its last line cut off or not a JSON
+    object; None when intact (an empty file is)."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            tail, start = b"", size
+            while start > 0 and b"\n" not in tail[:-1]:  # read back to the line before the last one
+                start = max(0, start - 65536)
+                f.seek(start)
+                tail = f.read(size - start)
+    except FileNotFoundError:
+        return "missing"
+    except OSError as exc:
+        return f"unreadable ({exc.strerror})"
+    if not tail:
         return None
-    return summary if isinstance(summary, dict) else None
+    if not tail.endswith(b"\n"):
+        return "last line cut off (no newline at its end)"
+    try:
+        record = json.loads(tail[:-1].rsplit(b"\n", 1)[-1])
+    except ValueError:
+        return "last line is not JSON"
+    return None if isinstance(record, dict) else "last line is not a JSON object"
+
+
+def _members_problem(out_dir: Path, job: dict[str, Any]) -> str | None:
+    """The first corrupt member file of a finished job, as '<file>: <what is wrong>'; None when all of its
+    ``num_seeds`` members' files are intact."""
+    seeds = job.get("num_seeds", 0)  # a summary without it names no member files
+    if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 0:
+        return f"summary.json: num_seeds is {seeds!r}, not a member count"
+    for k in range(seeds):
+        for name, problem in (
+            ("summary.json", _read_object(out_dir / f"seed_{k}" / "summary.json", MEMBER_KEYS)[1]),
+            ("metrics.jsonl", _last_line_problem(out_dir / f"seed_{k}" / "metrics.jsonl")),
+        ):
+            if problem is not None:
+                return f"seed_{k}/{name}: {problem}"
+    return None
+
+
+def inspect_job(out_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """The job recorded in ``out_dir``: (its summary, None) when it finished (ok or diverged) and its files
+    are intact; (None, None) when it did not finish (no summary.json, or crashed); (None, '<file>: <what
+    is wrong>') when its summary.json, or a finished job's member summary or metrics.jsonl, is corrupt."""
+    path = out_dir / "summary.json"
+    if not path.exists():
+        return None, None
+    job, problem = _read_object(path)
+    if job is None:
+        return None, f"summary.json: {problem}"
+    if job["status"] not in FINISHED:
+        return None, None
+    problem = _members_problem(out_dir, job)
+    return (None, problem) if problem else (job, None)
 
 
 def is_finished(out_dir: Path) -> bool:
-    """True when ``out_dir`` holds a job whose summary says ok or diverged."""
-    summary = read_summary(out_dir)
-    return summary is not None and summary.get("status") in FINISHED
+    """True when ``out_dir`` holds a job whose summary says ok or diverged and whose files are intact."""
+    return inspect_job(out_dir)[0] is not None
 
 
 def hydra_subdir() -> str | None:
-    """``hydra.output_subdir`` of a job: ``.hydra``, or None (Hydra writes no config record) when
-    the job's dir already holds a finished job, so that neither a resume nor a refusal touches it."""
+    """``hydra.output_subdir`` of a job: ``.hydra``, or None (Hydra writes no config record) when the job's
+    dir already holds a finished job, so that neither a resume nor a refusal touches it, or when another
+    process holds the dir (the job runner then refuses the job). Hydra asks once it has made the dir and
+    before it writes there: the job takes the dir's lock here (``hold_dir``) and its runner releases it."""
     try:
-        out_dir = HydraConfig.get().runtime.output_dir
+        out_dir = Path(HydraConfig.get().runtime.output_dir)
     except Exception:  # outside a job (--cfg, compose): the output dir is not set
         return HYDRA_SUBDIR
-    return None if is_finished(Path(out_dir)) else HYDRA_SUBDIR
+    try:
+        hold_dir(out_dir)
+    except ConfigError:  # in use, or not writable: the runner refuses the job in one line
+        return None
+    return None if is_finished(out_dir) else HYDRA_SUBDIR
 
 
 def _dir_key() -> str:
@@ -91,13 +313,14 @@ def config_difference(recorded: dict[str, Any], current: dict[str, Any]) -> tupl
     return None
 
 
-def move_aside(out_dir: Path) -> Path | None:
-    """Move an unfinished earlier attempt's files (all but ``.hydra/`` and earlier attempts) into
-    ``out_dir/attempt_<n>/``; returns that dir, or None when there was nothing to move."""
+def move_aside(out_dir: Path, corrupt: str | None = None) -> Path | None:
+    """Move an earlier attempt's files (all but ``.hydra/``, ``.lock`` and earlier attempts) into
+    ``out_dir/attempt_<n>/``; returns that dir, or None when there was nothing to move. ``corrupt``
+    ('<file>: <what is wrong>') marks a corrupt attempt: it is printed and kept in ``attempt_<n>/corrupt.txt``."""
     if not out_dir.is_dir():
         return None
     entries = list(out_dir.iterdir())
-    leftovers = [p for p in entries if p.name != HYDRA_SUBDIR and not ATTEMPT.fullmatch(p.name)]
+    leftovers = [p for p in entries if p.name not in (HYDRA_SUBDIR, LOCK) and not ATTEMPT.fullmatch(p.name)]
     if not leftovers:
         return None
     n = 1 + max((int(m.group(1)) for p in entries if (m := ATTEMPT.fullmatch(p.name))), default=0)
@@ -105,7 +328,16 @@ def move_aside(out_dir: Path) -> Path | None:
     dest.mkdir()
     for path in leftovers:
         path.rename(dest / path.name)
-    print(f"{out_dir}: the files of an unfinished earlier attempt moved to {dest.name}/", flush=True)
+    if corrupt is None:
+        print(f"{out_dir}: the files of an unfinished earlier attempt moved to {dest.name}/", flush=True)
+    else:
+        (dest / CORRUPT).write_text(corrupt + "\n")
+        file, problem = corrupt.split(": ", 1)
+        print(
+            f"corrupt: {out_dir / file}: {problem}; the job's files moved to {dest.name}/ ({CORRUPT}) "
+            "and the job runs again",
+            flush=True,
+        )
     return dest
 
 
@@ -114,11 +346,12 @@ def start_job(out_dir: Path, config: dict[str, Any], resume: bool) -> dict[str, 
 
     A finished job there: with ``resume`` its recorded summary (the caller skips the job; a config
     that differs is a ConfigError), without it a ConfigError naming the fixes. Otherwise None, after
-    moving an unfinished attempt's files aside.
+    moving an unfinished or corrupt attempt's files aside (a corrupt file named in one printed line).
+    The caller holds the dir (``hold_dir``).
     """
-    recorded = read_summary(out_dir)
-    if recorded is None or recorded.get("status") not in FINISHED:
-        move_aside(out_dir)
+    recorded, corrupt = inspect_job(out_dir)
+    if recorded is None:
+        move_aside(out_dir, corrupt)
         return None
     status, dir_key = recorded["status"], _dir_key()
     if not resume:

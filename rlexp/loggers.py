@@ -25,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from rlexp.config import LoggerConfig
+from rlexp.jobs import write_json
 
 WANDB_MODES = ("offline", "online", "disabled")
 
@@ -92,7 +93,7 @@ class MemberLog:
 
     def finish(self, summary: dict[str, Any], failed: bool = False) -> None:
         """Write summary.json, put the summary into the W&B run and end it (exit code 1 if failed)."""
-        (self.dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        write_json(self.dir / "summary.json", summary)  # atomic: a kill leaves all of it or none
         if not self.file.closed:
             self.file.close()
         if self.logs_to_wandb:

@@ -443,62 +443,41 @@ def _spectral_linear(cfg: NormalizationConfig, members: int, n_in: int, n_out: i
     return PopSpectralNormLinear(members, n_in, n_out, cfg.power_iterations)
 
 
-def _check_eps(cfg: NormalizationConfig, key: str) -> None:
-    """eps >= 0 for every option: 0 is the unguarded division (a preset may set it for any option)."""
-    require(cfg.eps >= 0, f"{key}.eps", cfg.eps, "a value >= 0")
-
-
-def _check_batch(cfg: BatchNormConfig, key: str) -> None:
-    _check_eps(cfg, key)
-    require(0 < cfg.momentum <= 1, f"{key}.momentum", cfg.momentum, "a value in (0, 1]")
-
-
-def _check_weight(cfg: WeightNormConfig, key: str) -> None:
-    _check_eps(cfg, key)
-    require(cfg.g_init > 0, f"{key}.g_init", cfg.g_init, "a value > 0")
-
-
-def _check_spectral(cfg: NormalizationConfig, key: str) -> None:
-    require(cfg.power_iterations >= 1, f"{key}.power_iterations", cfg.power_iterations, "an integer >= 1")
-
-
 @dataclass(frozen=True)
 class Normalization:
     """How a normalization changes each layer: ``linear`` builds the linear layer (of hidden layers
     and the output layer), ``norm`` (None: no norm) the component after each hidden linear layer;
-    ``check(cfg, key)`` refuses bad values; ``min_batch`` the smallest training batch it can
-    normalize (2 where it takes statistics over the batch); ``schema`` its config class."""
+    ``min_batch`` the smallest training batch it can normalize (2 where it takes statistics over the
+    batch); ``schema`` its config class."""
 
     schema: type
     linear: LinearFactory = plain_linear
     norm: NormFactory | None = None
-    check: Callable[[NormalizationConfig, str], None] = lambda cfg, key: None
     min_batch: int = 1
 
 
 NORMALIZATIONS: dict[str, Normalization] = {
     "none": Normalization(NormalizationConfig),
-    "layer": Normalization(
-        LayerNormConfig, norm=lambda cfg, members, width: PopLayerNorm(members, width, cfg.eps), check=_check_eps
-    ),
+    "layer": Normalization(LayerNormConfig, norm=lambda cfg, members, width: PopLayerNorm(members, width, cfg.eps)),
     "batch": Normalization(
         BatchNormConfig,
-        check=_check_batch,
         min_batch=2,
         norm=lambda cfg, members, width: PopBatchNorm(members, width, cfg.eps, cfg.momentum),
     ),
-    "rms": Normalization(
-        NormalizationConfig, norm=lambda cfg, members, width: PopRMSNorm(members, width, cfg.eps), check=_check_eps
-    ),
-    "weight": Normalization(WeightNormConfig, linear=_weight_norm_linear, check=_check_weight),
-    "spectral": Normalization(NormalizationConfig, linear=_spectral_linear, check=_check_spectral),
+    "rms": Normalization(NormalizationConfig, norm=lambda cfg, members, width: PopRMSNorm(members, width, cfg.eps)),
+    "weight": Normalization(WeightNormConfig, linear=_weight_norm_linear),
+    "spectral": Normalization(NormalizationConfig, linear=_spectral_linear),
 }
 
 
 def check_normalization(cfg: NormalizationConfig, key: str = "normalization") -> None:
-    """Refuse an unknown normalization or values out of range (ConfigError at ``key``.<field>)."""
+    """Refuse an unknown normalization or values out of range, whichever option is chosen (a preset
+    may set any option's keys; eps = 0 is the unguarded division): ConfigError at ``key``.<field>."""
     require_choice(cfg.name, f"{key}.name", NORMALIZATIONS)
-    NORMALIZATIONS[cfg.name].check(cfg, key)
+    require(cfg.eps >= 0, f"{key}.eps", cfg.eps, "a value >= 0")
+    require(0 < cfg.momentum <= 1, f"{key}.momentum", cfg.momentum, "a value in (0, 1]")
+    require(cfg.g_init > 0, f"{key}.g_init", cfg.g_init, "a value > 0")
+    require(cfg.power_iterations >= 1, f"{key}.power_iterations", cfg.power_iterations, "an integer >= 1")
 
 
 # ---------------------------------------------------------------- gradient scaling

@@ -238,9 +238,9 @@ def check_optimizer(cfg: DictConfig, key: str) -> None:
     """Refuse an unknown optimizer and numbers out of range (``key``: the node's dotted path)."""
     require_choice(cfg.name, f"{key}.name", OPTIMIZERS)
     require(cfg.lr > 0, f"{key}.lr", cfg.lr, "a value > 0")
-    for k in ("weight_decay", "eps", "epsilon", "momentum"):
+    for k in ("weight_decay", "eps", "epsilon"):
         require(cfg[k] >= 0, f"{key}.{k}", cfg[k], "a value >= 0")
-    for k in ("beta1", "beta2", "alpha", "decay"):
+    for k in ("beta1", "beta2", "alpha", "decay", "momentum"):
         require(0 <= cfg[k] < 1, f"{key}.{k}", cfg[k], "a value in [0, 1)")
     if cfg.nesterov:
         require(cfg.momentum > 0, f"{key}.momentum", cfg.momentum, "a value > 0 (nesterov needs momentum)")

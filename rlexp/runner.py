@@ -18,7 +18,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlexp.config import ConfigError
-from rlexp.jobs import job_summary, record_crash, start_job, write_json
+from rlexp.jobs import hold_dir, job_summary, record_crash, release_dir, start_job, write_json
 from rlexp.loggers import print_summary
 from rlexp.run import Algorithm, RunContext
 
@@ -32,13 +32,29 @@ def run_population(
 ) -> dict[str, Any]:
     """Run one job in ``out_dir`` and return its summary.
 
+    The job holds ``out_dir`` (``hold_dir``) from before it moves or writes anything there until it
+    returns: a dir another process holds, or one that cannot be written, is refused (ConfigError).
     A finished job there is skipped with ``resume`` and refused (ConfigError) without it. Otherwise
     ``prepare(cfg)`` validates the config (a ConfigError: refused, nothing recorded) and gives the
     algorithm and the device; the algorithm trains a RunContext built from ``cfg``. A job that
     raises leaves a crashed summary (and ``error.txt``) and raises on; divergence is a result.
     """
+    hold_dir(out_dir)
+    try:
+        return _run_held(cfg, out_dir, prepare, cell, choices or {})
+    finally:
+        release_dir(out_dir)
+
+
+def _run_held(
+    cfg: DictConfig,
+    out_dir: Path,
+    prepare: Callable[[DictConfig], tuple[Algorithm, torch.device]],
+    cell: str,
+    choices: dict[str, str],
+) -> dict[str, Any]:
+    """``run_population`` in a dir this process holds."""
     config = OmegaConf.to_container(cfg, resolve=True)  # plain dict, for logs and summaries
-    choices = choices or {}
     recorded = start_job(out_dir, config, cfg.resume)
     if recorded is not None:
         return recorded

@@ -269,6 +269,8 @@ BAD_VALUES = {
     "lr_zero": (["optimizer.lr=0"], "optimizer.lr", []),
     "num_seeds_zero": (["num_seeds=0"], "num_seeds", []),
     "threads_below_minus_one": (["threads=-2"], "threads", ["-2", "-1 = by population size"]),
+    "threads_beyond_the_cores": (["threads=999"], "threads", ["999", f"at most {len(os.sched_getaffinity(0))}"]),
+    "network_without_hidden_layers": (["network.hidden=[]"], "network.hidden", ["needs at least one hidden layer"]),
     "tau_zero": (["algo.tau=0"], "algo.tau", []),
     "tau_above_one": (["algo.tau=1.5"], "algo.tau", ["1.5"]),
     "env_id_typo": (["env.id=CartPole-v9"], "env.id", ["CartPole-v9", "CartPole-v1"]),

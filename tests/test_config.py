@@ -3,18 +3,23 @@ one list of non-cell keys, the --help text and docs/configuration.md generated f
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import os
 import subprocess
 import sys
+import typing
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from rlexp.build import validate
-from rlexp.config import NON_CELL_KEYS, Config, field_help
+from rlexp.config import NON_CELL_KEYS, Config, ConfigError, field_help
 from rlexp.config_doc import markdown
 from rlexp.grad import CLIPPERS
 from rlexp.optim import OPTIMIZERS
@@ -108,3 +113,176 @@ def test_help_lists_the_groups_and_keys():
 
 def test_configuration_doc_is_generated_from_the_schemas():
     assert (ROOT / DOC).read_text() == markdown(), f"regenerate it: python -m rlexp.config_doc > {DOC}"
+
+
+# ====================================================================== every numeric key has a domain
+# every numeric key (int, float, a list of ints; optional or not) -> a value outside its domain
+OUT_OF_DOMAIN: dict[str, str] = {
+    "activation.negative_slope": "-0.1",
+    "activation.alpha": "0",
+    "init.gain": "0",
+    "init.bias": "inf",
+    "init.last_layer_scale": "0",
+    "init.last_layer_gain": "-1",
+    "normalization.eps": "-1e-5",
+    "normalization.momentum": "0",
+    "normalization.g_init": "0",
+    "normalization.power_iterations": "0",
+    "clipping.max_norm": "0",
+    "clipping.clip_value": "-1",
+    "clipping.clip_factor": "0",
+    "clipping.eps": "0",
+    "optimizer.lr": "0",
+    "optimizer.weight_decay": "-0.01",
+    "optimizer.beta1": "1",
+    "optimizer.beta2": "1.5",
+    "optimizer.eps": "-1e-8",
+    "optimizer.alpha": "1",
+    "optimizer.decay": "-0.1",
+    "optimizer.epsilon": "-1e-10",
+    "optimizer.momentum": "1",
+    "network.hidden": "[]",
+    "network.output_scale": "0",
+    "algo.gamma": "1.5",
+    "algo.buffer_size": "0",
+    "algo.batch_size": "0",
+    "algo.learning_starts": "-1",
+    "algo.train_frequency": "0",
+    "algo.gradient_steps": "0",
+    "algo.tau": "0",
+    "algo.start_e": "1.5",
+    "algo.end_e": "-0.1",
+    "algo.exploration_fraction": "0",
+    "algo.target_update_period": "0",
+    "algo.huber_delta": "0",
+    "algo.clip_delta": "-1",
+    "algo.r_max": "0",
+    "algo.num_steps": "0",
+    "algo.gae_lambda": "1.5",
+    "algo.update_epochs": "0",
+    "algo.num_minibatches": "0",
+    "algo.clip_coef": "0",
+    "algo.ent_coef": "-0.01",
+    "algo.vf_coef": "-1",
+    "algo.anneal_steps": "0",
+    "algo.exploration_noise": "-0.1",
+    "algo.policy_delay": "0",
+    "algo.target_noise": "-0.2",
+    "algo.target_noise_clip": "-0.5",
+    "env.num_envs": "0",
+    "env.max_episode_steps": "0",
+    "divergence.q_bound_factor": "0",
+    "divergence.grad_norm_bound": "-1",
+    "divergence.patience": "0",
+    "regularization.l1": "-1",
+    "regularization.l2": "nan",
+    "actor.hidden": "[]",
+    "actor.last_layer_gain": "0",
+    "critic.hidden": "[64,0]",
+    "critic.last_layer_gain": "-1",
+    "critic.action_layer": "-1",
+    "obs_norm.clip": "0",
+    "reward_norm.clip": "-1",
+    "diagnostics.every": "-1",
+    "diagnostics.histogram_every": "-1",
+    "diagnostics.dormant_tau": "1",
+    "debug.inject.member": "-2",
+    "debug.inject.step": "-2",
+    "debug.crash_at_step": "-2",
+    "logger.log_every": "0",
+    "logger.init_timeout": "-1",
+    "total_steps": "0",
+    "seed": "-1",
+    "num_seeds": "0",
+    "threads": "999",
+}
+
+
+def _is_numeric(hint: typing.Any) -> bool:
+    """int, float, list[int], or any of them optional (bool is not numeric)."""
+    args = typing.get_args(hint) if typing.get_origin(hint) is not list else (hint,)
+    for arg in args or (hint,):
+        if arg in (int, float) or (typing.get_origin(arg) is list and typing.get_args(arg) == (int,)):
+            return True
+    return False
+
+
+def numeric_keys() -> set[str]:
+    """Every numeric key reachable from Config, dotted (a group's keys from each of its option schemas)."""
+    keys: set[str] = set()
+
+    def walk(schema: type, prefix: str) -> None:
+        hints = typing.get_type_hints(schema)
+        for f in fields(schema):
+            key, hint = f"{prefix}{f.name}", hints[f.name]
+            if not prefix and f.name in SCHEMAS:
+                for option_schema in SCHEMAS[f.name].values():
+                    walk(option_schema, f"{key}.")
+            elif dataclasses.is_dataclass(hint):
+                walk(hint, f"{key}.")
+            elif _is_numeric(hint):
+                keys.add(key)
+
+    walk(Config, "")
+    return keys
+
+
+def test_the_out_of_domain_table_covers_every_numeric_key():
+    """A new numeric key needs a domain (a check in validate or beside its registry) and a row here."""
+    keys = numeric_keys()
+    assert "optimizer.lr" in keys and "debug.inject.member" in keys and "network.hidden" in keys
+    assert set(OUT_OF_DOMAIN) == keys, (sorted(keys - set(OUT_OF_DOMAIN)), sorted(set(OUT_OF_DOMAIN) - keys))
+
+
+def refused_keys(base: list[str], keys: list[str]) -> dict[str, str | None]:
+    """Compose once with ``base``; for each key, the key validate names once the key is set to its
+    out-of-domain value (parsed as Hydra parses a command-line override), or None when it is accepted."""
+    parser = OverridesParser.create()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        composed = compose(config_name="config", overrides=base)
+    named: dict[str, str | None] = {}
+    for key in keys:
+        cfg = copy.deepcopy(composed)
+        OmegaConf.update(cfg, key, parser.parse_override(f"{key}={OUT_OF_DOMAIN[key]}").value())
+        try:
+            validate(cfg)
+            named[key] = None
+        except ConfigError as err:
+            named[key] = err.key
+    return named
+
+
+@pytest.mark.parametrize("group", sorted(SCHEMAS))
+def test_every_numeric_key_of_every_option_refuses_a_value_outside_its_domain(group):
+    """With each option of the group chosen, each numeric key of the group is checked (a preset may set a
+    key the option does not read), naming the key."""
+    register()
+    keys = [k for k in OUT_OF_DOMAIN if k.startswith(f"{group}.")]
+    for option in group_options(group):
+        named = refused_keys([f"{group}={option}"], keys)
+        assert named == {key: key for key in keys}, option
+
+
+def test_every_other_numeric_key_refuses_a_value_outside_its_domain():
+    register()
+    keys = [k for k in OUT_OF_DOMAIN if not k.startswith(tuple(f"{g}." for g in SCHEMAS))]
+    assert refused_keys([], keys) == {key: key for key in keys}
+
+
+def test_threads_beyond_the_cores_names_the_largest_allowed():
+    register()
+    cores = len(os.sched_getaffinity(0))
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        validate(compose(config_name="config", overrides=[f"threads={cores}"]))
+        cfg = compose(config_name="config", overrides=[f"threads={cores + 1}"])
+    with pytest.raises(ConfigError, match=rf"at most {cores}, the cores this process may use") as err:
+        validate(cfg)
+    assert err.value.key == "threads"
+
+
+def test_a_network_without_hidden_layers_is_refused():
+    register()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["network.hidden=[]"])
+    with pytest.raises(ConfigError, match="a network needs at least one hidden layer"):
+        validate(cfg)

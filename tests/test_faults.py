@@ -1,0 +1,281 @@
+"""Tests of faults around a job's dir: one writer per dir (a lock, taken over from a dead holder), an
+unwritable output dir, corrupt files on resume, Ctrl-C. The fault table in docs/grids.md names them.
+
+Runs that train use ``python -m rlexp.train`` in a subprocess with a tiny budget and W&B disabled;
+every output is under pytest's tmp_path.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+from test_cli import ROOT, Launch, compose_config, describe, message_lines, run_cli
+from test_grid import check_finished_job, file_hashes, read_json
+
+from rlexp.config import ConfigError
+from rlexp.jobs import CORRUPT, LOCK, hold_dir, inspect_job, is_finished, move_aside, release_dir, start_job, write_json
+from rlexp.report import find_job_dirs, load_job
+
+BUDGET = ["total_steps=600", "algo.learning_starts=200", "logger.log_every=300", "logger.progress=off"]
+TINY = [*BUDGET, "num_seeds=1", "logger.mode=disabled"]
+# a process that takes a job dir's lock with rlexp's own function, says so, and keeps it
+HOLDER = (
+    "import sys, time; from pathlib import Path; from rlexp.jobs import hold_dir; "
+    "hold_dir(Path(sys.argv[1])); print('held', flush=True); time.sleep(600)"
+)
+
+
+# ====================================================================== helpers
+def start_holder(job_dir: Path) -> subprocess.Popen:
+    """A subprocess holding ``job_dir``'s lock (returns once it holds it)."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(job_dir)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def kill(proc: subprocess.Popen) -> None:
+    """SIGKILL: the process gets no chance to clean up."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+
+
+def make_finished_job(job_dir: Path, seeds: int = 2) -> dict:
+    """A finished job's files as the runner writes them: the job's summary, each member's summary and
+    metrics.jsonl; returns the job's config."""
+    config = OmegaConf.to_container(compose_config([f"num_seeds={seeds}"]), resolve=True)
+    members = []
+    for k in range(seeds):
+        member = {
+            "status": "ok",
+            "seed": k,
+            "member": k,
+            "steps": 600,
+            "final_return": 21.5,
+            "episodes": 30,
+            "wall_s": 1.0,
+            "diverged_at_step": None,
+            "divergence": None,
+        }
+        write_json(job_dir / f"seed_{k}" / "summary.json", member)
+        (job_dir / f"seed_{k}" / "metrics.jsonl").write_text('{"step": 300}\n{"step": 600}\n')
+        members.append(member)
+    write_json(job_dir / "summary.json", {"status": "ok", "num_seeds": seeds, "members": members, "config": config})
+    return config
+
+
+def cut(path: Path, keep: float = 0.5) -> None:
+    """Truncate a file to a fraction of its bytes, as a kill or a full disk mid-write would."""
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def drop_key(path: Path, key: str) -> None:
+    obj = json.loads(path.read_text())
+    del obj[key]
+    path.write_text(json.dumps(obj))
+
+
+# case -> (how the file is damaged, the file, what the printed line says is wrong)
+CORRUPTIONS: dict[str, tuple[Callable[[Path], None], str, str]] = {
+    "truncated": (lambda d: cut(d / "summary.json"), "summary.json", "not JSON"),
+    "garbage": (lambda d: (d / "summary.json").write_bytes(b"\x00\xffPK garbage"), "summary.json", "not JSON"),
+    "list": (lambda d: (d / "summary.json").write_text("[1, 2]\n"), "summary.json", "not an object (an array)"),
+    "missing_status": (lambda d: drop_key(d / "summary.json", "status"), "summary.json", "missing key status"),
+    "unknown_status": (
+        lambda d: (d / "summary.json").write_text('{"status": "fine"}'),
+        "summary.json",
+        "unknown status 'fine'",
+    ),
+    "member_truncated": (lambda d: cut(d / "seed_1" / "summary.json"), "seed_1/summary.json", "not JSON"),
+    "member_missing": (lambda d: (d / "seed_1" / "summary.json").unlink(), "seed_1/summary.json", "missing"),
+    "member_missing_key": (
+        lambda d: drop_key(d / "seed_0" / "summary.json", "steps"),
+        "seed_0/summary.json",
+        "missing key steps",
+    ),
+    "metrics_tail": (
+        lambda d: (d / "seed_1" / "metrics.jsonl").write_text('{"step": 300}\n{"step": 6'),
+        "seed_1/metrics.jsonl",
+        "last line cut off",
+    ),
+    "metrics_tail_garbage": (
+        lambda d: (d / "seed_0" / "metrics.jsonl").write_text('{"step": 300}\n{"st\n'),
+        "seed_0/metrics.jsonl",
+        "last line is not JSON",
+    ),
+}
+
+
+# ====================================================================== one writer per job dir
+def test_the_lock_names_its_holder_and_is_released(tmp_path):
+    job_dir = tmp_path / "run"
+    hold_dir(job_dir)
+    try:
+        hold_dir(job_dir)  # held already by this process: nothing
+        held = json.loads((job_dir / LOCK).read_text())
+        assert held["pid"] > 0 and held["host"]
+    finally:
+        release_dir(job_dir)
+    assert not (job_dir / LOCK).exists()
+    release_dir(job_dir)  # not held: nothing
+
+
+def test_a_second_job_is_refused_while_the_first_holds_the_dir(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "seed_0").mkdir(parents=True)
+    (run_dir / "seed_0" / "metrics.jsonl").write_text('{"step": 300}\n')  # the first job's live file
+    holder = start_holder(run_dir)
+    try:
+        before = file_hashes(run_dir)
+        with pytest.raises(ConfigError, match=f"in use by pid {holder.pid} on host "):
+            hold_dir(run_dir)
+        proc = run_cli([*TINY, f"hydra.run.dir={run_dir}"], tmp_path)
+        assert proc.returncode == 2, describe(proc)
+        lines = message_lines(proc)
+        assert len(lines) == 1 and "Traceback" not in proc.stderr, describe(proc)
+        assert lines[0].startswith(f"config error: hydra.run.dir: {run_dir} is in use by pid {holder.pid}")
+        assert file_hashes(run_dir) == before  # nothing moved, nothing written, the lock's file as it was
+        assert sorted(p.name for p in run_dir.iterdir()) == [LOCK, "seed_0"]
+    finally:
+        kill(holder)
+
+
+def test_a_held_job_dir_fails_that_job_of_a_multirun_and_the_others_run(tmp_path):
+    sweep = tmp_path / "sweep"
+    holder = start_holder(sweep / "0")
+    try:
+        proc = run_cli(["-m", *TINY, "activation=relu,tanh", f"hydra.sweep.dir={sweep}"], tmp_path)
+    finally:
+        kill(holder)
+    assert proc.returncode != 0, describe(proc)
+    assert f"{sweep / '0'} is in use by pid {holder.pid}" in proc.stdout + proc.stderr, describe(proc)
+    assert sorted(p.name for p in (sweep / "0").iterdir()) == [LOCK]  # no .hydra/, no summary
+    assert check_finished_job(sweep / "1")["choices"]["activation"] == "tanh"
+    assert not (sweep / "1" / LOCK).exists()
+
+
+def test_a_killed_holders_lock_is_taken_over(tmp_path):
+    run_dir = tmp_path / "run"
+    holder = start_holder(run_dir)
+    kill(holder)  # the kernel drops its lock; its .lock file and content stay
+    assert json.loads((run_dir / LOCK).read_text())["pid"] == holder.pid
+    proc = run_cli([*TINY, f"hydra.run.dir={run_dir}"], tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    check_finished_job(run_dir)
+    assert not (run_dir / LOCK).exists()  # released at the job's end
+    assert not list(run_dir.glob("attempt_*"))  # a stale lock alone is no earlier attempt
+
+
+def test_a_stale_lock_confuses_neither_resume_nor_the_report(tmp_path, capsys):
+    config = make_finished_job(tmp_path)
+    (tmp_path / LOCK).write_text('{"pid": 999999999, "host": "gone"}')  # left by a killed holder
+    assert is_finished(tmp_path)
+    assert start_job(tmp_path, config, resume=True)["status"] == "ok"
+    assert find_job_dirs(tmp_path) == [tmp_path] and load_job(tmp_path, tmp_path).status == "ok"
+    (tmp_path / "seed_0" / "summary.json").unlink()  # now an unfinished attempt: moved aside, the lock stays
+    assert move_aside(tmp_path) == tmp_path / "attempt_1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK, "attempt_1"]
+    assert "resume:" in capsys.readouterr().out
+
+
+# ====================================================================== an unwritable output dir
+def test_an_unwritable_run_dir_is_refused_in_one_line(tmp_path):
+    (tmp_path / "afile").write_text("a file, not a dir\n")
+    run_dir = tmp_path / "afile" / "run"
+    with pytest.raises(ConfigError, match="ENOTDIR"):
+        hold_dir(run_dir)
+    proc = run_cli([*TINY, f"hydra.run.dir={run_dir}"], tmp_path)
+    assert proc.returncode == 2, describe(proc)
+    lines = message_lines(proc)
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, describe(proc)
+    assert lines[0].startswith(f"config error: hydra.run.dir: cannot create or write {run_dir}: ENOTDIR ("), lines
+
+
+def test_an_unwritable_sweep_dir_is_refused_in_one_line(tmp_path):
+    (tmp_path / "afile").write_text("a file, not a dir\n")
+    sweep = tmp_path / "afile" / "sweep"
+    proc = run_cli(["-m", *TINY, "activation=relu,tanh", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert proc.returncode == 2, describe(proc)
+    lines = message_lines(proc)
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, describe(proc)
+    assert lines[0].startswith(f"config error: hydra.sweep.dir: cannot create or write {sweep}: ENOTDIR ("), lines
+
+
+# ====================================================================== corrupt files are named, never mistaken
+def test_an_intact_finished_job_is_finished(tmp_path):
+    make_finished_job(tmp_path)
+    job, problem = inspect_job(tmp_path)
+    assert job is not None and job["status"] == "ok" and problem is None
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPTIONS))
+def test_a_corrupt_job_is_named_moved_aside_and_run_again(tmp_path, capsys, case):
+    damage, file, what = CORRUPTIONS[case]
+    config = make_finished_job(tmp_path)
+    damage(tmp_path)
+    assert not is_finished(tmp_path)
+    assert start_job(tmp_path, config, resume=True) is None  # the job runs again
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"corrupt: {tmp_path / file}: {what}"), lines
+    assert "attempt_1/" in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["attempt_1"]
+    reason = (tmp_path / "attempt_1" / CORRUPT).read_text()
+    assert reason.startswith(f"{file}: {what}") and reason.endswith("\n")
+    assert (tmp_path / "attempt_1" / "seed_0").is_dir()  # every file kept
+
+
+def test_resume_reruns_a_finished_run_whose_summary_is_corrupt(tmp_path):
+    run_dir = tmp_path / "run"
+    first = run_cli([*TINY, f"hydra.run.dir={run_dir}"], tmp_path / "first")
+    assert first.returncode == 0, describe(first)
+    cut(run_dir / "summary.json")
+    second = run_cli([*TINY, "resume=true", f"hydra.run.dir={run_dir}"], tmp_path / "second")
+    assert second.returncode == 0, describe(second)
+    assert f"corrupt: {run_dir / 'summary.json'}: not JSON (" in second.stdout, describe(second)
+    check_finished_job(run_dir)
+    assert (run_dir / "attempt_1" / CORRUPT).read_text().startswith("summary.json: not JSON")
+    assert (run_dir / "attempt_1" / "seed_0" / "metrics.jsonl").exists()
+
+
+# ====================================================================== Ctrl-C
+def test_ctrl_c_records_the_job_crashed_and_resume_runs_it_again(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [
+        "total_steps=200000",
+        "algo.learning_starts=200",
+        "logger.log_every=200",
+        "logger.progress=off",
+        "num_seeds=1",
+        "logger.mode=disabled",
+        f"hydra.run.dir={run_dir}",
+    ]
+    launch = Launch(args, tmp_path / "first")
+    try:
+        deadline = time.monotonic() + 300
+        metrics = run_dir / "seed_0" / "metrics.jsonl"
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            assert launch.proc.poll() is None and time.monotonic() < deadline, describe(launch.result())
+            time.sleep(0.2)
+        launch.proc.send_signal(signal.SIGINT)
+        first = launch.result()
+    finally:
+        launch.stop()
+    assert first.returncode != 0, describe(first)
+    job = read_json(run_dir / "summary.json")
+    assert job["status"] == "crashed" and job["error"] == "KeyboardInterrupt", job
+    assert read_json(run_dir / "seed_0" / "summary.json")["status"] == "crashed"
+    assert not (run_dir / LOCK).exists()
+    second = run_cli([*TINY, "resume=true", f"hydra.run.dir={run_dir}"], tmp_path / "second")
+    assert second.returncode == 0, describe(second)
+    check_finished_job(run_dir)
+    assert read_json(run_dir / "attempt_1" / "summary.json")["status"] == "crashed"
