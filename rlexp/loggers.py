@@ -179,7 +179,7 @@ class ConsoleProgress:
         self.console = Console()
         interactive = self.console.is_terminal
         if not interactive:  # logs and pipes: no terminal width to respect, keep tables unwrapped
-            self.console = Console(width=120)
+            self.console = Console(width=200)
         self.mode = ("rich" if interactive else "plain") if mode == "auto" else mode
         self.total = total
         self.label = label
