@@ -175,6 +175,10 @@ def validate(cfg: DictConfig) -> None:
     )
     for key in ("obs_norm", "reward_norm"):
         _positive(cfg[key], key, ("clip",))
+    evaluation = cfg.eval
+    require(evaluation.every >= 0, "eval.every", evaluation.every, "an integer >= 0 (env steps; 0 = at the end only)")
+    require(evaluation.episodes >= 0, "eval.episodes", evaluation.episodes, "an integer >= 0 (0 = no evaluation)")
+    require(0 <= evaluation.epsilon <= 1, "eval.epsilon", evaluation.epsilon, "a value in [0, 1]")
     _validate_networks(cfg)
     _check_algo(cfg.algo)
     check_env_id(cfg.env.id)

@@ -392,6 +392,20 @@ class EnvConfig:
     kwargs: dict[str, Any] = knob({}, "keyword arguments of gymnasium.make")
 
 
+# ---------------------------------------------------------------- evaluation
+@dataclass
+class EvalConfig:
+    """Evaluation as the field reports it: deterministic episodes on environments of its own."""
+
+    every: int = knob(
+        10_000,
+        "env steps per member between evaluations (each at the first log step at or after a multiple); "
+        "0 = at the end only",
+    )
+    episodes: int = knob(10, "episodes per member and evaluation, one per evaluation environment; 0 = no evaluation")
+    epsilon: float = knob(0.0, "dqn: epsilon-greedy evaluation (0 = greedy), from evaluation's own random stream")
+
+
 # ---------------------------------------------------------------- instruments, divergence, debugging
 @dataclass
 class DiagnosticsConfig:
@@ -456,6 +470,7 @@ class Config:
     )
     obs_norm: ObsNormConfig = knob(ObsNormConfig, "running observation normalization, every algorithm")
     reward_norm: RewardNormConfig = knob(RewardNormConfig, "running reward scaling, every algorithm")
+    eval: EvalConfig = knob(EvalConfig, "evaluation: deterministic episodes on separate environments, every algorithm")
     diagnostics: DiagnosticsConfig = knob(DiagnosticsConfig, "instruments: per-layer statistics, histograms")
     debug: DebugConfig = knob(DebugConfig, "fault injection and crashes, for tests")
     logger: LoggerConfig = knob(LoggerConfig, "W&B and console")

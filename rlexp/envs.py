@@ -56,9 +56,13 @@ def make_env(cfg: EnvConfig) -> gym.Env:
         raise ConfigError("env.id", f"{cfg.id} needs an optional dependency", fix) from None
 
 
-def env_seeds(member_seed: int, num_envs: int) -> list[int]:
-    """Seeds of one member's environments, derived from its seed (no overlap between members)."""
-    return [int(s) for s in np.random.SeedSequence([member_seed, 1]).generate_state(num_envs)]
+TRAINING, EVALUATION = 1, 3  # purposes of environment seeds (streams.py: 0 weights, 2 stream, 4 evaluation's)
+
+
+def env_seeds(member_seed: int, num_envs: int, purpose: int = TRAINING) -> list[int]:
+    """Seeds of one member's environments for ``purpose`` (training or evaluation), derived from its
+    seed (no overlap between members or purposes)."""
+    return [int(s) for s in np.random.SeedSequence([member_seed, purpose]).generate_state(num_envs)]
 
 
 def time_limit(env: gym.Env) -> int:
@@ -153,7 +157,7 @@ class PopulationEnv:
 
     MIN_TOGETHER = 4  # CartPoles are stepped together from this many environments up (fewer: slower)
 
-    def __init__(self, cfg: EnvConfig, member_seeds: list[int]) -> None:
+    def __init__(self, cfg: EnvConfig, member_seeds: list[int], purpose: int = TRAINING) -> None:
         self.members = len(member_seeds)
         self.num_envs = cfg.num_envs
         n = self.members * self.num_envs
@@ -161,7 +165,7 @@ class PopulationEnv:
         self.observation_space = self.envs[0].observation_space
         self.action_space = self.envs[0].action_space
         self.obs_dim = int(np.prod(self.observation_space.shape))
-        self.seeds = [s for m in member_seeds for s in env_seeds(m, cfg.num_envs)]
+        self.seeds = [s for m in member_seeds for s in env_seeds(m, cfg.num_envs, purpose)]
         together = n >= self.MIN_TOGETHER and CartPoles.fits(self.envs[0])
         self.cartpoles: CartPoles | None = CartPoles(self.envs) if together else None
         self.max_steps = time_limit(self.envs[0])  # stepping together truncates episodes by it

@@ -180,7 +180,7 @@ class ConsoleProgress:
         self.console = Console()
         interactive = self.console.is_terminal
         if not interactive:  # logs and pipes: no terminal width to respect, keep tables unwrapped
-            self.console = Console(width=120)
+            self.console = Console(width=200)
         self.mode = ("rich" if interactive else "plain") if mode == "auto" else mode
         self.total = total
         self.label = label
@@ -214,26 +214,26 @@ class ConsoleProgress:
 
 
 def print_summary(console: Console, title: str, members: list[dict[str, Any]]) -> None:
-    """One table, a row per member: seed, status, final return (mean of the last 10 episodes),
-    episodes, steps, wall time; for diverged members the step, cause, place and the instrument
-    that moved first, then a line each with the detail."""
+    """One table, a row per member: seed, status, eval return (the latest evaluation's mean, when
+    any member was evaluated), train return (mean of the last 10 training episodes), episodes, steps,
+    wall time; for diverged members the step, cause, place and the instrument that moved first, then
+    a line each with the detail."""
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
     diverged = any(m.get("divergence") for m in members)
-    columns = ["seed", "status", "return", "episodes", "steps", "wall s"]
+    evaluated = any(m.get("eval_return") is not None for m in members)
+    columns = ["seed", "status", *(["eval return"] if evaluated else []), "train return", "episodes", "steps", "wall s"]
     columns += ["diverged at", "cause", "where", "moved first"] if diverged else []
+    left = ("status", "cause", "where", "moved first")
     for column in columns:
-        table.add_column(
-            column,
-            justify="right" if column in ("seed", "return", "episodes", "steps", "wall s", "diverged at") else "left",
-        )
+        table.add_column(column, justify="left" if column in left else "right")
     colors = {"ok": "green", "diverged": "yellow", "crashed": "red"}
     for m in members:
-        final = m.get("final_return")
+        returns = [m.get("eval_return")] if evaluated else []
         div = m.get("divergence") or {}
         row = [
             str(m["seed"]),
             f"[{colors.get(m['status'], 'white')}]{m['status']}[/]",
-            "-" if final is None else f"{final:.1f}",
+            *("-" if r is None else f"{r:.1f}" for r in [*returns, m.get("final_return")]),
             str(m.get("episodes", "-")),
             str(m.get("steps", "-")),
             f"{m.get('wall_s', 0.0):.1f}",

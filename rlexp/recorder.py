@@ -2,7 +2,8 @@
 
 It keeps the population's health (who diverged, when, why and where), accumulates each update's
 statistics on the device, runs the instruments' explosion checks, paces the step loop with its log
-steps, and writes each member's ``metrics.jsonl``, W&B run and ``summary.json``. An algorithm
+steps, runs the evaluations at their log steps, and writes each member's ``metrics.jsonl``, W&B run
+and ``summary.json``. An algorithm hands it its deterministic policy once (``evaluate_with``) and
 calls it after each update (``record_update``, ``locate_divergence``, ``record_instruments``).
 """
 
@@ -20,6 +21,7 @@ import torch
 from rlexp.config import Config
 from rlexp.diagnostics import Explosions, InstrumentHistory
 from rlexp.envs import PopulationEnv
+from rlexp.evaluate import Evaluation, Evaluator, Policy
 from rlexp.grad import CAUSES, Health, UpdateStats
 from rlexp.loggers import ConsoleProgress, MemberLog, open_member_logs
 from rlexp.nets import PopMLP
@@ -40,9 +42,15 @@ class Recorder:
         device: torch.device,
         obs_norm: ObsNormalizer,
         reward_norm: RewardScaler,
+        evaluator: Evaluator,
     ) -> None:
         self.cfg = cfg
         self.env = env
+        self.evaluator = evaluator
+        self._policy: Policy | None = None  # the algorithm's deterministic policy (evaluate_with)
+        self._evaluation: Evaluation | None = None  # this log step's evaluation, for its record
+        self._evaluated = np.zeros(len(seeds), dtype=bool)  # [P] the members it counted
+        self.eval_returns: list[float | None] = [None] * len(seeds)  # each member's latest evaluation
         self.seeds = seeds
         self.members = len(seeds)
         self.obs_norm, self.reward_norm = obs_norm, reward_norm  # their state goes into normalization.json
@@ -88,9 +96,16 @@ class Recorder:
                 raise RuntimeError(f"debug.crash_at_step={crash_at}: a forced crash at env step {step}")
             yield step
             if step // log_every > (step - per_step) // log_every or step >= self.cfg.total_steps:
+                if self._policy is not None and self.evaluator.due(step, self._last_log_step):
+                    self._evaluate()
                 self._log(step)
                 if all(self.member_done):
                     return
+
+    def evaluate_with(self, policy: Policy) -> None:
+        """The algorithm's deterministic policy, which evaluation plays (eval.every, eval.episodes):
+        normalized observations [P, N, obs] (host) -> actions [P, N] or [P, N, A] (host)."""
+        self._policy = policy
 
     def note(self, **scalars: float) -> None:
         """Remember the latest value of job-wide scalars (epsilon, lr) for the next log record."""
@@ -254,6 +269,26 @@ class Recorder:
         for k, log in logs:
             log.log_wandb({f"hist/{name}": wandb.Histogram(v[k].ravel()) for name, v in values.items()}, step)
 
+    # ------------------------------------------------------------ evaluation
+    def _evaluate(self) -> None:
+        """Evaluate the members still alive (a diverged member is frozen: its latest evaluation stands)."""
+        self._evaluated = self.health.alive.cpu().numpy() & ~np.array(self.member_done)
+        self._evaluation = self.evaluator.run(self._policy, self._evaluated)
+        returns = self._evaluation.returns
+        for k in np.flatnonzero(self._evaluated):
+            self.eval_returns[k] = float(returns[k].mean())
+
+    def _eval_metrics(self, k: int) -> dict[str, float]:
+        """Member k's eval/ metrics of this log step's evaluation (none when it was not evaluated)."""
+        if self._evaluation is None or not self._evaluated[k]:
+            return {}
+        returns, lengths = self._evaluation.returns[k], self._evaluation.lengths[k]
+        return {
+            "eval/return": float(returns.mean()),
+            "eval/return_std": float(returns.std()),
+            "eval/length": float(lengths.mean()),
+        }
+
     # ------------------------------------------------------------ output files
     def open(self, out_dir: Path, cell: str, tags: list[str], config: dict[str, Any]) -> None:
         """Start the clocks and the console progress, then open each member's logs under ``out_dir``."""
@@ -294,6 +329,7 @@ class Recorder:
             if self.env.last_returns[k]:
                 metrics["episode/return_last10"] = float(np.mean(self.env.last_returns[k]))
             metrics["episode/count"] = int(self.env.episode_count[k])
+            metrics.update(self._eval_metrics(k))
             record = {name: values[k] for name, values in instruments.items()}
             metrics.update(record)
             log.log(step, metrics)
@@ -301,6 +337,7 @@ class Recorder:
                 self._finish_member(k, step, "diverged", diverged_at[k], CAUSES[causes[k]])
             else:
                 self.histories[k].add(step, record)
+        self._evaluation = None
         alive = self.members - sum(self.member_done)
         best = [np.mean(r) for r in self.env.last_returns if r]
         info = f"{sps:.0f} steps/s"
@@ -324,6 +361,7 @@ class Recorder:
             "member": k,
             "steps": step,
             "final_return": float(np.mean(returns)) if returns else None,
+            "eval_return": self.eval_returns[k],
             "episodes": int(self.env.episode_count[k]),
             "wall_s": round(time.perf_counter() - self.start_time, 3),
             "diverged_at_step": None,
@@ -351,6 +389,7 @@ class Recorder:
         else ok, at the latest log step); returns the members' summaries."""
         if self.progress is not None:
             self.progress.close()
+        self.evaluator.close()
         for k in range(len(self.logs)):
             if not self.member_done[k]:
                 self._finish_member(k, self._last_log_step, "crashed" if error else "ok", error=error)

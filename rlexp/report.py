@@ -5,7 +5,8 @@ Reads the output contract (each job's ``summary.json``, ``seed_<k>/metrics.jsonl
 (self-contained), ``grid.csv`` (one row per member), the figures as PNGs, and one W&B summary run
 under ``report_wandb/``. Statistics follow rliable: IQM with 95% stratified-bootstrap confidence
 intervals, performance profiles and the probability of improvement. Cells (the combinations of the
-swept settings) are rliable's algorithms; env ids are its tasks.
+swept settings) are rliable's algorithms; env ids are its tasks. A member's score is its
+``eval_return`` when the grid's jobs evaluated, else its training ``final_return`` (``SCORES``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import yaml
 
 from rlexp.config import NON_CELL_KEYS
 from rlexp.loggers import WANDB_MODES
-from rlexp.report_data import CellStats, Job, Report
+from rlexp.report_data import SCORES, CellStats, Job, Report
 from rlexp.report_html import render_html
 
 # settings that never make a cell besides NON_CELL_KEYS (the trainer's): the env, a task (a column of the
@@ -38,6 +39,7 @@ GRID_TAIL = [
     "member",
     "status",
     "final_return",
+    "eval_return",
     "steps",
     "episodes",
     "wall_s",
@@ -256,7 +258,6 @@ def grid_rows(jobs: Sequence[Job], keys: Sequence[str]) -> list[dict[str, Any]]:
     for job in jobs:
         for k, m in enumerate(job.members):
             div = m.get("divergence") if isinstance(m.get("divergence"), dict) else {}
-            final = to_float(m.get("final_return"))
             row: dict[str, Any] = {"job": job.name, "cell": job.cell}
             row.update({key: job.settings.get(key, "") for key in keys})
             row.update(
@@ -265,7 +266,8 @@ def grid_rows(jobs: Sequence[Job], keys: Sequence[str]) -> list[dict[str, Any]]:
                     "seed": m.get("seed"),
                     "member": m.get("member", k),
                     "status": m.get("status") or "crashed",
-                    "final_return": final,
+                    "final_return": to_float(m.get("final_return")),
+                    "eval_return": to_float(m.get("eval_return")),
                     "steps": m.get("steps"),
                     "episodes": m.get("episodes"),
                     "wall_s": to_float(m.get("wall_s")),
@@ -289,14 +291,21 @@ def write_csv(rows: Sequence[dict[str, Any]], columns: Sequence[str], path: Path
 
 
 # ----------------------------------------------------------------------------- statistics
+def score_key(rows: Sequence[dict[str, Any]]) -> str:
+    """The score of a report (a key of SCORES): eval_return when a member that ran has one, else final_return."""
+    evaluated = any(r["status"] != "crashed" and r["eval_return"] is not None for r in rows)
+    return "eval_return" if evaluated else "final_return"
+
+
+def add_scores(rows: Sequence[dict[str, Any]], key: str) -> None:
+    """Each row's ``score``: its value of ``key`` (a key of SCORES)."""
+    for r in rows:
+        r["score"] = r[key]
+
+
 def scored(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows that enter the statistics: not crashed, with a finite final return (a diverged member's
-    return at its divergence counts)."""
-    return [
-        r
-        for r in rows
-        if r["status"] != "crashed" and r["final_return"] is not None and math.isfinite(r["final_return"])
-    ]
+    """Rows that enter the statistics: not crashed, with a finite score."""
+    return [r for r in rows if r["status"] != "crashed" and r["score"] is not None and math.isfinite(r["score"])]
 
 
 def score_matrices(rows: Sequence[dict[str, Any]], cells: Sequence[str], tasks: Sequence[str]) -> dict[str, np.ndarray]:
@@ -305,13 +314,13 @@ def score_matrices(rows: Sequence[dict[str, Any]], cells: Sequence[str], tasks: 
     pool = scored(rows)
     bounds = {}
     for task in tasks:
-        values = [r["final_return"] for r in pool if r["env"] == task]
+        values = [r["score"] for r in pool if r["env"] == task]
         bounds[task] = (min(values), max(values)) if values else (0.0, 1.0)
     out: dict[str, np.ndarray] = {}
     for cell in cells:
         columns = []
         for task in tasks:
-            x = np.array([r["final_return"] for r in pool if r["cell"] == cell and r["env"] == task], dtype=float)
+            x = np.array([r["score"] for r in pool if r["cell"] == cell and r["env"] == task], dtype=float)
             if len(tasks) > 1:
                 lo, hi = bounds[task]
                 x = (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
@@ -409,7 +418,7 @@ def cell_stats(
     for cell in cells:
         live = [r for r in rows if r["cell"] == cell and r["status"] != "crashed"]
         diverged = [r for r in live if r["status"] == "diverged"]
-        returns = [r["final_return"] for r in scored(live)]
+        returns = [r["score"] for r in scored(live)]
         steps = [r["diverged_at_step"] for r in diverged if to_float(r["diverged_at_step"]) is not None]
         stats = CellStats(
             cell,
@@ -435,7 +444,7 @@ def heatmap_values(
     row_values: Sequence[str],
     col_values: Sequence[str],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(divergence rate, IQM of final returns, members) per [row, col], pooling the members of every
+    """(divergence rate, IQM of the scores, members) per [row, col], pooling the members of every
     cell with those two values (the other swept keys are aggregated). NaN where no member ran."""
     shape = (len(row_values), len(col_values))
     rate, iqm_grid, count = np.full(shape, np.nan), np.full(shape, np.nan), np.zeros(shape, dtype=int)
@@ -451,7 +460,7 @@ def heatmap_values(
             count[i, j] = len(live)
             if live:
                 rate[i, j] = sum(r["status"] == "diverged" for r in live) / len(live)
-                iqm_grid[i, j] = iqm([r["final_return"] for r in scored(live)])
+                iqm_grid[i, j] = iqm([r["score"] for r in scored(live)])
     return rate, iqm_grid, count
 
 
@@ -682,6 +691,8 @@ def build_report(
     col_key = cols_key or (rest.pop(0) if rest else None)
 
     rows = grid_rows(jobs, varying)
+    score = score_key(rows)
+    add_scores(rows, score)
     columns = ["job", "cell", *varying, *GRID_TAIL]
     tasks = sorted({r["env"] for r in scored(rows)}) or sorted({j.env for j in jobs})
     cell_names = list(dict.fromkeys(j.cell for j in jobs))
@@ -713,6 +724,7 @@ def build_report(
         reps,
         seed,
         {s: counts.get(s, 0) for s in ("ok", "diverged", "crashed")},
+        score_key=score,
         best=ranked[0] if ranked else None,
         worst=ranked[-1] if len(ranked) > 1 else None,
     )
@@ -754,7 +766,7 @@ def draw_figures(report: Report, scores: dict[str, np.ndarray]) -> None:
         report.col_key,
         row_values,
         col_values,
-        f"IQM final return{pooled}",
+        f"IQM {SCORES[report.score_key][0]}{pooled}",
         ".1f",
         "viridis",
         root / FIGURES["heatmap_iqm"],
@@ -767,7 +779,8 @@ def draw_figures(report: Report, scores: dict[str, np.ndarray]) -> None:
         everything = np.concatenate([x.ravel() for x in scores.values()])
         taus = np.linspace(everything.min(), everything.max(), 101)
         profiles, bands = performance_profiles(scores, taus, report.reps, report.seed)
-        xlabel = "normalized final return τ" if len(report.tasks) > 1 else "final return τ"
+        name = SCORES[report.score_key][0]
+        xlabel = f"normalized {name} τ" if len(report.tasks) > 1 else f"{name} τ"
         plot_profiles(profiles, bands, taus, xlabel, root / FIGURES["performance_profile"])
         report.figures["performance_profile"] = root / FIGURES["performance_profile"]
 

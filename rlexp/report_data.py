@@ -8,6 +8,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# a report's score (Report.score_key) -> (its name on the page, what it is)
+SCORES = {
+    "eval_return": (
+        "eval return",
+        "a member's eval_return: the mean return of its last evaluation (eval.episodes deterministic episodes "
+        "on evaluation environments, at the end of training; for a diverged member, its last one before the "
+        "divergence; a member never evaluated has no score)",
+    ),
+    "final_return": (
+        "final return",
+        "a member's final_return: the mean return of its last 10 training episodes (a diverged member's "
+        "return at its divergence counts)",
+    ),
+}
+
 
 @dataclass
 class Job:
@@ -31,12 +46,12 @@ class CellStats:
 
     cell: str
     members: int  # non-crashed members
-    scored: int  # members with a final return
+    scored: int  # members with a score (eval_return or final_return: Report.score_key)
     diverged: int
     divergence_rate: float  # diverged / members (NaN without members)
     iqm: float = float("nan")
     ci: tuple[float, float] = (float("nan"), float("nan"))
-    median_return: float = float("nan")
+    median_return: float = float("nan")  # of the scores
     median_diverged_step: float = float("nan")
     causes: Counter = field(default_factory=Counter)  # "cause@where" -> count
 
@@ -58,6 +73,7 @@ class Report:
     reps: int
     seed: int
     status_counts: dict[str, int]
+    score_key: str = "final_return"  # what the statistics rank: eval_return or final_return (report.SCORES)
     poi: tuple[str, str, tuple[float, float, float]] | None = None
     best: CellStats | None = None
     worst: CellStats | None = None

@@ -9,7 +9,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from rlexp.report_data import CellStats, Report
+from rlexp.report_data import SCORES, CellStats, Report
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 24px auto;
@@ -65,6 +65,7 @@ def _ci(stats: CellStats) -> str:
 def render_html(report: Report) -> str:
     """The whole page as a string."""
     c = report.status_counts
+    name, meaning = SCORES[report.score_key]
     crashed_jobs = [j for j in report.jobs if j.status == "crashed"]
     parts = [
         f"<h1>rlexp report</h1><p><code>{escape(str(report.root))}</code></p>",
@@ -75,9 +76,9 @@ def render_html(report: Report) -> str:
         f"<span><b>{len(report.cells)}</b> cells</span>"
         f"<span>tasks: {escape(', '.join(report.tasks))}</span></p>",
         f'<p class="note">Swept: {escape(", ".join(report.varying) or "nothing (one cell)")}. '
-        f"Cells: {escape(', '.join(report.keys) or 'all')}. Final return = mean return of a member's last 10 "
-        "episodes; a diverged member's return at its divergence counts, crashed jobs are left out of every "
-        "statistic. IQM = mean of the middle 50% of runs; [95% CI] from rliable's stratified bootstrap "
+        f"Cells: {escape(', '.join(report.keys) or 'all')}. Score: <b>{escape(name)}</b> = {escape(meaning)}; "
+        "crashed jobs are left out of every statistic. IQM = mean of the middle 50% of runs; [95% CI] from "
+        "rliable's stratified bootstrap "
         f"({report.reps} resamples, seed {report.seed}).</p>",
     ]
 
@@ -99,7 +100,7 @@ def render_html(report: Report) -> str:
         classes.append("best" if report.best is s else "worst" if report.worst is s else "")
     parts += [
         "<h2>Cells</h2>",
-        '<p class="note">Sorted by IQM of the final return; n = members that ran (crashed jobs excluded).</p>',
+        f'<p class="note">Sorted by IQM of the {name}; n = members that ran (crashed jobs excluded).</p>',
         _table(
             [
                 "cell",
@@ -107,7 +108,7 @@ def render_html(report: Report) -> str:
                 "diverged",
                 "divergence rate",
                 "IQM [95% CI]",
-                "median final return",
+                f"median {name}",
                 "median diverged step",
                 "top cause@where",
             ],
@@ -130,19 +131,19 @@ def render_html(report: Report) -> str:
             )
         parts.append(f"<ul>{''.join(lines)}</ul>")
     else:
-        parts.append("<p>No cell has a final return to rank.</p>")
+        parts.append(f"<p>No cell has a {name} to rank.</p>")
 
     parts.append("<h2>Probability of improvement</h2>")
     if report.poi is not None:
         a, b, (p, low, high) = report.poi
         parts.append(
             f"<p>P(<b>{escape(a)}</b> &gt; <b>{escape(b)}</b>) = <b>{p:.2f}</b> [95% CI {low:.2f}, {high:.2f}]"
-            '</p><p class="note">The probability that a run of the first cell has a higher final return than a '
+            f'</p><p class="note">The probability that a run of the first cell has a higher {name} than a '
             "run of the second (ties count half), averaged over tasks (rliable). Choose the pair with "
             "<code>--compare CELL_A CELL_B</code>; the default is the best against the worst cell.</p>"
         )
     else:
-        parts.append("<p>Needs two cells with final returns.</p>")
+        parts.append(f"<p>Needs two cells with a {name}.</p>")
 
     figures = report.figures
     parts.append("<h2>Heatmaps</h2>")
@@ -163,12 +164,12 @@ def render_html(report: Report) -> str:
     parts.append("<h2>Performance profile</h2>")
     if "performance_profile" in figures:
         parts.append(
-            '<p class="note">For each threshold τ, the fraction of runs whose final return exceeds τ, '
+            f'<p class="note">For each threshold τ, the fraction of runs whose {name} exceeds τ, '
             "with a 95% bootstrap band (rliable's score distribution); a curve above another dominates it."
             "</p>" + _image(figures["performance_profile"], "performance profile")
         )
     else:
-        parts.append("<p>No final returns to profile.</p>")
+        parts.append(f"<p>No {name} to profile.</p>")
 
     parts.append("<h2>Learning curves</h2>")
     if "learning_curves" in figures:

@@ -2,7 +2,8 @@
 
 An algorithm is ``train(ctx: RunContext) -> None``. The context holds the typed config, the device,
 the population's seeds, environments, random streams and normalizers, factories for networks and
-gradient pipelines, and the recorder (steps, statistics, divergence, instruments). The job runner
+gradient pipelines, the evaluator (evaluation's own environments and stream) and the recorder
+(steps, statistics, divergence, instruments, evaluations). The job runner
 (``rlexp.runner``) builds it; an algorithm never imports the runner or the entry point.
 """
 
@@ -18,6 +19,7 @@ from omegaconf import OmegaConf
 
 from rlexp.config import ActivationConfig, Config, InitConfig, NetworkConfig, NormalizationConfig
 from rlexp.envs import PopulationEnv
+from rlexp.evaluate import Evaluator
 from rlexp.grad import GradientPipeline
 from rlexp.nets import PopMLP, weight_parameters
 from rlexp.normalize import ObsNormalizer, RewardScaler
@@ -64,20 +66,22 @@ class RunContext:
     streams: MemberStreams  # each member's uniform numbers (actions, sampling, shuffling)
     obs_norm: ObsNormalizer  # identity unless obs_norm is on
     reward_norm: RewardScaler  # identity unless reward_norm is on
-    recorder: Recorder  # steps, statistics, divergence, instruments, output files
+    evaluator: Evaluator  # eval.*: evaluation's environments and random stream, never training's
+    recorder: Recorder  # steps, statistics, divergence, instruments, evaluations, output files
     nets_made: int = field(default=0, init=False)  # each network built takes the next generator stream
 
     @classmethod
     def create(cls, cfg: Config, device: torch.device) -> RunContext:
         """Seed torch's global generator, then build the population's environments, streams,
-        normalizers and recorder from ``cfg``."""
+        normalizers, evaluator and recorder from ``cfg``."""
         seeds = [cfg.seed + k for k in range(cfg.num_seeds)]
         torch.manual_seed(cfg.seed)
         env = PopulationEnv(cfg.env, seeds)
         obs_norm = ObsNormalizer(cfg.obs_norm, len(seeds), env.obs_dim)
         reward_norm = RewardScaler(cfg.reward_norm, len(seeds), env.num_envs, cfg.algo.gamma)
-        recorder = Recorder(cfg, env, seeds, device, obs_norm, reward_norm)
-        return cls(cfg, device, seeds, env, MemberStreams(seeds), obs_norm, reward_norm, recorder)
+        evaluator = Evaluator(cfg, seeds, obs_norm)
+        recorder = Recorder(cfg, env, seeds, device, obs_norm, reward_norm, evaluator)
+        return cls(cfg, device, seeds, env, MemberStreams(seeds), obs_norm, reward_norm, evaluator, recorder)
 
     @property
     def members(self) -> int:

@@ -13,16 +13,18 @@ import torch
 
 
 def member_generator(member_seed: int, purpose: int) -> torch.Generator:
-    """A CPU generator for one member and purpose (0 = weights, 1 = environments, 2 = stream, ...)."""
+    """A CPU generator for one member and purpose (0 = weights, 1 = environments, 2 = stream,
+    3 = evaluation environments, 4 = evaluation stream, 10+ = networks)."""
     seed = int(np.random.SeedSequence([member_seed, purpose]).generate_state(1, dtype=np.uint64)[0] >> 1)
     return torch.Generator().manual_seed(seed)
 
 
 class MemberStreams:
-    """Uniform [0, 1) numbers, float64, one independent stream per member."""
+    """Uniform [0, 1) numbers, float64, one independent stream per member (``purpose`` 2: training's,
+    4: evaluation's)."""
 
-    def __init__(self, member_seeds: list[int], block: int = 65_536) -> None:
-        self.generators = [member_generator(s, 2) for s in member_seeds]
+    def __init__(self, member_seeds: list[int], block: int = 65_536, purpose: int = 2) -> None:
+        self.generators = [member_generator(s, purpose) for s in member_seeds]
         self.block = block
         self.pool = np.empty((len(member_seeds), 0))
         self.pos = 0

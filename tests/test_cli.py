@@ -283,6 +283,7 @@ BAD_VALUES = {
     ),
     "cuda_without_cuda": (["device=cuda"], "device", ["CUDA"]),
     "logger_mode_bogus": (["logger.mode=bogus"], "logger.mode", ["bogus"]),
+    "eval_episodes_negative": (["eval.episodes=-1"], "eval.episodes", ["-1"]),
 }
 
 

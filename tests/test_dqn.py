@@ -747,7 +747,15 @@ def _compose(overrides):
         return compose(config_name="config", overrides=overrides)
 
 
-TINY = ["logger.mode=disabled", "logger.progress=off", "network.hidden=[16,16]", "device=cpu", "threads=1"]
+# evaluation off: these runs record every step of the (training) environments
+TINY = [
+    "logger.mode=disabled",
+    "logger.progress=off",
+    "network.hidden=[16,16]",
+    "device=cpu",
+    "threads=1",
+    "eval.episodes=0",
+]
 
 
 class _EnvRecorder:

@@ -23,7 +23,8 @@ from rliable import library, metrics
 from scipy.stats import trim_mean
 from test_cli import cli_env, read_wandb_records, read_wandb_run
 
-from rlexp.report import build_report, iqm_fast, performance_profiles, poi_fast
+from rlexp.report import build_report, iqm_fast, performance_profiles, poi_fast, write_outputs
+from rlexp.report_html import render_html
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium")
@@ -142,11 +143,14 @@ def test_divergence_rate_and_iqm_per_cell_from_the_summaries(damaged, damaged_re
         assert stats.members == len(job["members"])  # job 4 (crashed, same cell as job 0) is left out
         assert stats.diverged == job["counts"]["diverged"]
         assert stats.divergence_rate == pytest.approx(job["counts"]["diverged"] / len(job["members"]))
-        returns = np.array([m["final_return"] for m in job["members"]])
+        # the jobs evaluated: the score is each member's eval_return (none for member 1, diverged before it)
+        returns = np.array([m["eval_return"] for m in job["members"] if m["eval_return"] is not None])
+        assert len(returns) == len(job["members"]) - job["counts"]["diverged"]
         assert stats.iqm == pytest.approx(trim_mean(returns, 0.25))
         assert stats.median_return == pytest.approx(np.median(returns))
     assert by_cell["activation=relu,debug.inject.what=param"].divergence_rate == pytest.approx(1 / 3)
     assert report.status_counts == {"ok": 10, "diverged": 2, "crashed": 6}
+    assert report.score_key == "eval_return"
 
 
 def test_crashed_jobs_and_damage_are_reported(damaged, damaged_report):
@@ -181,9 +185,15 @@ def test_wandb_summary_run_read_back(damaged, damaged_report):
 
 # ---------------------------------------------------------------------- exact numbers, hand-written jobs
 def write_job(
-    root: Path, name: str, choices: dict[str, str], returns: Sequence[float], diverged: Sequence[int] = ()
+    root: Path,
+    name: str,
+    choices: dict[str, str],
+    returns: Sequence[float],
+    diverged: Sequence[int] = (),
+    eval_returns: Sequence[float | None] | None = None,
 ) -> None:
-    """A job dir as the trainer writes it, with known final returns (members in ``diverged`` diverged)."""
+    """A job dir as the trainer writes it, with known final returns (members in ``diverged`` diverged)
+    and, given ``eval_returns``, known evaluation returns."""
     job = root / name
     (job / ".hydra").mkdir(parents=True)
     (job / ".hydra" / "overrides.yaml").write_text("".join(f"- {k}={v}\n" for k, v in choices.items()))
@@ -194,6 +204,7 @@ def write_job(
             "member": k,
             "steps": 1000,
             "final_return": r,
+            **({} if eval_returns is None else {"eval_return": eval_returns[k]}),
             "episodes": 10,
             "wall_s": 1.0,
             "diverged_at_step": 500 + 100 * k if k in diverged else None,
@@ -293,6 +304,30 @@ def test_heatmap_axes_overridable_and_pooled(synthetic, tmp_path):
     assert "Rows: optimizer, columns: activation; pooled over init" in html
     assert "P(<b>activation=tanh,init=he</b> &gt; <b>activation=relu,init=he</b>)" in html
     assert not (synthetic / "report_wandb" / "wandb").exists()
+
+
+def test_eval_return_is_the_score_when_the_jobs_evaluated(synthetic, tmp_path):
+    """Jobs that evaluated are scored by eval_return (a member without one is not scored), and the page
+    and grid.csv say so; jobs without evaluation keep the training final_return."""
+    root = tmp_path / "evaluated"
+    evals = [100.0, 200.0, 300.0, 400.0, 500.0, 600.0, 700.0, None]  # the last member never evaluated
+    write_job(root, "0", {"activation": "relu"}, A, eval_returns=evals)
+    write_job(root, "1", {"activation": "tanh"}, B, diverged=(0,), eval_returns=[1.0] * 8)
+    report = build_report(root, reps=50)
+    by_cell = {s.cell: s for s in report.cells}
+    assert report.score_key == "eval_return"
+    assert by_cell["activation=relu"].iqm == pytest.approx(trim_mean(evals[:7], 0.25))
+    assert by_cell["activation=relu"].scored == 7 and by_cell["activation=relu"].median_return == 400.0
+    assert by_cell["activation=tanh"].iqm == 1.0
+    write_outputs(report)
+    html = (root / "report.html").read_text()
+    assert "Score: <b>eval return</b>" in html and "median eval return" in html
+    assert [r["eval_return"] for r in grid(root) if r["job"] == "0"] == [*(str(v) for v in evals[:7]), ""]
+
+    plain = build_report(synthetic, reps=50)
+    assert plain.score_key == "final_return"
+    assert {s.cell: s.median_return for s in plain.cells}["activation=relu,init=he"] == np.median(A)
+    assert "Score: <b>final return</b>" in render_html(plain)
 
 
 # ---------------------------------------------------------------------- bad input

@@ -1,7 +1,8 @@
 """DQN for a population of members, with DQN 3.0's switches.
 
 Reads top to bottom: networks -> replay -> per step: epsilon-greedy act, store, and every
-``train_frequency`` env steps ``gradient_steps`` updates; hard or soft target updates.
+``train_frequency`` env steps ``gradient_steps`` updates; hard or soft target updates. Evaluation
+plays the greedy policy (``evaluation_policy``; epsilon-greedy with ``eval.epsilon`` > 0).
 
 The update (DeepMind's DQN 3.0, per member):
     r' = r / r_max                       if rescale_r (r_max = largest |r| seen, at least algo.r_max)
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Callable
 from functools import partial
 
 import numpy as np
@@ -32,6 +34,7 @@ from rlexp.diagnostics import (
     parameter_names,
     update_instruments,
 )
+from rlexp.evaluate import Policy
 from rlexp.grad import UpdateStats
 from rlexp.nets import PopMLP, hard_update_, soft_update_
 from rlexp.recorder import Located
@@ -43,6 +46,23 @@ def epsilon(step: int, algo: DQNConfig, total_steps: int) -> float:
     """Linear decay from start_e to end_e over exploration_fraction * total_steps env steps."""
     duration = algo.exploration_fraction * total_steps
     return algo.start_e + (algo.end_e - algo.start_e) * min(1.0, step / duration)
+
+
+def evaluation_policy(
+    q_values: Callable[[np.ndarray], np.ndarray], n_actions: int, eps: float, uniform: Callable[[int], np.ndarray]
+) -> Policy:
+    """Greedy actions [P, N] from normalized observations [P, N, obs]; with ``eps`` > 0 epsilon-greedy,
+    the random numbers from ``uniform`` (evaluation's own stream, [P, n] per call)."""
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        greedy = q_values(obs).argmax(-1)  # [P, N]
+        if eps == 0:
+            return greedy
+        n = obs.shape[1]
+        u = uniform(2 * n)  # [P, 2N]
+        return np.where(u[:, :n] < eps, (u[:, n:] * n_actions).astype(np.int64), greedy)
+
+    return act
 
 
 def td_loss(td: torch.Tensor, algo: DQNConfig) -> torch.Tensor:
@@ -197,6 +217,7 @@ def train(ctx: RunContext) -> None:
     q_net = ctx.make_net(env.obs_dim, n_actions)
     q_net.eval()  # acting uses running statistics when the network has batch norm
     q_values = q_net.host_inference()  # acting: host observations to host Q-values [P, E, A], no gradient
+    recorder.evaluate_with(evaluation_policy(q_values, n_actions, cfg.eval.epsilon, ctx.evaluator.uniform))
     target_net = None
     if algo.target_network:
         target_net = copy.deepcopy(q_net)

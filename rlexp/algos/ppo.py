@@ -6,7 +6,8 @@ when enabled) -> GAE advantages -> ``update_epochs`` passes over ``num_minibatch
 minibatches (each member shuffles with its own stream) -> actor loss (clipped surrogate minus
 entropy bonus) and critic loss (value MSE, optionally clipped). A2C is the same code with one
 epoch over one minibatch: the policy ratio is then 1 and the surrogate's gradient is the plain
-policy gradient.
+policy gradient. Evaluation plays the distribution's mode (``evaluation_policy``): the likeliest
+action, or the Gaussian's mean clipped to the action bounds.
 
 The losses, per member, over the valid samples of a minibatch (w = 1 for real transitions):
     ratio = exp(log pi(a|s) - log pi_old(a|s));  A normalized per member when norm_adv
@@ -23,6 +24,7 @@ end a reset with no transition: it is masked out of every loss (and of the stati
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -40,6 +42,7 @@ from rlexp.diagnostics import (
     parameter_names,
     update_instruments,
 )
+from rlexp.evaluate import Policy
 from rlexp.grad import UpdateStats
 from rlexp.nets import PopMLP
 from rlexp.recorder import Located
@@ -92,6 +95,23 @@ class Actor(nn.Module):
         cdf = F.softmax(out, -1).cumsum(-1)  # [P, E, A]
         index = (cdf < uniform[..., :1]).sum(-1)
         return index.clamp(max=out.shape[-1] - 1)
+
+
+def evaluation_policy(
+    policy_out: Callable[[torch.Tensor], torch.Tensor],
+    device: torch.device,
+    bounds: tuple[np.ndarray, np.ndarray] | None,
+) -> Policy:
+    """The deterministic policy: normalized observations [P, N, obs] -> the argmax of the logits [P, N]
+    (discrete), or the Gaussian's mean [P, N, A] clipped to ``bounds`` (low, high) as acting clips."""
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        out = policy_out(torch.from_numpy(obs).to(device))  # [P, N, A]
+        if bounds is None:
+            return out.argmax(-1).cpu().numpy()
+        return np.clip(out.cpu().numpy(), *bounds)
+
+    return act
 
 
 def gae(
@@ -214,6 +234,7 @@ def train(ctx: RunContext) -> None:
     actor.eval(), critic.eval()  # acting uses running statistics when a network has batch norm
     batch_stats = actor.net.uses_batch_stats or critic.uses_batch_stats  # the update then trains with batch ones
     policy_out, value_of = actor.net.inference(), critic.inference()  # acting: no gradient, less overhead
+    recorder.evaluate_with(evaluation_policy(policy_out, device, (low, high) if continuous else None))
     actor_pipe, critic_pipe = ctx.make_pipeline(actor), ctx.make_pipeline(critic)  # an optimizer each
     actor_names = parameter_names(actor.net, "actor") + (["actor.log_std"] if continuous else [])
     critic_names = parameter_names(critic, "critic")

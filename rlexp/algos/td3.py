@@ -14,13 +14,14 @@ The critic update, per member (no gradient through y):
 The actor update: actor loss = -mean Q_1(s, mu(s)) (the critic's parameters get no gradient).
 Targets: theta' <- (1 - tau) theta' + tau theta (tau = 0.001 is the seed's DDPG). Noise scales are
 fractions of the half action range. A truncated episode bootstraps, a terminated one does not.
+Evaluation plays mu(s), without exploration noise (``evaluation_policy``).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import numpy as np
@@ -35,6 +36,7 @@ from rlexp.diagnostics import (
     parameter_names,
     update_instruments,
 )
+from rlexp.evaluate import Policy
 from rlexp.grad import UpdateStats
 from rlexp.nets import PopMLP, soft_update_
 from rlexp.recorder import Located
@@ -58,6 +60,24 @@ def normal(uniform: np.ndarray, shape: tuple, device: torch.device) -> torch.Ten
     """Standard normal numbers of ``shape`` from a member's uniform stream [P, n] (inverse CDF)."""
     u = torch.from_numpy(uniform).float().reshape(shape).clamp(1e-7, 1 - 1e-7)
     return torch.special.ndtri(u).to(device)
+
+
+def evaluation_policy(
+    act: Callable[[torch.Tensor], torch.Tensor],
+    squash: ScaledTanh,
+    device: torch.device,
+    low: np.ndarray,
+    high: np.ndarray,
+) -> Policy:
+    """The deterministic policy: normalized observations [P, N, obs] -> mu(s) [P, N, A], no noise,
+    clipped to the action bounds ``low``, ``high`` [A] as acting clips (against rounding at tanh's ends)."""
+
+    def policy(obs: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            mu = squash(act(torch.from_numpy(obs).to(device)))  # [P, N, A]
+        return np.clip(mu.cpu().numpy(), low, high)
+
+    return policy
 
 
 def td3_target(
@@ -135,6 +155,7 @@ def train(ctx: RunContext) -> None:
     critic_updates = actor_updates = 0
 
     act = actor.inference()  # acting: the same forward, no gradient, less overhead per call
+    recorder.evaluate_with(evaluation_policy(act, squash, device, low, high))
     obs = env.reset()  # [P, E, obs] raw, on the host
     ctx.obs_norm.update(obs)
     prev_step = 0
