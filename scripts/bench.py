@@ -5,7 +5,8 @@
     python scripts/bench.py --only dqn_vs_sb3 ppo_vs_sb3 --repeats 3
     python scripts/bench.py --steps 1500 --ppo-steps 1024 --repeats 1 --populations 1 16  # a smoke run
 
-Sections (--only picks a subset); every measurement is a fresh process, 1 torch thread, CartPole-v1:
+Sections (--only picks a subset); every measurement is a fresh process, 1 torch thread, CartPole-v1,
+evaluation off (eval.episodes=0: the SB3 baselines do not evaluate; every section measures training):
 
   dqn_vs_sb3   rlexp DQN (population of 1) vs Stable-Baselines3 DQN with the same hyperparameters:
                CleanRL's dqn.py settings (+experiment=cleanrl_dqn) plus SB3's fixed choices, Huber loss
@@ -183,8 +184,10 @@ def rlexp_run(overrides: list[str], workdir: Path, mode: str = "disabled") -> Sa
 
 
 def rlexp_command(overrides: list[str], mode: str) -> list[str]:
-    """The command line of an rlexp job (without its run dir)."""
-    return [sys.executable, "-m", "rlexp.train", *overrides, f"logger.mode={mode}", "logger.progress=off"]
+    """The command line of an rlexp job (without its run dir). Evaluation is off: the SB3 baselines do
+    not evaluate, and every section measures training alone."""
+    common = [f"logger.mode={mode}", "logger.progress=off", "eval.episodes=0"]
+    return [sys.executable, "-m", "rlexp.train", *overrides, *common]
 
 
 def sb3_command(algo: str, steps: int, seed: int, learning_starts: int = 0) -> list[str]:
