@@ -68,6 +68,18 @@ def gens(*seeds: int) -> list[torch.Generator]:
     return [torch.Generator().manual_seed(s) for s in seeds]
 
 
+def sgd_pipeline(net: torch.nn.Module, members: int) -> GradientPipeline:
+    """A plain SGD pipeline (lr 0.5, no clipping): it moves the parameters into its flat buffer."""
+    return GradientPipeline(
+        list(net.parameters()),
+        SGDConfig(name="sgd", lr=0.5),
+        ClippingConfig(name="none"),
+        RegularizationConfig(),
+        weight_parameters(net),
+        Health(members, CPU),
+    )
+
+
 def structured(cls, **kw):
     """A config node as Hydra hands it to the code (a structured DictConfig)."""
     return OmegaConf.structured(cls(**kw))
@@ -352,14 +364,7 @@ def test_inference_matches_forward_after_a_pipeline_moves_and_updates_the_parame
     x = torch.randn(3, 5, 4, generator=torch.Generator().manual_seed(0))
     initial = infer(x)
     assert torch.equal(initial, net(x).detach())
-    pipe = GradientPipeline(
-        list(net.parameters()),
-        SGDConfig(name="sgd", lr=0.5),
-        ClippingConfig(name="none"),
-        RegularizationConfig(),
-        weight_parameters(net),
-        Health(3, CPU),
-    )
+    pipe = sgd_pipeline(net, 3)
     for _ in range(2):
         pipe.step(net(x).square().mean((1, 2)), env_step=0)
         assert torch.equal(infer(x), net(x).detach())
@@ -417,14 +422,7 @@ def test_host_inference_matches_forward_after_a_pipeline_moves_and_updates_the_p
         return out
 
     initial = check()
-    pipe = GradientPipeline(
-        list(net.parameters()),
-        SGDConfig(name="sgd", lr=0.5),
-        ClippingConfig(name="none"),
-        RegularizationConfig(),
-        weight_parameters(net),
-        Health(3, CPU),
-    )
+    pipe = sgd_pipeline(net, 3)
     for _ in range(2):
         pipe.step(net(x).square().mean((1, 2)), env_step=0)
         check()
