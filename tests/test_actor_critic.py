@@ -25,6 +25,7 @@ from hydra import compose, initialize_config_dir
 import rlexp.config  # noqa: F401  (registers the structured-config schemas with Hydra)
 from rlexp.algos.ppo import Actor, Minibatch, explained_variance, gae, masked_mean, ppo_losses
 from rlexp.algos.td3 import ScaledTanh, td3_target
+from rlexp.buffer import Batch, ReplayBuffer
 from rlexp.build import validate
 from rlexp.config import (
     ActivationConfig,
@@ -39,7 +40,6 @@ from rlexp.config import (
 )
 from rlexp.nets import PopMLP, soft_update_
 from rlexp.normalize import ObsNormalizer, RewardScaler, RunningMeanStd
-from rlexp.replay import Batch, ReplayBuffer
 from rlexp.run import RunContext, network_groups
 from rlexp.train import run_job
 

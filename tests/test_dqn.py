@@ -25,6 +25,7 @@ import rlexp.config  # noqa: F401  (registers the structured-config schemas with
 from rlexp.activations import ACTIVATIONS
 from rlexp.algos import dqn as dqn_module
 from rlexp.algos.dqn import dqn_loss, epsilon, td_loss
+from rlexp.buffer import Batch, ReplayBuffer
 from rlexp.config import (
     ActivationConfig,
     AdamConfig,
@@ -43,7 +44,6 @@ from rlexp.config import (
 from rlexp.envs import PopulationEnv
 from rlexp.grad import CAUSES, GradientPipeline, Health
 from rlexp.nets import PopMLP, PopWeightNormLinear, weight_parameters
-from rlexp.replay import Batch, ReplayBuffer
 from rlexp.streams import MemberStreams, member_generator
 from rlexp.train import population_threads, run_job
 

@@ -23,6 +23,7 @@ from hydra import compose, initialize_config_dir
 
 import rlexp.config  # noqa: F401  (registers the structured-config schemas with Hydra before compose)
 from rlexp.algos import dqn
+from rlexp.buffer import Batch
 from rlexp.config import (
     ActivationConfig,
     DQNConfig,
@@ -50,7 +51,6 @@ from rlexp.diagnostics import (
 from rlexp.grad import GradientPipeline, Health
 from rlexp.nets import PopMLP, PopWeightNormLinear, weight_parameters
 from rlexp.recorder import Recorder
-from rlexp.replay import Batch
 from rlexp.train import run_job
 
 torch.set_num_threads(1)

@@ -23,6 +23,7 @@ from torch import nn
 import rlexp.config  # noqa: F401  (registers the structured-config schemas with Hydra)
 from rlexp.algos.dqn import dqn_loss
 from rlexp.algos.ppo import Actor, Minibatch, ppo_losses
+from rlexp.buffer import Batch
 from rlexp.config import (
     ActivationConfig,
     ActorCriticConfig,
@@ -39,7 +40,6 @@ from rlexp.config import (
 )
 from rlexp.grad import GradientPipeline, Health
 from rlexp.nets import PopMLP, weight_parameters
-from rlexp.replay import Batch
 
 torch.set_num_threads(1)
 

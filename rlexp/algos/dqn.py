@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rlexp.buffer import Batch, ReplayBuffer
 from rlexp.config import DQNConfig
 from rlexp.diagnostics import (
     activity_instruments,
@@ -38,7 +39,6 @@ from rlexp.evaluate import Policy
 from rlexp.grad import UpdateStats
 from rlexp.nets import PopMLP, hard_update_, soft_update_
 from rlexp.recorder import Located
-from rlexp.replay import Batch, ReplayBuffer
 from rlexp.run import RunContext
 
 

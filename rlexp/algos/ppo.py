@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlexp.buffer import take_rows
 from rlexp.config import ActorCriticConfig
 from rlexp.diagnostics import (
     activity_instruments,
@@ -46,7 +47,6 @@ from rlexp.evaluate import Policy
 from rlexp.grad import UpdateStats
 from rlexp.nets import PopMLP
 from rlexp.recorder import Located
-from rlexp.replay import take_rows
 from rlexp.run import RunContext
 
 LOG_2PI = math.log(2 * math.pi)

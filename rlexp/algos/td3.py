@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from rlexp.buffer import Batch, ReplayBuffer
 from rlexp.config import TD3Config
 from rlexp.diagnostics import (
     activity_instruments,
@@ -40,7 +41,6 @@ from rlexp.evaluate import Policy
 from rlexp.grad import UpdateStats
 from rlexp.nets import PopMLP, soft_update_
 from rlexp.recorder import Located
-from rlexp.replay import Batch, ReplayBuffer
 from rlexp.run import RunContext
 
 
