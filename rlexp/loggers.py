@@ -52,10 +52,11 @@ class MemberLog:
     ``wandb_run`` is a run, a Future of one (opening in the background) or None (disabled).
     """
 
-    def __init__(self, run_dir: Path, wandb_run: Any) -> None:
+    def __init__(self, run_dir: Path, wandb_run: Any, append: bool = False) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.dir = run_dir
-        self.file = open(run_dir / "metrics.jsonl", "w", buffering=1)  # a rerun into this dir starts afresh
+        # a rerun into this dir starts afresh; a job continued from its checkpoint appends
+        self.file = open(run_dir / "metrics.jsonl", "a" if append else "w", buffering=1)
         self._run: Any = None
         self._opening: Future | None = None
         if isinstance(wandb_run, Future):
@@ -116,19 +117,27 @@ def open_member_logs(
     group: str,
     tags: list[str],
     config: dict[str, Any],
+    continued_from: int | None = None,
+    finished: list[bool] | None = None,
 ) -> list[MemberLog]:
     """One MemberLog per seed under ``out_dir/seed_<k>``; W&B files in ``seed_<k>/wandb``. The W&B
-    runs open one after another in a background thread (each log holds a Future of its run)."""
+    runs open one after another in a background thread (each log holds a Future of its run).
+
+    ``continued_from``: a job continued from its checkpoint at that env step: each metrics.jsonl goes
+    on, and each member opens a new W&B run of the same name and group (config ``continued_from``);
+    a member ``finished`` already opens none."""
     mode = resolve_wandb_mode(cfg)
     logs: list[MemberLog] = []
     opener = None if mode == "disabled" else ThreadPoolExecutor(max_workers=1, thread_name_prefix="wandb-init")
+    if continued_from is not None:
+        config = {**config, "continued_from": continued_from}
     for member, seed in enumerate(seeds):
         run_dir = out_dir / f"seed_{member}"
         run_dir.mkdir(parents=True, exist_ok=True)
         run = None
-        if opener is not None:
+        if opener is not None and not (finished and finished[member]):
             run = opener.submit(_init_wandb, cfg, mode, run_dir, seed, member, group, tags, config)
-        logs.append(MemberLog(run_dir, run))
+        logs.append(MemberLog(run_dir, run, append=continued_from is not None))
     if opener is not None:
         opener.shutdown(wait=False)  # the thread ends once every run is open
     return logs
