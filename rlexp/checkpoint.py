@@ -45,7 +45,7 @@ from rlexp.streams import MemberStreams
 FORMAT = "rlexp-checkpoint/1"
 FILE = "checkpoint.pt"
 # keys that may differ between the job that wrote a checkpoint and the one continuing from it
-CONTINUE_IGNORES = ("debug.crash_at_step", "checkpoint.every")
+CONTINUE_IGNORES = ("debug.crash_at_step",)
 PLAIN = (bool, int, float, str, type(None))
 
 

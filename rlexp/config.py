@@ -23,7 +23,7 @@ from omegaconf import MISSING
 # (Hydra's override_dirname, the W&B group), of the report's cells and, all but SEED_KEYS, of the config a
 # resumed job must match.
 SEED_KEYS = ("seed", "num_seeds")
-NON_CELL_KEYS = (*SEED_KEYS, "device", "threads", "resume", "logger.mode", "logger.progress")
+NON_CELL_KEYS = (*SEED_KEYS, "device", "threads", "resume", "logger.mode", "logger.progress", "checkpoint.every")
 
 
 class ConfigError(CompactHydraException):
