@@ -44,6 +44,7 @@ from rlexp.streams import MemberStreams
 
 FORMAT = "rlexp-checkpoint/1"
 FILE = "checkpoint.pt"
+KEYS = ("member", "members", "step", "replay", "config", "state", "shared")  # besides format
 # keys that may differ between the job that wrote a checkpoint and the one continuing from it
 CONTINUE_IGNORES = ("debug.crash_at_step",)
 PLAIN = (bool, int, float, str, type(None))
@@ -388,31 +389,31 @@ class Checkpoints:
                 raise
 
     # ---- reading
-    def load(self, members: int, dir_key: str = "hydra.run.dir") -> int | None:
+    def load(self, members: int) -> int | None:
         """Read the members' files into ``saved``; the step they were written at, or None when there is
         no checkpoint. CheckpointError for a file that is missing (while another member's exists), cut
         off, not a checkpoint, or at another step; ConfigError when they were written with another config."""
         paths = [self.path(k) for k in range(members)]
         if not any(p.exists() for p in paths):
             return None
-        contents = [read(p, self.dir) for p in paths]
-        first = contents[0]
-        for k, content in enumerate(contents):
-            name = self.path(k).relative_to(self.dir)
-            if content["member"] != k or content["members"] != members:
-                raise CheckpointError(
-                    f"{name}: member {content['member']} of {content['members']}, not {k} of {members}"
-                )
-            if content["step"] != first["step"]:
-                raise CheckpointError(f"{name}: written at step {content['step']}, seed_0's at step {first['step']}")
+        found = next(p for p in paths if p.exists())
+        first = read(found, self.dir)
         differs = config_difference(json.loads(first["config"]), self.config, CONTINUE_IGNORES)
         if differs is not None:
             key, old, new = differs
             raise ConfigError(
                 key,
-                f"{paths[0]} was written by a job with {key}={old!r}, this run has {new!r}",
-                f"resume with the config it was started with, or set {dir_key} to a new directory",
+                f"{found} was written by a job with {key}={old!r}, this run has {new!r}",
+                "resume with the config it was started with, or start the job in a new directory",
             )
+        contents = [read(p, self.dir) for p in paths]
+        for k, content in enumerate(contents):
+            name = self.path(k).relative_to(self.dir)
+            if content["member"] != k or content["members"] != members:
+                written = f"member {content['member']} of {content['members']}"
+                raise CheckpointError(f"{name}: {written}, not member {k} of {members}")
+            if content["step"] != first["step"]:
+                raise CheckpointError(f"{name}: written at step {content['step']}, another member's at {first['step']}")
         self.saved = stack([c["state"] for c in contents], first["shared"])
         self.step = first["step"]
         self.replay_saved = first["replay"]
@@ -475,6 +476,9 @@ def read(path: Path, job_dir: Path) -> dict[str, Any]:
         raise CheckpointError(f"{name}: not a readable checkpoint ({type(exc).__name__}: {first_line})") from None
     if not isinstance(content, dict) or content.get("format") != FORMAT:
         raise CheckpointError(f"{name}: not an rlexp checkpoint (no format {FORMAT!r})")
+    missing = [key for key in KEYS if key not in content]
+    if missing:
+        raise CheckpointError(f"{name}: missing key {', '.join(missing)}")
     return content
 
 

@@ -67,15 +67,16 @@ def member_files(run_dir: Path, member: int | None) -> list[Path]:
     if not run_dir.is_dir():
         raise ConfigError("run dir", f"{run_dir} is not a directory", f"usage: {USAGE}")
     fix = "train with checkpoint.every=<env steps> (e.g. checkpoint.every=10000); a finished job then leaves one"
-    if member is not None:
-        path = run_dir / f"seed_{member}" / FILE
-        if not path.exists():
-            raise ConfigError("seed", f"{path} does not exist", fix)
-        return [path]
     paths = sorted(run_dir.glob(f"seed_*/{FILE}"), key=lambda p: int(p.parent.name.split("_")[1]))
     if not paths:
         raise ConfigError("checkpoint.every", f"{run_dir} holds no checkpoint (seed_<k>/{FILE})", fix)
-    return paths
+    if member is None:
+        return paths
+    path = run_dir / f"seed_{member}" / FILE
+    if path not in paths:
+        there = ", ".join(f"seed={p.parent.name.split('_')[1]}" for p in paths)
+        raise ConfigError("seed", f"{path} does not exist", f"members with a checkpoint: {there}")
+    return [path]
 
 
 def load_policy(run_dir: Path, paths: list[Path], episodes: int | None, video: bool) -> tuple[RunContext, Any, int]:

@@ -208,12 +208,23 @@ def test_a_cut_off_checkpoint_is_moved_aside_and_the_job_runs_again_from_scratch
     assert checkpoint(tmp_path / "seed_1")["step"] == 600
 
 
-def test_evaluate_without_a_checkpoint_says_how_to_write_one(tmp_path, capsys):
-    (tmp_path / "seed_0").mkdir()
+def evaluate_refusal(args: list[str], capsys) -> str:
+    """The one line rlexp.evaluate prints for bad input (it exits with code 2)."""
     with pytest.raises(SystemExit) as exit_:
-        evaluate.main([str(tmp_path)])
+        evaluate.main(args)
     lines = capsys.readouterr().err.strip().splitlines()
-    assert exit_.value.code == 2 and len(lines) == 1 and "checkpoint.every=" in lines[0]
+    assert exit_.value.code == 2 and len(lines) == 1, lines
+    return lines[0]
+
+
+def test_evaluate_refuses_bad_input_in_one_line(tmp_path, capsys):
+    (tmp_path / "seed_0").mkdir()
+    assert "checkpoint.every=" in evaluate_refusal([str(tmp_path)], capsys)  # how to write checkpoints
+    (tmp_path / "seed_0" / FILE).write_bytes(b"not a checkpoint")
+    line = evaluate_refusal([str(tmp_path)], capsys)
+    assert line.startswith(f"corrupt: {tmp_path}/seed_0/{FILE}: not a readable checkpoint")
+    assert "seed=0" in evaluate_refusal([str(tmp_path), "seed=3"], capsys)  # the members there
+    assert "episodes" in evaluate_refusal([str(tmp_path), "episodes=0"], capsys)
 
 
 # ====================================================================== W&B and video
@@ -248,3 +259,28 @@ def test_evaluate_records_a_video_and_logs_it_to_a_wandb_run_of_the_member(tmp_p
     logged = history(evaluation)
     assert logged[("eval/video", "_type")] == "video-file" and logged[("eval/video", "size")] == video.stat().st_size
     assert logged[("_step",)] == 600
+
+
+# ====================================================================== for real: a killed grid, resumed
+@pytest.mark.slow
+def test_a_killed_grid_resumed_continues_each_job_from_its_checkpoint_bitwise(tmp_path):
+    from test_cli import Launch, describe, run_cli
+    from test_grid import wait_for
+
+    sweep = tmp_path / "sweep"
+    budget = ["total_steps=12000", "algo.learning_starts=200", "logger.log_every=500", "checkpoint.every=2000"]
+    args = ["+experiment=stability_grid_small", *budget, "checkpoint.replay=true", "logger.mode=disabled"]
+    args += ["logger.progress=off", f"hydra.sweep.dir={sweep}"]
+    first = Launch(args, tmp_path / "first")
+    try:
+        wait_for([sweep / "1" / "seed_1" / FILE], first.proc)  # job 0 finished, job 1 past a checkpoint
+    finally:
+        first.stop()  # SIGKILL
+    assert not (sweep / "1" / "summary.json").exists()
+    resumed = run_cli([*args, "resume=true"], tmp_path / "resumed")
+    assert resumed.returncode == 0, describe(resumed)
+    assert f"resume: {sweep / '1'} continues from its checkpoint at env step" in resumed.stdout
+    whole = run_cli([*args[:-1], f"hydra.sweep.dir={tmp_path / 'whole'}"], tmp_path / "whole_run")
+    assert whole.returncode == 0, describe(whole)
+    for job in range(4):
+        assert_same_job(tmp_path / "whole" / str(job), sweep / str(job), 2)
