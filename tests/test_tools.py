@@ -1,0 +1,97 @@
+"""Tests of the tools that read a sweep's files: attempts kept out of W&B, ``rlexp.sync``,
+``rlexp.check`` and ``rlexp.replay``. The fault table in docs/grids.md names them.
+
+One small sweep (2 jobs of 2 members, W&B offline) is made once per module; a job of it is then
+interrupted and resumed, so that it holds an attempt moved aside. Tests that damage files work on
+a copy.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_cli import ROOT, cli_env, describe, run_cli
+
+from rlexp.jobs import ASIDE
+
+BUDGET = ["total_steps=600", "algo.learning_starts=200", "logger.log_every=300", "logger.progress=off"]
+
+
+def run_tool(module: str, args: list[str], tmp: Path) -> subprocess.CompletedProcess:
+    """``python -m rlexp.<module> <args>`` in a subprocess (W&B offline, its dirs under tmp)."""
+    return subprocess.run(
+        [sys.executable, "-m", f"rlexp.{module}", *map(str, args)],
+        cwd=ROOT,
+        env=cli_env(tmp),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> Path:
+    """A finished sweep of 2 jobs x 2 members whose job 1 was resumed after an unfinished attempt."""
+    tmp = tmp_path_factory.mktemp("sweep")
+    root = tmp / "sweep"
+    args = ["-m", *BUDGET, "num_seeds=2", "activation=relu,tanh", f"hydra.sweep.dir={root}"]
+    first = run_cli(args, tmp / "first")
+    assert first.returncode == 0, describe(first)
+    (root / "1" / "summary.json").unlink()  # job 1 as a kill leaves it: no job summary
+    second = run_cli([*args, "resume=true"], tmp / "second")
+    assert second.returncode == 0, describe(second)
+    assert (root / "1" / "attempt_1").is_dir() and (root / "1" / "summary.json").exists()
+    return root
+
+
+def current_runs(root: Path) -> list[Path]:
+    """The offline runs of the latest attempts: <job>/seed_<k>/wandb/offline-run-*."""
+    return sorted(root.glob("*/seed_*/wandb/offline-run-*"))
+
+
+# ====================================================================== attempts stay out of W&B
+def test_an_aside_attempts_runs_are_renamed_out_of_the_sync_glob(sweep, tmp_path):
+    wandb_dir = sweep / "1" / "attempt_1" / "seed_0" / "wandb"
+    aside = sorted(p.name for p in wandb_dir.iterdir() if not p.is_symlink())
+    assert any(name.startswith(f"{ASIDE}offline-run-") for name in aside), aside
+    assert not any(name.startswith("offline-run-") for name in aside), aside
+    assert os.readlink(wandb_dir / "latest-run").startswith(ASIDE) and (wandb_dir / "latest-run").is_dir()
+    # the documented glob, even recursively, matches the 4 runs of the latest attempts only
+    recursive = sorted(sweep.glob("**/offline-run-*"))
+    assert recursive == current_runs(sweep) and len(recursive) == 4, recursive
+    # and wandb sync, given the aside attempt's wandb dir, syncs nothing
+    proc = subprocess.run(
+        [sys.executable, "-m", "wandb", "sync", "--dry-run", str(wandb_dir)],
+        env=cli_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and "No runs to sync" in proc.stdout + proc.stderr, describe(proc)
+
+
+def test_sync_uploads_exactly_the_runs_of_finished_jobs(sweep, tmp_path):
+    root = tmp_path / "sweep"
+    shutil.copytree(sweep, root, symlinks=True)
+    shutil.copytree(root / "0", root / "2", symlinks=True)
+    (root / "2" / "summary.json").unlink()  # an unfinished job: skipped, named
+    proc = run_tool("sync", [root, "--dry-run"], tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    assert f"skipped: {root / '2'}: not finished" in proc.stdout, describe(proc)
+    assert "sync: 4 W&B runs of 2 finished jobs" in proc.stdout, describe(proc)
+    listed = re.findall(r"(\S+/run-\w+\.wandb)", proc.stderr + proc.stdout)
+    expected = {str(next(run.glob("run-*.wandb"))) for run in current_runs(sweep)}
+    assert {str(sweep / Path(p).relative_to(root)) for p in listed} == expected, describe(proc)
+
+
+def test_sync_refuses_a_path_that_is_not_a_directory(tmp_path):
+    proc = run_tool("sync", [tmp_path / "nowhere"], tmp_path)
+    assert proc.returncode == 2 and proc.stdout == "", describe(proc)
+    line = f"sync: {tmp_path / 'nowhere'} is not a directory; pass a sweep dir or a job's run dir"
+    assert proc.stderr.strip() == line, describe(proc)
