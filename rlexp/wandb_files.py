@@ -76,6 +76,7 @@ def read_records(path: Path) -> list[Any]:
 def exit_code(run_dir: Path) -> tuple[int | None, str | None]:
     """(the exit code a W&B run ended with, None), or (None, what is wrong): no or several ``.wandb``
     files, not readable as one, no exit record (the run never finished)."""
+    from google.protobuf.message import DecodeError
     from wandb.proto import wandb_internal_pb2 as pb
 
     files = sorted(run_dir.glob("run-*.wandb"))
@@ -87,7 +88,10 @@ def exit_code(run_dir: Path) -> tuple[int | None, str | None]:
         return None, f"{files[0].name}: {exc}"
     for payload in reversed(payloads):  # the exit record is near the end
         record = pb.Record()
-        record.ParseFromString(payload)
+        try:
+            record.ParseFromString(payload)
+        except DecodeError:
+            return None, f"{files[0].name}: a record that is not a W&B record"
         if record.WhichOneof("record_type") == "exit":
             return record.exit.exit_code, None
     return None, "no exit record (the run never finished)"

@@ -8,16 +8,19 @@ a copy.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from test_cli import ROOT, cli_env, describe, run_cli
 
+from rlexp import check
 from rlexp.jobs import ASIDE
 
 BUDGET = ["total_steps=600", "algo.learning_starts=200", "logger.log_every=300", "logger.progress=off"]
@@ -95,3 +98,74 @@ def test_sync_refuses_a_path_that_is_not_a_directory(tmp_path):
     assert proc.returncode == 2 and proc.stdout == "", describe(proc)
     line = f"sync: {tmp_path / 'nowhere'} is not a directory; pass a sweep dir or a job's run dir"
     assert proc.stderr.strip() == line, describe(proc)
+
+
+# ====================================================================== rlexp.check
+def edit_json(path: Path, change: Callable[[dict], None]) -> None:
+    obj = json.loads(path.read_text())
+    change(obj)
+    path.write_text(json.dumps(obj))
+
+
+def keep_lines(path: Path, lines: slice) -> None:
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[lines]))
+
+
+def cut(path: Path, keep: float = 0.5) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def wandb_log(member_dir: Path) -> Path:
+    return next(next(member_dir.glob("wandb/offline-run-*")).glob("run-*.wandb"))
+
+
+# case -> (how the sweep copy is damaged, the file named, what the line says is wrong)
+DAMAGES: dict[str, tuple[Callable[[Path], None], str, str]] = {
+    "summary_cut": (lambda r: cut(r / "0" / "summary.json"), "0/summary.json", "not JSON ("),
+    "summary_key": (lambda r: edit_json(r / "0" / "summary.json", lambda o: o.pop("cell")), "0/summary.json",
+                    "missing key cell"),
+    "counts": (lambda r: edit_json(r / "1" / "summary.json", lambda o: o["counts"].update(ok=1)), "1/summary.json",
+               "counts {'ok': 1,"),
+    "member_differs": (lambda r: edit_json(r / "0" / "seed_1" / "summary.json", lambda o: o.update(episodes=0)),
+                       "0/seed_1/summary.json", "differs from the job's record of member 1"),
+    "member_missing": (lambda r: (r / "1" / "seed_0" / "summary.json").unlink(), "1/seed_0/summary.json", "missing"),
+    "metrics_line": (lambda r: (r / "0" / "seed_0" / "metrics.jsonl").write_text('{"st\n{"step": 600}\n'),
+                     "0/seed_0/metrics.jsonl", "line 1 is not JSON"),
+    "metrics_tail": (lambda r: cut(r / "0" / "seed_1" / "metrics.jsonl", 0.9), "0/seed_1/metrics.jsonl",
+                     "last line cut off"),
+    "metrics_short": (lambda r: keep_lines(r / "1" / "seed_1" / "metrics.jsonl", slice(0, 1)),
+                      "1/seed_1/metrics.jsonl", "ends at step 300, the member's summary says steps 600"),
+    "wandb_unfinished": (lambda r: cut(wandb_log(r / "0" / "seed_0"), 0.6), "0/seed_0/wandb/offline-run-",
+                         "no exit record (the run never finished)"),
+    "wandb_missing": (lambda r: shutil.rmtree(next((r / "1" / "seed_1").glob("wandb/offline-run-*"))),
+                      "1/seed_1/wandb", "0 W&B runs, expected 1"),
+    "unfinished": (lambda r: (r / "1" / "summary.json").unlink(), "1", "unfinished (no summary.json)"),
+    "attempt_run": (lambda r: [p.rename(p.with_name(p.name.removeprefix(ASIDE)))
+                               for p in (r / "1" / "attempt_1").glob(f"seed_0/wandb/{ASIDE}*")],
+                    "1/attempt_1/seed_0/wandb/offline-run-", "an attempt moved aside with a run under the sync glob"),
+}  # fmt: skip
+
+
+def test_check_passes_an_intact_sweep(sweep, capsys):
+    assert check.main([str(sweep)]) == 0
+    assert capsys.readouterr().out == "check: 2 jobs, 2 finished and intact; 0 problems\n"
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGES))
+def test_check_names_each_damaged_file_in_one_line(sweep, tmp_path, capsys, case):
+    damage, file, what = DAMAGES[case]
+    root = tmp_path / "sweep"
+    shutil.copytree(sweep, root, symlinks=True)
+    damage(root)
+    assert check.main([str(root)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[1].startswith("check: 2 jobs, ") and lines[1].endswith("; 1 problems"), lines
+    named, said = lines[0].split(": ", 1) if ": " in lines[0] else (lines[0], "")
+    assert named.startswith(str(root / file)) and said.startswith(what), lines
+
+
+def test_check_refuses_a_path_that_is_not_a_sweep(tmp_path):
+    proc = run_tool("check", [tmp_path], tmp_path / "home")
+    assert proc.returncode == 2 and proc.stdout == "", describe(proc)
+    assert proc.stderr.strip() == f"check: {tmp_path} holds no job dir; pass a sweep dir or a job's run dir"
