@@ -18,9 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_cli import ROOT, cli_env, describe, run_cli
+from test_cli import ROOT, cli_env, describe, read_jsonl, run_cli
 
-from rlexp import check
+from rlexp import check, replay
 from rlexp.jobs import ASIDE
 
 BUDGET = ["total_steps=600", "algo.learning_starts=200", "logger.log_every=300", "logger.progress=off"]
@@ -169,3 +169,65 @@ def test_check_refuses_a_path_that_is_not_a_sweep(tmp_path):
     proc = run_tool("check", [tmp_path], tmp_path / "home")
     assert proc.returncode == 2 and proc.stdout == "", describe(proc)
     assert proc.stderr.strip() == f"check: {tmp_path} holds no job dir; pass a sweep dir or a job's run dir"
+
+
+# ====================================================================== rlexp.replay
+def without_perf(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not k.startswith("perf/")}
+
+
+def test_replay_reproduces_a_members_divergence_bit_for_bit(tmp_path):
+    """nan_hunt's 8 members, 1200 steps: the first member to go NaN, replayed alone from the run dir,
+    diverges at the same step with the same cause and place, its metrics bitwise the original's, and
+    instruments.jsonl holds every update, equal to the original's records where it took them."""
+    run_dir = tmp_path / "run"
+    first = run_cli(["+experiment=nan_hunt", "total_steps=1200", "logger.mode=disabled", "logger.progress=off",
+                     f"hydra.run.dir={run_dir}"], tmp_path / "first")  # fmt: skip
+    assert first.returncode == 0, describe(first)
+    job = json.loads((run_dir / "summary.json").read_text())
+    diverged = [m for m in job["members"] if m["status"] == "diverged"]
+    assert diverged, job["counts"]
+    original = min(diverged, key=lambda m: m["diverged_at_step"])
+    seed, s, div = original["seed"], original["diverged_at_step"], original["divergence"]
+
+    proc = run_tool("replay", [run_dir, f"seed={seed}", "anomaly=true"], tmp_path / "replay")
+    assert proc.returncode == 0, describe(proc)
+    out = run_dir / f"replay_seed_{seed}"
+    assert f"replay: diverged at step {s}: {div['cause']} in {div['where']} ({div['detail']})" in proc.stdout
+    assert "replay: reproduced; metrics.jsonl bitwise the original's" in proc.stdout, describe(proc)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "anomaly.txt",
+        "instruments.jsonl",
+        "metrics.jsonl",
+        "summary.json",
+    ]
+    replayed = json.loads((out / "summary.json").read_text())
+    assert (replayed["diverged_at_step"], replayed["divergence"]["cause"], replayed["divergence"]["where"]) == (
+        s, div["cause"], div["where"])  # fmt: skip
+
+    theirs = read_jsonl(run_dir / f"seed_{original['member']}" / "metrics.jsonl")
+    ours = read_jsonl(out / "metrics.jsonl")
+    assert ours[-1]["step"] >= s and len(ours) == len(theirs)
+    assert [without_perf(r) for r in ours] == [without_perf(r) for r in theirs]
+
+    # every update up to the divergence; the original's records (every diagnostics.every) among them
+    every = job["config"]["diagnostics"]["every"]
+    lines = read_jsonl(out / "instruments.jsonl")
+    assert [line["update"] for line in lines] == list(range(len(lines))) and lines[-1]["step"] == s
+    assert any(v in ("nan", "inf", "-inf") for v in lines[-1].values()), lines[-1]
+    for record in theirs[:-1]:  # log steps before the divergence: their latest record is the original's
+        kept = [line for line in lines if line["update"] % every == 0 and line["step"] <= record["step"]]
+        names = [k for k in kept[-1] if k not in ("step", "update")] if kept else []
+        assert all(record[k] == kept[-1][k] for k in names), record["step"]
+    assert (out / "anomaly.txt").read_text().startswith("RuntimeError: Function '")
+    finding = next(line for line in proc.stdout.splitlines() if "detect_anomaly" in line)
+    assert finding.startswith(f"replay: detect_anomaly at step {s}: Function '") and "/rlexp/" in finding, finding
+
+
+def test_replay_refuses_a_seed_outside_the_job_in_one_line(sweep, capsys):
+    assert replay.main([str(sweep / "0"), "seed=5"]) == 2
+    out, err = capsys.readouterr()
+    assert (
+        out == "" and err == "config error: seed: '5' is not a seed of 0..1 (the job's); set seed to a seed of 0..1\n"
+    )
+    assert not (sweep / "0" / "replay_seed_5").exists()
