@@ -11,9 +11,9 @@ the member's divergence:
   bitwise the original's up to the divergence (``perf/`` aside);
 - ``instruments.jsonl``: every instrument at every update, one line each
   (``{"step", "update", <instrument>: value, ...}``): the climb to the divergence at full resolution;
-- ``anomaly.txt`` (``anomaly=true``): the updates of the divergence's env step run again under
-  ``torch.autograd.detect_anomaly``: the backward function that first returned a non-finite value and
-  the forward call that made its input.
+- ``anomaly.txt`` (``anomaly=true``): a second pass runs the divergence's env step under
+  ``torch.autograd.detect_anomaly`` for member k alone (``MemberAnomaly``): the backward function
+  whose output first holds a non-finite value of member k's, and the forward call that made it.
 
 Instruments only read: they change neither training's arithmetic nor its random streams. The
 replay prints the member's divergence (step, cause, place) and whether it reproduces the original's.
@@ -28,7 +28,7 @@ import sys
 import tempfile
 import traceback
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,15 +44,77 @@ from rlexp.run import Algorithm, RunContext
 KEYS = {"seed": "the member's seed", "member": "the member's index", "anomaly": "true|false", "out": "a dir"}
 
 
+class MemberAnomaly:
+    """``torch.autograd.detect_anomaly`` for one member of a population: while active, forward calls
+    keep their tracebacks (anomaly mode without its NaN check) and every ``backward`` hooks its graph's
+    functions; the first function whose inputs' gradients are finite for member ``member`` and whose
+    outputs are not is ``found``: (its name, the traceback of the forward call that made it). Other
+    members' non-finite values (a population on the brink has several) are not looked at."""
+
+    def __init__(self, member: int, members: int) -> None:
+        self.member, self.members = member, members
+        self.found: tuple[str, list[str]] | None = None
+        self._handles: list[Any] = []
+
+    def _finite(self, grads: tuple[torch.Tensor | None, ...]) -> bool:
+        """Member ``member``'s part ([P, ...] tensors: row ``member``; others: all) of ``grads`` is finite."""
+        for g in grads:
+            if g is not None:
+                mine = g[self.member] if g.dim() and g.shape[0] == self.members else g
+                if not bool(torch.isfinite(mine).all()):
+                    return False
+        return True
+
+    def _hook(self, node: Any) -> Callable[..., None]:
+        def check(grad_inputs: tuple[torch.Tensor | None, ...], grad_outputs: tuple[torch.Tensor | None, ...]) -> None:
+            if self.found is None and self._finite(grad_outputs) and not self._finite(grad_inputs):
+                self.found = (node.name(), list(node.metadata.get("traceback_", [])))
+
+        return check
+
+    def _hook_graph(self, root: Any) -> None:
+        seen, stack = set(), [root]
+        while stack:
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            self._handles.append(node.register_hook(self._hook(node)))
+            stack.extend(child for child, _ in node.next_functions)
+
+    def __enter__(self) -> MemberAnomaly:
+        with warnings.catch_warnings():  # its note that anomaly mode is slow
+            warnings.filterwarnings("ignore", "Anomaly Detection has been enabled")
+            self._anomaly = torch.autograd.detect_anomaly(check_nan=False)
+        self._anomaly.__enter__()
+        self._backward = backward = torch.Tensor.backward
+
+        def hooked(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+            if tensor.grad_fn is not None:
+                self._hook_graph(tensor.grad_fn)
+            backward(tensor, *args, **kwargs)
+
+        torch.Tensor.backward = hooked
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.Tensor.backward = self._backward
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._anomaly.__exit__(*exc)
+
+
 class ReplayRecorder(Recorder):
     """The recorder of a replay: instruments at every update (member ``member``'s written to
     ``instruments.jsonl``), the original's cadence for everything else; the steps end once the member
-    is finished; env step ``anomaly_step`` runs under ``torch.autograd.detect_anomaly``."""
+    is finished; with ``anomaly_step`` they end after that env step, which runs under ``anomaly``."""
 
     def __init__(self, *args: Any, member: int, anomaly_step: int | None = None) -> None:
         super().__init__(*args)
         self.member = member
         self.anomaly_step = anomaly_step
+        self.anomaly = MemberAnomaly(member, self.members)
         self.instruments_file: Any = None
 
     def diagnose(self, update: int) -> bool:
@@ -87,8 +149,9 @@ class ReplayRecorder(Recorder):
             if step != self.anomaly_step:
                 yield step
                 continue
-            with torch.autograd.detect_anomaly(check_nan=True):
+            with self.anomaly:
                 yield step
+            return
 
 
 def load_job(run_dir: Path) -> dict[str, Any]:
@@ -133,33 +196,30 @@ def run_replay(
     except Exception as exc:
         error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     finally:
-        torch.set_anomaly_enabled(False)
         recorder.instruments_file.close()
         ctx.env.close()
         recorder.close(error)
     return recorder, error
 
 
-def anomaly_pass(
-    cfg: DictConfig, train: Algorithm, device: torch.device, member: int, step: int, out_dir: Path, others: list[int]
-) -> str:
-    """Replay again with env step ``step`` under ``torch.autograd.detect_anomaly``; writes
-    ``anomaly.txt`` (the error and the forward call's traceback) and returns a one-line finding.
-    ``others``: the members non-finite by that step as well (the trace may be theirs)."""
-    with tempfile.TemporaryDirectory(dir=out_dir) as work, warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        _, error = run_replay(cfg, train, device, member, Path(work), anomaly_step=step)
-    traces = [str(w.message) for w in caught if "Traceback of forward call" in str(w.message)]
-    if error is None:
-        finding = f"detect_anomaly at step {step}: no backward function returned a non-finite value"
+def anomaly_pass(cfg: DictConfig, train: Algorithm, device: torch.device, member: int, step: int, out_dir: Path) -> str:
+    """Replay again up to env step ``step``, which runs under ``MemberAnomaly``; writes ``anomaly.txt``
+    (the backward function and its forward call's traceback) and returns a one-line finding."""
+    with tempfile.TemporaryDirectory(dir=out_dir) as work:
+        recorder, error = run_replay(cfg, train, device, member, Path(work), anomaly_step=step)
+    if error is not None:
+        return f"detect_anomaly at step {step}: the training raised {error}"
+    if recorder.anomaly.found is None:
+        finding = f"detect_anomaly at step {step}: no backward function gave member {member} a non-finite gradient"
         (out_dir / "anomaly.txt").write_text(finding + "\n")
         return finding
-    lines = [line.strip() for line in "".join(traces).splitlines()]
+    name, trace = recorder.anomaly.found
+    lines = [line.strip() for frame in trace for line in frame.splitlines() if line.strip()]
     ours = [n for n, line in enumerate(lines) if line.startswith("File ") and "/rlexp/" in line]
-    born = f"{lines[ours[-1]]}: {lines[ours[-1] + 1]}" if ours else "no forward traceback"
-    (out_dir / "anomaly.txt").write_text(f"{error}\n\n" + "\n".join(traces) + "\n")
-    shared = f" (members {others} were non-finite by then too: the trace may be theirs)" if others else ""
-    return f"detect_anomaly at step {step}: {error.removeprefix('RuntimeError: ')} Made by {born}{shared}"
+    made = f"{lines[ours[-1]]}: {lines[ours[-1] + 1]}" if ours and ours[-1] + 1 < len(lines) else "(no traceback)"
+    finding = f"detect_anomaly at step {step}: {name} gave member {member}'s first non-finite gradient; forward: {made}"
+    (out_dir / "anomaly.txt").write_text(f"{finding}\n\nTraceback of the forward call:\n{''.join(trace)}")
+    return finding
 
 
 def compare_metrics(original: Path, replayed: Path) -> tuple[int, str | None]:
@@ -259,9 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"replay: metrics.jsonl equal in {records} records, then {difference}")
     step = replayed.get("diverged_at_step")
     if anomaly == "true" and step is not None:
-        at = recorder.health.diverged_at.tolist()
-        others = [k for k, s in enumerate(at) if k != member and 0 <= s <= step]
-        print(f"replay: {anomaly_pass(cfg, train, device, member, step, out_dir, others)}", flush=True)
+        print(f"replay: {anomaly_pass(cfg, train, device, member, step, out_dir)}", flush=True)
     print(f"replay: files in {out_dir}")
     return 0 if same and difference is None else 1
 

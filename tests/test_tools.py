@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 from test_cli import ROOT, cli_env, describe, read_jsonl, run_cli
 
 from rlexp import check, replay
@@ -219,9 +220,25 @@ def test_replay_reproduces_a_members_divergence_bit_for_bit(tmp_path):
         kept = [line for line in lines if line["update"] % every == 0 and line["step"] <= record["step"]]
         names = [k for k in kept[-1] if k not in ("step", "update")] if kept else []
         assert all(record[k] == kept[-1][k] for k in names), record["step"]
-    assert (out / "anomaly.txt").read_text().startswith("RuntimeError: Function '")
     finding = next(line for line in proc.stdout.splitlines() if "detect_anomaly" in line)
-    assert finding.startswith(f"replay: detect_anomaly at step {s}: Function '") and "/rlexp/" in finding, finding
+    assert finding.startswith(f"replay: detect_anomaly at step {s}: "), finding
+    assert f"Backward0 gave member {original['member']}'s first non-finite gradient; forward: File" in finding
+    assert "/rlexp/" in finding and (out / "anomaly.txt").read_text().startswith(finding.removeprefix("replay: "))
+
+
+def test_member_anomaly_finds_the_members_own_non_finite_gradient():
+    """Two members on the brink in different places: each one's anomaly is its own backward function."""
+    w = torch.tensor([[1e30, 1.0], [1.0, 1.0]], requires_grad=True)  # [P=2, 2]
+    x = torch.tensor([[1.0, 1.0], [0.0, 1.0]], requires_grad=True)
+    found, backward = [], torch.Tensor.backward
+    for member in (0, 1):
+        with replay.MemberAnomaly(member, members=2) as anomaly:
+            y = (w * 1e10).square()  # member 0: overflows to inf here
+            z = x.sqrt() * 0 + y * 0  # member 1: sqrt's gradient at 0 is inf
+            z.sum(1).sum().backward()
+        found.append(anomaly.found[0])
+        assert torch.Tensor.backward is backward and not torch.is_anomaly_enabled()
+    assert found == ["PowBackward0", "SqrtBackward0"], found
 
 
 def test_replay_refuses_a_seed_outside_the_job_in_one_line(sweep, capsys):
