@@ -6,7 +6,8 @@ when its ``summary.json`` says ``ok`` or ``diverged`` and it and its members' fi
 Starting a job there is refused unless ``resume=true``, which returns the recorded summary and
 touches no file (Hydra skips its ``.hydra/`` record there too: see ``hydra_subdir``). An earlier
 attempt that did not finish (interrupted, killed, crashed) or whose files are corrupt loses nothing:
-its files move into ``attempt_<n>/`` before the job starts again.
+its files move into ``attempt_<n>/`` before the job starts again (its W&B runs renamed ``attempt-<name>``,
+so that syncing never uploads them).
 """
 
 from __future__ import annotations

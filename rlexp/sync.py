@@ -47,11 +47,16 @@ def sync_commands(runs: list[Path], dry_run: bool, extra: list[str]) -> list[lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlexp.sync", description=__doc__.split("\n\n")[0])
+    argv = sys.argv[1:] if argv is None else argv
+    wandb_args = argv[argv.index("--") + 1 :] if "--" in argv else []  # after --: options for wandb sync
+    parser = argparse.ArgumentParser(
+        prog="python -m rlexp.sync",
+        description=__doc__.split("\n\n")[0],
+        epilog="Options after -- go to wandb sync (e.g. -- --project other).",
+    )
     parser.add_argument("dir", type=Path, help="a sweep dir (its jobs) or a job's run dir")
     parser.add_argument("--dry-run", action="store_true", help="list the runs; upload nothing")
-    parser.add_argument("wandb_args", nargs="*", help="after --: options for wandb sync (e.g. -- --project x)")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv[: len(argv) - len(wandb_args) - ("--" in argv)])
     if not args.dir.is_dir():
         print(f"sync: {args.dir} is not a directory; pass a sweep dir or a job's run dir", file=sys.stderr)
         return 2
@@ -64,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = len({run.parent.parent.parent for run in runs})
     print(f"sync: {len(runs)} W&B runs of {jobs} finished jobs", flush=True)
     code = 0
-    for command in sync_commands(runs, args.dry_run, args.wandb_args):
+    for command in sync_commands(runs, args.dry_run, wandb_args):
         code = subprocess.run(command, check=False).returncode or code
     return code
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 from test_cli import ROOT, cli_env, describe, read_jsonl, run_cli
 
-from rlexp import check, replay
+from rlexp import check, replay, sync
 from rlexp.jobs import ASIDE
 
 BUDGET = ["total_steps=600", "algo.learning_starts=200", "logger.log_every=300", "logger.progress=off"]
@@ -92,6 +92,14 @@ def test_sync_uploads_exactly_the_runs_of_finished_jobs(sweep, tmp_path):
     listed = re.findall(r"(\S+/run-\w+\.wandb)", proc.stderr + proc.stdout)
     expected = {str(next(run.glob("run-*.wandb"))) for run in current_runs(sweep)}
     assert {str(sweep / Path(p).relative_to(root)) for p in listed} == expected, describe(proc)
+
+
+def test_sync_commands_pass_every_run_once_with_the_options_after_the_double_dash():
+    runs = [Path(f"/j/seed_{k}/wandb/offline-run-{k}") for k in range(450)]
+    commands = sync.sync_commands(runs, dry_run=False, extra=["--project", "other"])
+    assert [c[:6] for c in commands] == [[sys.executable, "-m", "wandb", "sync", "--project", "other"]] * 3
+    assert [p for c in commands for p in c[6:]] == [str(r) for r in runs]
+    assert sync.sync_commands(runs[:2], dry_run=True, extra=[])[0][4:] == ["--dry-run", *map(str, runs[:2])]
 
 
 def test_sync_refuses_a_path_that_is_not_a_directory(tmp_path):
