@@ -2,7 +2,7 @@
 
 The job's population is trained again, of its original shape (every member, the job's config from its
 ``summary.json``, the torch threads it ran with), so member k's arithmetic is bit for bit the
-original's (batched kernels give a member the same bits only in a population of the same size). Only
+original's (batched kernels may round a member differently in a population of another size). Only
 member k's files are kept, in ``<run dir>/replay_seed_<seed>/`` (or ``out``), and the replay stops at
 the member's divergence:
 
@@ -23,6 +23,7 @@ Exit code 0 when it reproduces, 1 when it differs, 2 for bad input.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import sys
 import tempfile
@@ -37,10 +38,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlexp.config import Config, ConfigError
 from rlexp.jobs import inspect_job
-from rlexp.loggers import _json_value
 from rlexp.recorder import Recorder
 from rlexp.run import Algorithm, RunContext
 
+OUTPUTS = ("summary.json", "metrics.jsonl", "instruments.jsonl", "anomaly.txt")  # a replay dir's files
 KEYS = {"seed": "the member's seed", "member": "the member's index", "anomaly": "true|false", "out": "a dir"}
 
 
@@ -135,7 +136,8 @@ class ReplayRecorder(Recorder):
         if self.instruments_file is not None and (diverged_at < 0 or diverged_at == step):  # up to the divergence
             names = list(record)
             values = torch.stack([record[n] for n in names])[:, self.member].tolist()  # one host read
-            line = {"step": step, "update": update, **{n: _json_value(v) for n, v in zip(names, values)}}
+            line = {"step": step, "update": update}
+            line.update({n: v if math.isfinite(v) else str(v) for n, v in zip(names, values)})  # strict JSON
             self.instruments_file.write(json.dumps(line) + "\n")
         if super().diagnose(update):  # the original's record: its checks and its metrics
             super().record_instruments(
@@ -286,12 +288,14 @@ def main(argv: list[str] | None = None) -> int:
         member = member_index(job, options)
         anomaly = options.get("anomaly", "false").lower()
         if anomaly not in ("true", "false"):
-            raise ConfigError("anomaly", options["anomaly"], "true or false")
+            raise ConfigError("anomaly", f"{options['anomaly']!r} is not true or false", "set anomaly=true or false")
         seed = job["seed"] + member
         out_dir = Path(options.get("out") or run_dir / f"replay_seed_{seed}")
         cfg = replay_config(job)
         train, device = prepare(cfg)  # the entry point's validation and process state
         out_dir.mkdir(parents=True, exist_ok=True)
+        for name in OUTPUTS:  # an earlier replay's files
+            (out_dir / name).unlink(missing_ok=True)
     except (ConfigError, OSError) as err:
         print(err if isinstance(err, ConfigError) else f"replay: {err}", file=sys.stderr)
         return 2
