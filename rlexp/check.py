@@ -2,7 +2,7 @@
 
 For every job dir (a sweep's children, or the run dir itself): a job that is not finished is named
 (``unfinished``: no ``summary.json``; ``crashed``; ``corrupt``: what ``resume`` would move aside). For a
-finished job: ``summary.json`` has every key of the job table (docs/outputs.md), ``members`` and
+finished job: ``summary.json`` has every key a job summary always has, ``members`` and
 ``counts`` agree with ``num_seeds`` and with each other; each member's ``seed_<k>/summary.json`` is the
 job's record of it; every line of ``seed_<k>/metrics.jsonl`` is a JSON object, steps increase and the
 last one is the member's ``steps``; the member's W&B run (when it has a ``wandb/`` dir) is one run
