@@ -6,7 +6,8 @@ when its ``summary.json`` says ``ok`` or ``diverged`` and it and its members' fi
 Starting a job there is refused unless ``resume=true``, which returns the recorded summary and
 touches no file (Hydra skips its ``.hydra/`` record there too: see ``hydra_subdir``). An earlier
 attempt that did not finish (interrupted, killed, crashed) or whose files are corrupt loses nothing:
-its files move into ``attempt_<n>/`` before the job starts again.
+its files move into ``attempt_<n>/`` before the job starts again (its W&B runs renamed ``attempt-<name>``,
+so that syncing never uploads them).
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ HYDRA_SUBDIR = ".hydra"
 LOCK = ".lock"
 CORRUPT = "corrupt.txt"
 ATTEMPT = re.compile(r"attempt_(\d+)")
+# an aside attempt's W&B run dir is renamed <ASIDE><name>: neither the documented sync glob
+# (seed_*/wandb/offline-run-*) nor `wandb sync`, which skips dirs not named offline-*, uploads it
+ASIDE = "attempt-"
+WANDB_RUN = re.compile(r"(offline-)?run-.*")
 # keys that may differ between a finished job and its resumption: they pick the machine or the console
 RESUME_IGNORES = tuple(key for key in NON_CELL_KEYS if key not in SEED_KEYS)
 # keys a member's summary.json always holds (docs/outputs.md): without one it is corrupt
@@ -330,6 +335,7 @@ def move_aside(out_dir: Path, corrupt: str | None = None) -> Path | None:
     dest.mkdir()
     for path in leftovers:
         path.rename(dest / path.name)
+    set_runs_aside(dest)
     if corrupt is None:
         print(f"{out_dir}: the files of an unfinished earlier attempt moved to {dest.name}/", flush=True)
     else:
@@ -341,6 +347,37 @@ def move_aside(out_dir: Path, corrupt: str | None = None) -> Path | None:
             flush=True,
         )
     return dest
+
+
+def set_runs_aside(attempt: Path) -> list[Path]:
+    """Rename the W&B runs of an attempt moved aside (``seed_<k>/wandb/offline-run-*`` and ``run-*``) to
+    ``attempt-<name>``, W&B's links there (``latest-run``, ``debug.log``) following; returns the renamed dirs."""
+    renamed = []
+    for wandb_dir in attempt.glob("seed_*/wandb"):
+        names = [
+            p.name for p in wandb_dir.iterdir() if p.is_dir() and not p.is_symlink() and WANDB_RUN.fullmatch(p.name)
+        ]
+        for name in names:
+            renamed.append((wandb_dir / name).rename(wandb_dir / (ASIDE + name)))
+        for link in (p for p in wandb_dir.iterdir() if p.is_symlink()):
+            target = os.readlink(link)
+            if target.split("/", 1)[0] in names:
+                link.unlink()
+                link.symlink_to(ASIDE + target)
+    return renamed
+
+
+def job_dirs(root: Path) -> list[Path]:
+    """The job dirs of a run or sweep dir: ``[root]`` when it is a job dir (it has ``summary.json``,
+    ``.hydra/`` or ``seed_*``), else its children that are, numbered ones first in their order."""
+
+    def is_job(path: Path) -> bool:
+        return (path / "summary.json").exists() or (path / HYDRA_SUBDIR).is_dir() or any(path.glob("seed_*"))
+
+    if is_job(root):
+        return [root]
+    children = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and is_job(p)]
+    return sorted(children, key=lambda p: (int(p.name), "") if p.name.isdigit() else (10**9, p.name))
 
 
 def continue_job(out_dir: Path, step: int) -> None:

@@ -14,10 +14,8 @@ import json
 import math
 import os
 import re
-import struct
 import subprocess
 import sys
-import zlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,6 +33,8 @@ from rlexp.algos import ALGOS
 from rlexp.build import validate
 from rlexp.config import NON_CELL_KEYS, ConfigError, EnvConfig
 from rlexp.registry import SCHEMAS, register
+from rlexp.wandb_files import read_records as read_wandb_records
+from rlexp.wandb_files import run_dirs
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -154,58 +154,12 @@ def table_rows(stdout: str) -> dict[int, list[str]]:
     return rows
 
 
-# ---------------------------------------------------------------------- W&B offline run reader
-# wandb 0.31 ships no Python reader of its transaction log (the old DataStore is gone), so this is
-# the documented LevelDB-log layout it uses: a 7-byte file header (":W&B", magic 0xBEE1, version 0),
-# then 32 KiB blocks of records, each with a 7-byte header (crc32, length, type FULL/FIRST/MIDDLE/LAST)
-# and a serialized wandb_internal_pb2.Record as payload.
-_BLOCK, _HEADER = 32768, 7
-
-
-def read_wandb_records(path: Path) -> list:
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    data = path.read_bytes()
-    ident, magic, version = struct.unpack("<4sHB", data[:_HEADER])
-    assert (ident, magic, version) == (b":W&B", 0xBEE1, 0), f"{path} is not a W&B transaction log"
-    payloads, pending, pos = [], b"", _HEADER
-    while pos + _HEADER <= len(data):
-        left = _BLOCK - pos % _BLOCK
-        if left < _HEADER:  # block trailer: zero padding
-            pos += left
-            continue
-        crc, length, kind = struct.unpack("<IHB", data[pos : pos + _HEADER])
-        if crc == length == kind == 0:  # zero padding up to the next block
-            pos += left
-            continue
-        chunk = data[pos + _HEADER : pos + _HEADER + length]
-        assert zlib.crc32(chunk, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF == crc, f"bad checksum in {path}"
-        pos += _HEADER + length
-        if kind == 1:
-            payloads.append(chunk)
-        elif kind == 2:
-            pending = chunk
-        elif kind == 3:
-            pending += chunk
-        elif kind == 4:
-            payloads.append(pending + chunk)
-            pending = b""
-        else:
-            raise AssertionError(f"unknown record type {kind} in {path}")
-    records = []
-    for payload in payloads:
-        record = pb.Record()
-        record.ParseFromString(payload)
-        records.append(record)
-    return records
-
-
 def _items(items) -> dict[str, Any]:
     return {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in items}
 
 
 def wandb_run_dir(member_dir: Path) -> Path:
-    runs = sorted((member_dir / "wandb").glob("offline-run-*"))
+    runs = run_dirs(member_dir)
     assert len(runs) == 1, f"expected one offline W&B run under {member_dir}, found {runs}"
     return runs[0]
 
