@@ -349,11 +349,12 @@ def move_aside(out_dir: Path, corrupt: str | None = None) -> Path | None:
     return dest
 
 
-def set_runs_aside(attempt: Path) -> list[Path]:
+def set_runs_aside(attempt: Path, members: str = "seed_*") -> list[Path]:
     """Rename the W&B runs of an attempt moved aside (``seed_<k>/wandb/offline-run-*`` and ``run-*``) to
-    ``attempt-<name>``, W&B's links there (``latest-run``, ``debug.log``) following; returns the renamed dirs."""
+    ``attempt-<name>``, W&B's links there (``latest-run``, ``debug.log``) following; returns the renamed dirs.
+    ``members``: the member dirs whose runs to rename (a job continued from its checkpoint: one at a time)."""
     renamed = []
-    for wandb_dir in attempt.glob("seed_*/wandb"):
+    for wandb_dir in attempt.glob(f"{members}/wandb"):
         names = [
             p.name for p in wandb_dir.iterdir() if p.is_dir() and not p.is_symlink() and WANDB_RUN.fullmatch(p.name)
         ]

@@ -25,7 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from rlexp.config import LoggerConfig
-from rlexp.jobs import write_json
+from rlexp.jobs import set_runs_aside, write_json
 
 WANDB_MODES = ("offline", "online", "disabled")
 
@@ -38,6 +38,9 @@ def resolve_wandb_mode(cfg: LoggerConfig) -> str:
     if env == "dryrun":
         return "offline"
     return env if env in WANDB_MODES else "offline"
+
+
+NONFINITE = ("nan", "inf", "-inf")  # how metrics.jsonl writes non-finite floats
 
 
 def _json_value(v: Any) -> Any:
@@ -124,8 +127,9 @@ def open_member_logs(
     runs open one after another in a background thread (each log holds a Future of its run).
 
     ``continued_from``: a job continued from its checkpoint at that env step: each metrics.jsonl goes
-    on, and each member opens a new W&B run of the same name and group (config ``continued_from``);
-    a member ``finished`` already opens none."""
+    on, and each member opens a new W&B run of the same name and group (config ``continued_from``)
+    that first gets the records metrics.jsonl kept, while the interrupted attempt's run is renamed
+    out of sync's way (``set_runs_aside``); a member ``finished`` already keeps its run and opens none."""
     mode = resolve_wandb_mode(cfg)
     logs: list[MemberLog] = []
     opener = None if mode == "disabled" else ThreadPoolExecutor(max_workers=1, thread_name_prefix="wandb-init")
@@ -136,8 +140,15 @@ def open_member_logs(
         run_dir.mkdir(parents=True, exist_ok=True)
         run = None
         if opener is not None and not (finished and finished[member]):
+            if continued_from is not None:
+                set_runs_aside(out_dir, run_dir.name)
             run = opener.submit(_init_wandb, cfg, mode, run_dir, seed, member, group, tags, config)
         logs.append(MemberLog(run_dir, run, append=continued_from is not None))
+        if run is not None and continued_from is not None:
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines():  # the records up to the checkpoint
+                record = json.loads(line)
+                step = record.pop("step")
+                logs[-1].log_wandb({k: float(v) if v in NONFINITE else v for k, v in record.items()}, step)
     if opener is not None:
         opener.shutdown(wait=False)  # the thread ends once every run is open
     return logs
