@@ -6,7 +6,8 @@ from the config stored in it, and plays ``episodes`` evaluation episodes per mem
 Evaluator (``rlexp/evaluation.py``: evaluation's own environments and seeds, the deterministic
 policy). Prints the mean return per member. ``video=true`` records each member's first episode with
 gymnasium's RecordVideo into ``seed_<k>/videos/`` and logs it to a W&B run of the member's name and
-group with ``job_type=evaluate`` (offline unless ``logger.mode``/$WANDB_MODE say otherwise).
+group with ``job_type=evaluate`` in ``seed_<k>/videos/wandb/`` (offline unless ``logger.mode``/$WANDB_MODE
+say otherwise).
 """
 
 from __future__ import annotations
@@ -134,8 +135,8 @@ def record_videos(ctx: RunContext, paths: list[Path], step: int) -> list[Path]:
 def log_to_wandb(
     ctx: RunContext, run_dir: Path, path: Path, seed: int, step: int, metrics: dict[str, float], video: Path
 ) -> None:
-    """A W&B run of the member's name and group (``job_type=evaluate``, in ``seed_<k>/wandb``) with the
-    evaluation's return and its video at the checkpoint's step."""
+    """A W&B run of the member's name and group (``job_type=evaluate``, in ``seed_<k>/videos/wandb``) with
+    the evaluation's return and its video at the checkpoint's step."""
     mode = resolve_wandb_mode(ctx.cfg.logger)
     if mode == "disabled":
         return
@@ -151,7 +152,7 @@ def log_to_wandb(
         name=_fit(f"{cell}/seed={seed}", 128),
         job_type="evaluate",
         config={"checkpoint": str(path), "step": step, "episodes": ctx.evaluator.episodes},
-        dir=str(path.parent),
+        dir=str(video.parent),  # seed_<k>/videos/wandb: seed_<k>/wandb keeps the one training run
         reinit="create_new",
         settings=wandb.Settings(init_timeout=ctx.cfg.logger.init_timeout, console="off", silent=True),
     )

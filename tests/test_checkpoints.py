@@ -259,7 +259,8 @@ def test_evaluate_records_a_video_and_logs_it_to_a_wandb_run_of_the_member(tmp_p
     assert "seed_0 (seed 0) at step 600: return" in capsys.readouterr().out
     video = tmp_path / "seed_0" / "videos" / "eval_step600-episode-0.mp4"
     assert video.stat().st_size > 0
-    training, evaluation = wandb_runs(tmp_path / "seed_0")
+    assert len(wandb_runs(tmp_path / "seed_0")) == 1  # the training run stays the member's one run
+    (evaluation,) = wandb_runs(tmp_path / "seed_0" / "videos")
     assert next(r.run.job_type for r in evaluation if r.WhichOneof("record_type") == "run") == "evaluate"
     logged = history(evaluation)
     assert logged[("eval/video", "_type")] == "video-file" and logged[("eval/video", "size")] == video.stat().st_size
