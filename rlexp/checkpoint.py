@@ -305,7 +305,8 @@ def _load_buffer(buffer: ReplayBuffer, state: dict[str, Any]) -> None:
     buffer._filling = state["filling"]
 
 
-Part = nn.Module | GradientPipeline | ReplayBuffer | None
+Part = nn.Module | GradientPipeline | ReplayBuffer | None  # what an algorithm hands over by name
+Loop = Callable[[], dict[str, Any]]  # the algorithm's loop variables, read when a checkpoint is written
 
 
 def _object_state(obj: Part, replay: bool) -> dict[str, Any]:
@@ -339,7 +340,6 @@ class Checkpoints:
         self.saved: dict[str, Any] | None = None  # the population's flat state, when continuing
         self.step = 0  # the env step (per member) of the checkpoint continued from
         self.exact_envs = True  # every training environment's state was restored
-        self.replay_saved = False  # the checkpoint continued from holds the replay buffer
         self.policy_only = False  # rlexp.evaluate: restore the networks, then stop (PolicyLoaded)
 
     def path(self, member: int) -> Path:
@@ -416,7 +416,6 @@ class Checkpoints:
                 raise CheckpointError(f"{name}: written at step {content['step']}, another member's at {first['step']}")
         self.saved = stack([c["state"] for c in contents], first["shared"])
         self.step = first["step"]
-        self.replay_saved = first["replay"]
         return self.step
 
     def restore_recorder(self, recorder: Recorder) -> None:
@@ -480,6 +479,3 @@ def read(path: Path, job_dir: Path) -> dict[str, Any]:
     if missing:
         raise CheckpointError(f"{name}: missing key {', '.join(missing)}")
     return content
-
-
-Loop = Callable[[], dict[str, Any]]  # the algorithm's loop variables, read when a checkpoint is written
