@@ -7,7 +7,10 @@ checkpoint, gymnasium's CartPole stepped one by one), PPO (a checkpoint inside a
 stepped together, observation and reward normalization) and TD3 (Pendulum). A member's file alone
 loads as a population of one and evaluates as the member did in its population. Bad input: a
 checkpoint of another config is refused in one line, a cut-off one is moved aside and the job runs
-again from scratch, and rlexp.evaluate on a dir without checkpoints says how to write them.
+again from scratch, and rlexp.evaluate on a dir without checkpoints says how to write them. A
+continued member logs its whole history to one new W&B run; rlexp.evaluate records a video and logs
+it. Pieces: splitting the population's state per member and stacking it back is the identity; an
+environment whose state is not captured exactly starts new episodes.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch
 from test_cli import compose_config, read_wandb_records
 
 from rlexp import evaluate
-from rlexp.checkpoint import FILE
+from rlexp.checkpoint import FILE, split, stack
 from rlexp.config import ConfigError
 from rlexp.train import run_job
 
@@ -290,3 +293,39 @@ def test_a_killed_grid_resumed_continues_each_job_from_its_checkpoint_bitwise(tm
     assert whole.returncode == 0, describe(whole)
     for job in range(4):
         assert_same_job(tmp_path / "whole" / str(job), sweep / str(job), 2)
+
+
+# ====================================================================== the pieces
+def test_split_then_stack_gives_the_population_state_back_bit_for_bit():
+    from rlexp.checkpoint import PerMember, Shared
+
+    state = {
+        "w": torch.randn(3, 4, 5),  # [P, ...]: split
+        "count": np.arange(3, dtype=np.int64),  # [P] array: split
+        "notes": PerMember([{"a": 1.5}, None, {"b": [1, 2]}]),  # Python values per member
+        "rng": Shared(torch.arange(7, dtype=torch.uint8)),  # a tensor of the population's
+        "pos": 11,
+    }
+    own, shared = split(state, 3)
+    assert set(own[1]) == {"w", "count", "notes"} and set(shared) == {"rng", "pos"}
+    back = stack(own, shared)
+    assert torch.equal(back["w"], state["w"]) and torch.equal(back["count"], torch.arange(3))
+    assert back["notes"] == list(state["notes"]) and torch.equal(back["rng"], state["rng"].value) and back["pos"] == 11
+
+
+def test_environments_not_captured_exactly_start_new_episodes(monkeypatch):
+    import rlexp.checkpoint as checkpoint
+    from rlexp.config import EnvConfig
+    from rlexp.envs import PopulationEnv
+
+    env = PopulationEnv(EnvConfig(id="CartPole-v1", num_envs=2), [0, 1])
+    env.reset()
+    for _ in range(30):
+        env.step(np.zeros((2, 2), dtype=np.int64))
+    state = stack(*split(checkpoint._env_state(env), 2))
+    assert checkpoint._load_env(PopulationEnv(EnvConfig(id="CartPole-v1", num_envs=2), [0, 1]), state)  # exact
+    monkeypatch.setattr(checkpoint, "_exact", lambda env: False)  # as Box2D or MuJoCo would be
+    fresh = PopulationEnv(EnvConfig(id="CartPole-v1", num_envs=2), [0, 1])
+    assert not checkpoint._load_env(fresh, state)
+    assert not fresh._done.any() and not fresh._ep_length.any()  # new episodes, the interrupted ones dropped
+    assert np.array_equal(fresh.episode_count, env.episode_count)  # the episodes that ended are kept
