@@ -86,13 +86,18 @@ def load_policy(run_dir: Path, paths: list[Path], episodes: int | None, video: b
     contents = [read(p, run_dir) for p in paths]
     steps = {c["step"] for c in contents}
     if len(steps) > 1:
-        raise CheckpointError(f"{paths[-1].relative_to(run_dir)}: written at another step than {paths[0].name}'s")
+        raise CheckpointError(
+            f"{paths[-1].relative_to(run_dir)}: written at another step than {paths[0].parent.name}'s"
+        )
     config = json.loads(contents[0]["config"])
-    cfg: Config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), config))
-    first = contents[0]["member"]
-    cfg.seed, cfg.num_seeds = cfg.seed + first, len(paths)  # the members' seeds (files of members first, first+1, ...)
-    cfg.eval = dataclasses.replace(cfg.eval, episodes=episodes or cfg.eval.episodes or 10, epsilon=cfg.eval.epsilon)
-    cfg.checkpoint = dataclasses.replace(cfg.checkpoint, every=0)
+    try:
+        cfg: Config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), config))
+    except Exception as err:  # a config of another rlexp version
+        first_line = str(err).strip().splitlines()[0]
+        raise CheckpointError(f"{paths[0].relative_to(run_dir)}: its config does not fit ({first_line})") from None
+    cfg.seed, cfg.num_seeds = cfg.seed + contents[0]["member"], len(paths)  # the members' seeds, in order
+    cfg.eval = dataclasses.replace(cfg.eval, episodes=episodes or cfg.eval.episodes or 10)
+    cfg.checkpoint = dataclasses.replace(cfg.checkpoint, every=0)  # reads, never writes
     ctx = RunContext.create(cfg, torch.device("cpu"))
     if video:  # rendered: stepped one by one through gymnasium's own step
         kwargs = {**cfg.env.kwargs, "render_mode": "rgb_array"}
