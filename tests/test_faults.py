@@ -1,5 +1,6 @@
-"""Tests of faults around a job's dir: one writer per dir (a lock, taken over from a dead holder), an
-unwritable output dir, corrupt files on resume, Ctrl-C. The fault table in docs/grids.md names them.
+"""Tests of faults around a job: one writer per dir (a lock, taken over from a dead holder), an
+unwritable output dir, corrupt files on resume, Ctrl-C (twice), resources checked before any work, a
+crash's clean-up, W&B online without a server. The fault table in docs/grids.md names them.
 
 Runs that train use ``python -m rlexp.train`` in a subprocess with a tiny budget and W&B disabled;
 every output is under pytest's tmp_path.
@@ -8,6 +9,7 @@ every output is under pytest's tmp_path.
 from __future__ import annotations
 
 import json
+import resource
 import signal
 import subprocess
 import sys
@@ -17,9 +19,11 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
-from test_cli import ROOT, Launch, compose_config, describe, message_lines, run_cli
+from test_cli import ROOT, Launch, cli_env, compose_config, describe, message_lines, run_cli
 from test_grid import check_finished_job, file_hashes, read_json
 
+from rlexp import build
+from rlexp.build import FILES_RESERVED, validate
 from rlexp.config import ConfigError
 from rlexp.jobs import CORRUPT, LOCK, hold_dir, inspect_job, is_finished, move_aside, release_dir, start_job, write_json
 from rlexp.report import find_job_dirs, load_job
@@ -279,3 +283,56 @@ def test_ctrl_c_records_the_job_crashed_and_resume_runs_it_again(tmp_path):
     assert second.returncode == 0, describe(second)
     check_finished_job(run_dir)
     assert read_json(run_dir / "attempt_1" / "summary.json")["status"] == "crashed"
+
+
+# ====================================================================== resources, before any work
+def test_more_members_than_open_files_allow_are_refused_naming_the_largest_that_fits(tmp_path):
+    limit = 256  # the child's soft limit; W&B offline: metrics.jsonl and a W&B connection per member
+    fits = (limit - FILES_RESERVED) // 2
+    run_dir = tmp_path / "run"
+
+    def lower_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    args = [*BUDGET, "num_seeds=500", "logger.mode=offline", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlexp.train", *args],
+        cwd=ROOT,
+        env=cli_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lower_limit,
+    )
+    assert proc.returncode == 2, describe(proc)
+    lines = message_lines(proc)
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, describe(proc)
+    assert lines[0] == (
+        f"config error: num_seeds: 500 needs ~{FILES_RESERVED + 1000} open files (2 per member; limit {limit}); "
+        f"the largest that fits is {fits}; lower num_seeds or raise the limit (ulimit -n)"
+    ), lines
+    assert not (run_dir / "summary.json").exists() and not list(run_dir.glob("seed_*"))
+
+
+def test_the_largest_population_named_fits_and_one_more_does_not(monkeypatch):
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    monkeypatch.setattr(build.resource, "getrlimit", lambda which: (300, hard))
+    for mode, per_member in (("offline", 2), ("disabled", 1)):
+        fits = (300 - FILES_RESERVED) // per_member
+        validate(compose_config([f"num_seeds={fits}", f"logger.mode={mode}"]))
+        with pytest.raises(ConfigError, match=f"num_seeds: {fits + 1} needs .* the largest that fits is {fits};"):
+            validate(compose_config([f"num_seeds={fits + 1}", f"logger.mode={mode}"]))
+
+
+def test_a_replay_memory_beyond_the_available_memory_is_refused_naming_the_largest_that_fits(monkeypatch):
+    with pytest.raises(ConfigError, match=r"^config error: algo.buffer_size: 1000000000000 with num_seeds=1 needs ~"):
+        validate(compose_config(["algo.buffer_size=1000000000000"]))  # 44 TB of replay
+    monkeypatch.setattr(build, "available_memory", lambda device: 2**30)
+    with pytest.raises(ConfigError, match=r"the largest that fits is (\d+); lower algo.buffer_size") as refused:
+        validate(compose_config(["algo.buffer_size=100000000"]))
+    fits = int(refused.value.args[0].split("the largest that fits is ")[1].split(";")[0])
+    row = (2 * 4 + 1 + 2) * 4  # CartPole: obs | next_obs | action | reward | terminated, float32
+    assert fits * row < 2**30 < (fits + 2) * row + 2**20  # about all of it, nothing more
+    validate(compose_config([f"algo.buffer_size={fits}"]))
+    with pytest.raises(ConfigError, match="algo.buffer_size"):
+        validate(compose_config([f"algo.buffer_size={fits + 1}"]))
