@@ -189,6 +189,12 @@ class WandbRuns:
             f"wandb sync {self.out_dir}/seed_*/wandb/offline-run-*"
         )
         print(self.fell_back, file=sys.stderr, flush=True)
+        try:  # W&B's own analytics would still post to the server, holding the process's exit ~10 s
+            from wandb.analytics.opentelemetry import opentelemetry_proxy
+
+            opentelemetry_proxy.disable()
+        except (ImportError, AttributeError):
+            pass
 
     def _init(self, run_dir: Path, seed: int, member: int) -> Any:
         import wandb  # imported only when a run logs to W&B
