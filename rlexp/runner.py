@@ -41,6 +41,8 @@ def run_population(
     ``prepare(cfg)`` validates the config (a ConfigError: refused, nothing recorded) and gives the
     algorithm and the device; the algorithm trains a RunContext built from ``cfg``. A job that
     raises leaves a crashed summary (and ``error.txt``) and raises on; divergence is a result.
+    However it ends, the members' summaries and the job's are written before the W&B runs are
+    closed, and a Ctrl-C during that clean-up waits for it (``DeferredInterrupts``).
     """
     hold_dir(out_dir)
     try:
