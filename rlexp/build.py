@@ -428,17 +428,16 @@ def check_resources(cfg: DictConfig, obs_dim: int, action_dim: int) -> None:
     if free is None or members * (replay + other) <= free:
         return
     need_text = f"needs ~{_gib(members * (replay + other))} of memory ({_gib(free)} available)"
-    if replay > other and members * other < free:  # the replay memory is what does not fit
-        row = replay // (cfg.algo.buffer_size + 1)
+    row = replay // (cfg.algo.buffer_size + 1)
+    if replay > other and free // members - other >= 2 * row:  # the replay memory is what does not fit
         fits = (free // members - other) // row - 1
-        size = cfg.algo.buffer_size
         raise ConfigError(
             "algo.buffer_size",
-            f"{size} with num_seeds={members} {need_text}; the largest that fits is {fits}",
+            f"{cfg.algo.buffer_size} with num_seeds={members} {need_text}; the largest that fits is {fits}",
             "lower algo.buffer_size or num_seeds",
         )
     raise ConfigError(
         "num_seeds",
         f"{members} {need_text}; the largest that fits is {free // (replay + other)}",
-        "lower num_seeds (or algo.buffer_size)",
+        "lower num_seeds" + (" or algo.buffer_size" if replay else ""),
     )
