@@ -13,10 +13,12 @@ import dataclasses
 import math
 import os
 import re
+import resource
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -26,7 +28,7 @@ from rlexp.config import ConfigError, require, require_choice
 from rlexp.envs import check_env_id, make_env
 from rlexp.grad import check_clipping
 from rlexp.init import check_init
-from rlexp.loggers import WANDB_MODES
+from rlexp.loggers import WANDB_MODES, resolve_wandb_mode
 from rlexp.nets import NORMALIZATIONS, check_normalization
 from rlexp.optim import check_optimizer
 from rlexp.registry import SCHEMAS
@@ -191,7 +193,8 @@ def validate(cfg: DictConfig) -> None:
         "ddpg": _validate_replay,
         "td3": _validate_replay,
     }[cfg.algo.name](cfg)
-    _validate_action_space(cfg)
+    obs_dim, action_dim = _validate_action_space(cfg)
+    check_resources(cfg, obs_dim, action_dim)
 
 
 def _validate_networks(cfg: DictConfig) -> None:
@@ -323,10 +326,15 @@ def action_kind(space: gym.Space) -> str:
     return type(space).__name__
 
 
-def _validate_action_space(cfg: DictConfig) -> None:
+def _validate_action_space(cfg: DictConfig) -> tuple[int, int]:
+    """Refuse an env whose spaces the algorithm cannot handle; returns (observation size, action size:
+    the number of actions of a discrete space, the vector's length of a continuous one)."""
     env = make_env(cfg.env)
     try:
         kind = action_kind(env.action_space)
+        obs_dim = int(np.prod(env.observation_space.shape or (1,)))
+        space = env.action_space
+        action_dim = int(space.n) if isinstance(space, gym.spaces.Discrete) else int(np.prod(space.shape or (1,)))
         if not isinstance(env.observation_space, gym.spaces.Box):
             raise ConfigError(
                 "env.id",
@@ -340,3 +348,98 @@ def _validate_action_space(cfg: DictConfig) -> None:
         fits = [name for name, s in ALGOS.items() if kind in s.action_spaces]
         fix = f"use algo={' or algo='.join(fits)}" if fits else f"no algorithm here handles {kind} actions yet"
         raise ConfigError("algo", f"algo={cfg.algo.name} cannot handle {cfg.env.id}'s {kind} action space", fix)
+    return obs_dim, action_dim
+
+
+# ---------------------------------------------------------------- resources, before any work
+FILES_RESERVED = 64  # descriptors a job holds besides its members' (Python, torch, W&B's service, Hydra's log)
+FLOAT = 4  # bytes of a float32
+ENV_BYTES = 64 * 1024  # one environment's state (a CartPole or a Box2D world), generously
+NETWORKS = {"dqn": 1, "ppo": 2, "a2c": 2, "ddpg": 2, "td3": 3}  # networks trained per member
+COPIES = 5  # per parameter: itself, its gradient, two optimizer moments, a target network's copy
+
+
+def files_per_member(cfg: DictConfig) -> int:
+    """Descriptors a member holds open while it trains: its metrics.jsonl, and with W&B its run's
+    connection to W&B's service (which raises its own limit)."""
+    return 1 if resolve_wandb_mode(cfg.logger) == "disabled" else 2
+
+
+def _mlp_params(widths: list[int]) -> int:
+    """Weights, biases and per-layer norm parameters of an MLP through ``widths``."""
+    return sum(a * b + 3 * b for a, b in zip(widths, widths[1:]))
+
+
+def memory_per_member(cfg: DictConfig, obs_dim: int, action_dim: int) -> tuple[int, int]:
+    """Bytes one member needs: (replay memory, everything else: networks with gradients, optimizer
+    state and targets, one batch's activations, rollouts, environments)."""
+    algo, env = cfg.algo, cfg.env
+    hidden = [list(cfg[role].hidden or cfg.network.hidden) for role in ("actor", "critic")]
+    widest = max(hidden, key=sum)
+    nets = NETWORKS.get(algo.name, 3) * _mlp_params([obs_dim + action_dim, *widest, action_dim + 1])
+    replay = 0
+    if algo.name in ("dqn", "ddpg", "td3"):
+        row = 2 * obs_dim + (1 if algo.name == "dqn" else action_dim) + 2  # obs | next_obs | action | reward | done
+        replay = (algo.buffer_size + 1) * row * FLOAT
+        batch = algo.batch_size
+    else:
+        batch = algo.num_steps * env.num_envs
+    activations = 4 * batch * (obs_dim + sum(widest) + action_dim) * FLOAT  # forward kept for backward, x2 nets
+    rollout = 0 if replay else batch * (obs_dim + action_dim + 6) * FLOAT
+    envs = 2 * env.num_envs * ENV_BYTES  # training's and evaluation's
+    return replay, COPIES * nets * FLOAT + activations + rollout + envs
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for a job: the GPU's free memory on CUDA, else /proc/meminfo's MemAvailable (None
+    where neither is known)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def check_resources(cfg: DictConfig, obs_dim: int, action_dim: int) -> None:
+    """Refuse a job that cannot fit the process's open-file limit (RLIMIT_NOFILE, soft) or the
+    available memory, naming num_seeds (or algo.buffer_size, when the replay memory is most of it)
+    and the largest value that fits."""
+    members = cfg.num_seeds
+    per_member = files_per_member(cfg)
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    need = FILES_RESERVED + members * per_member
+    if limit != resource.RLIM_INFINITY and need > limit:
+        fits = max(0, (limit - FILES_RESERVED) // per_member)
+        raise ConfigError(
+            "num_seeds",
+            f"{members} needs ~{need} open files ({per_member} per member; limit {limit}); the largest that "
+            f"fits is {fits}",
+            "lower num_seeds or raise the limit (ulimit -n)",
+        )
+    free = available_memory(resolve_device(cfg.device))
+    replay, other = memory_per_member(cfg, obs_dim, action_dim)
+    if free is None or members * (replay + other) <= free:
+        return
+    need_text = f"needs ~{_gib(members * (replay + other))} of memory ({_gib(free)} available)"
+    row = replay // (cfg.algo.buffer_size + 1)
+    if replay > other and free // members - other >= 2 * row:  # the replay memory is what does not fit
+        fits = (free // members - other) // row - 1
+        raise ConfigError(
+            "algo.buffer_size",
+            f"{cfg.algo.buffer_size} with num_seeds={members} {need_text}; the largest that fits is {fits}",
+            "lower algo.buffer_size or num_seeds",
+        )
+    raise ConfigError(
+        "num_seeds",
+        f"{members} {need_text}; the largest that fits is {free // (replay + other)}",
+        "lower num_seeds" + (" or algo.buffer_size" if replay else ""),
+    )

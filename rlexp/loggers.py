@@ -1,10 +1,15 @@
 """Loggers: one W&B run per member, a metrics.jsonl per member, and the console.
 
 W&B runs offline unless told otherwise: ``logger.mode`` if set, else $WANDB_MODE, else offline.
-A run that cannot reach the W&B server falls back to offline instead of blocking the job. The
-members' runs open in a background thread while training starts (W&B's start-up, ~1 s for the
-first run of a process, is not on the path to the first env step); what a member logs before its
-run is open waits in order and goes to W&B once it is.
+The members' runs open one after another in a background thread while training starts (W&B's
+start-up, ~1 s for the first run of a process, is not on the path to the first env step); what a
+member logs before its run is open waits in order and goes to W&B once it is.
+
+Online, the network never holds a job: before the first run opens, one probe asks the W&B server
+for an answer within ``logger.init_timeout`` seconds; without one (or when a run's online start
+fails anyway) the whole job logs offline from then on, says so in one line with the ``wandb sync``
+command, and leaves no partial online run dir. A job that stops (a crash, Ctrl-C) cancels the runs
+not yet opening and waits only for the one that is.
 """
 
 from __future__ import annotations
@@ -13,8 +18,11 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import sys
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -25,7 +33,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from rlexp.config import LoggerConfig
-from rlexp.jobs import set_runs_aside, write_json
+from rlexp.jobs import write_json
 
 WANDB_MODES = ("offline", "online", "disabled")
 
@@ -90,68 +98,147 @@ class MemberLog:
         elif self._opening is not None:
             self._waiting.append((payload, step))
 
+    def resend(self) -> None:
+        """Send what metrics.jsonl holds to the W&B run (a job continued from its checkpoint: the records
+        up to it, which the interrupted attempt's run had)."""
+        for line in (self.dir / "metrics.jsonl").read_text().splitlines():
+            record = json.loads(line)
+            step = record.pop("step")
+            self.log_wandb({k: float(v) if v in NONFINITE else v for k, v in record.items()}, step)
+
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, **{k: _json_value(v) for k, v in metrics.items()}}
         self.file.write(json.dumps(record) + "\n")
         self.log_wandb(metrics, step)
 
-    def finish(self, summary: dict[str, Any], failed: bool = False) -> None:
-        """Write summary.json, put the summary into the W&B run and end it (exit code 1 if failed)."""
-        write_json(self.dir / "summary.json", summary)  # atomic: a kill leaves all of it or none
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        """Write summary.json (atomic: a kill leaves all of it or none) and close metrics.jsonl."""
+        write_json(self.dir / "summary.json", summary)
         if not self.file.closed:
             self.file.close()
-        if self.logs_to_wandb:
+
+    def close_wandb(self, summary: dict[str, Any], failed: bool = False) -> None:
+        """Put the summary into the member's W&B run and end it (exit code 1 if failed); nothing when
+        it has none, or when its opening was cancelled (the job stopped first)."""
+        if self._opening is not None and self._opening.cancelled():
+            self._opening = None
+        if not self.logs_to_wandb:
+            return
+        try:
+            run = self._wandb(wait=True)
+        except Exception as err:  # the run never opened: the local files hold everything
+            print(f"W&B run of {self.dir.name} did not open ({type(err).__name__}: {err})", file=sys.stderr)
+            return
+        self._run = None
+        try:
+            run.summary.update({k: v for k, v in summary.items() if v is not None})
+        finally:
+            run.finish(exit_code=1 if failed else 0)
+
+    def finish(self, summary: dict[str, Any], failed: bool = False) -> None:
+        """``write_summary``, then ``close_wandb``."""
+        self.write_summary(summary)
+        self.close_wandb(summary, failed)
+
+
+def probe_server(url: str, timeout: float) -> str | None:
+    """None when the server at ``url`` answers HTTP (any status) within about ``timeout`` seconds, else
+    why not (connection refused, no answer, ...)."""
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return None  # it answered
+    except urllib.error.URLError as err:
+        reason = err.reason
+        if isinstance(reason, TimeoutError):
+            return f"no answer within {timeout:g} s"
+        return (reason.strerror or str(reason)) if isinstance(reason, OSError) else str(reason)
+    except TimeoutError:
+        return f"no answer within {timeout:g} s"
+    except (OSError, ValueError) as err:
+        return getattr(err, "strerror", None) or str(err) or type(err).__name__
+    return None
+
+
+class WandbRuns:
+    """The W&B runs of a job's members, opened one after another in a background thread (``open``
+    gives a Future of each); online, one probe of the server first, and offline for the whole job
+    from the first failure on. ``stop`` ends the thread."""
+
+    def __init__(self, cfg: LoggerConfig, out_dir: Path, group: str, tags: list[str], config: dict[str, Any]) -> None:
+        self.cfg, self.out_dir, self.group, self.tags, self.config = cfg, out_dir, group, tags, config
+        self.mode = resolve_wandb_mode(cfg)
+        self.fell_back: str | None = None  # the line saying why the job logs offline although online was asked
+        self._probed = self.mode != "online"
+        self._opener = None
+        if self.mode != "disabled":
+            self._opener = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlexp-wandb-open")
+
+    def open(self, run_dir: Path, seed: int, member: int) -> Future | None:
+        """Queue the member's run (None when W&B is disabled)."""
+        if self._opener is None:
+            return None
+        return self._opener.submit(self._init, run_dir, seed, member)
+
+    def opened_all(self) -> None:
+        """No more runs: the thread ends once the queued ones are open."""
+        if self._opener is not None:
+            self._opener.shutdown(wait=False)
+
+    def stop(self, cancel: bool) -> None:
+        """End the opening thread: with ``cancel`` the runs not yet opening are never opened; waits for
+        the one that is (bounded by ``logger.init_timeout`` online)."""
+        if self._opener is not None:
+            self._opener.shutdown(wait=True, cancel_futures=cancel)
+
+    def _fall_back(self, server: str, reason: str) -> None:
+        """Offline for the rest of the job, said once."""
+        if self.fell_back is not None:
+            return
+        self.mode = "offline"
+        self.fell_back = (
+            f"W&B: {server} unreachable ({reason}); logging offline — sync later with: "
+            f"wandb sync {self.out_dir}/seed_*/wandb/offline-run-*"
+        )
+        print(self.fell_back, file=sys.stderr, flush=True)
+        try:  # W&B's own analytics would still post to the server, holding the process's exit ~10 s
+            from wandb.analytics.opentelemetry import opentelemetry_proxy
+
+            opentelemetry_proxy.disable()
+        except (ImportError, AttributeError):
+            pass
+
+    def _init(self, run_dir: Path, seed: int, member: int) -> Any:
+        import wandb  # imported only when a run logs to W&B
+
+        if not self._probed:
+            self._probed = True
+            server = wandb.setup().settings.base_url
+            reason = probe_server(server, self.cfg.init_timeout)
+            if reason is not None:
+                self._fall_back(server, reason)
+        kwargs = dict(
+            project=self.cfg.project,
+            entity=self.cfg.entity,
+            group=_fit(self.group, 128),
+            name=_fit(f"{self.group}/seed={seed}", 128),
+            tags=[_fit(t, 64) for t in self.tags],
+            config={**self.config, "seed": seed, "member": member},
+            dir=str(run_dir),
+            reinit="create_new",
+            settings=wandb.Settings(init_timeout=self.cfg.init_timeout, console="off", silent=True),
+        )
+        if self.mode == "online":
+            files = run_dir / "wandb"
+            before = set(files.iterdir()) if files.is_dir() else set()
             try:
-                run = self._wandb(wait=True)
-            except Exception as err:  # the run never opened: the local files hold everything
-                print(f"W&B run of {self.dir.name} did not open ({type(err).__name__}: {err})", file=sys.stderr)
-                return
-            self._run = None
-            try:
-                run.summary.update({k: v for k, v in summary.items() if v is not None})
-            finally:
-                run.finish(exit_code=1 if failed else 0)
-
-
-def open_member_logs(
-    cfg: LoggerConfig,
-    out_dir: Path,
-    seeds: list[int],
-    group: str,
-    tags: list[str],
-    config: dict[str, Any],
-    continued_from: int | None = None,
-    finished: list[bool] | None = None,
-) -> list[MemberLog]:
-    """One MemberLog per seed under ``out_dir/seed_<k>``; W&B files in ``seed_<k>/wandb``. The W&B
-    runs open one after another in a background thread (each log holds a Future of its run).
-
-    ``continued_from``: a job continued from its checkpoint at that env step: each metrics.jsonl goes
-    on, and each member opens a new W&B run of the same name and group (config ``continued_from``)
-    that first gets the records metrics.jsonl kept, while the interrupted attempt's run is renamed
-    out of sync's way (``set_runs_aside``); a member ``finished`` already keeps its run and opens none."""
-    mode = resolve_wandb_mode(cfg)
-    logs: list[MemberLog] = []
-    opener = None if mode == "disabled" else ThreadPoolExecutor(max_workers=1, thread_name_prefix="wandb-init")
-    if continued_from is not None:
-        config = {**config, "continued_from": continued_from}
-    for member, seed in enumerate(seeds):
-        run_dir = out_dir / f"seed_{member}"
-        run_dir.mkdir(parents=True, exist_ok=True)
-        run = None
-        if opener is not None and not (finished and finished[member]):
-            if continued_from is not None:
-                set_runs_aside(out_dir, run_dir.name)
-            run = opener.submit(_init_wandb, cfg, mode, run_dir, seed, member, group, tags, config)
-        logs.append(MemberLog(run_dir, run, append=continued_from is not None))
-        if run is not None and continued_from is not None:
-            for line in (run_dir / "metrics.jsonl").read_text().splitlines():  # the records up to the checkpoint
-                record = json.loads(line)
-                step = record.pop("step")
-                logs[-1].log_wandb({k: float(v) if v in NONFINITE else v for k, v in record.items()}, step)
-    if opener is not None:
-        opener.shutdown(wait=False)  # the thread ends once every run is open
-    return logs
+                return wandb.init(mode="online", **kwargs)
+            except Exception as err:  # no network, no credentials: this run and every later one offline
+                self._fall_back(wandb.setup().settings.base_url, f"{type(err).__name__}: {str(err).splitlines()[0]}")
+                for path in (set(files.iterdir()) - before) if files.is_dir() else ():
+                    if path.name.startswith("run-"):  # the partial online run's dir
+                        shutil.rmtree(path, ignore_errors=True)
+        return wandb.init(mode=self.mode, **kwargs)
 
 
 def _fit(text: str, limit: int) -> str:
@@ -159,38 +246,6 @@ def _fit(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     return f"{text[: limit - 9]}~{hashlib.sha1(text.encode()).hexdigest()[:8]}"
-
-
-def _init_wandb(
-    cfg: LoggerConfig,
-    mode: str,
-    run_dir: Path,
-    seed: int,
-    member: int,
-    group: str,
-    tags: list[str],
-    config: dict[str, Any],
-) -> Any:
-    import wandb  # imported only when a run logs to W&B
-
-    kwargs = dict(
-        project=cfg.project,
-        entity=cfg.entity,
-        group=_fit(group, 128),
-        name=_fit(f"{group}/seed={seed}", 128),
-        tags=[_fit(t, 64) for t in tags],
-        config={**config, "seed": seed, "member": member},
-        dir=str(run_dir),
-        reinit="create_new",
-        settings=wandb.Settings(init_timeout=cfg.init_timeout, console="off", silent=True),
-    )
-    try:
-        return wandb.init(mode=mode, **kwargs)
-    except Exception as err:  # no network, no credentials: keep the run, offline
-        if mode != "online":
-            raise
-        print(f"W&B online init failed ({type(err).__name__}: {err}); logging offline instead", file=sys.stderr)
-        return wandb.init(mode="offline", **kwargs)
 
 
 class ConsoleProgress:

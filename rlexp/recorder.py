@@ -10,6 +10,7 @@ calls it after each update (``record_update``, ``locate_divergence``, ``record_i
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +24,8 @@ from rlexp.diagnostics import Explosions, InstrumentHistory
 from rlexp.envs import PopulationEnv
 from rlexp.evaluation import Evaluation, Evaluator, Policy
 from rlexp.grad import CAUSES, Health, UpdateStats
-from rlexp.loggers import ConsoleProgress, MemberLog, open_member_logs
+from rlexp.jobs import set_runs_aside
+from rlexp.loggers import ConsoleProgress, MemberLog, WandbRuns
 from rlexp.nets import PopMLP
 from rlexp.normalize import ObsNormalizer, RewardScaler
 
@@ -72,6 +74,9 @@ class Recorder:
         self._injected = False
         self._inject_obs = cfg.debug.inject.what == "obs"  # checked every env step: one bool
         self.logs: list[MemberLog] = []
+        self.wandb: WandbRuns | None = None  # the members' W&B runs, opening in the background
+        self._wandb_unclosed: list[tuple[int, bool]] = []  # (member, failed): summary written, W&B run still open
+        self._stopped = False  # close() was called with an error: the job stops
         self.member_done: list[bool] = [False] * self.members
         self.member_summaries: list[dict[str, Any] | None] = [None] * self.members
         self.progress: ConsoleProgress | None = None
@@ -306,8 +311,22 @@ class Recorder:
         member finished before it keeps its files as they are)."""
         self.start_time = self._last_log_time = time.perf_counter()
         self.progress = ConsoleProgress(self.cfg.total_steps, self.cfg.logger.progress, cell)
-        finished = self.member_done if continued_from is not None else None
-        self.logs = open_member_logs(self.cfg.logger, out_dir, self.seeds, cell, tags, config, continued_from, finished)
+        if continued_from is not None:
+            config = {**config, "continued_from": continued_from}
+        self.wandb = WandbRuns(self.cfg.logger, out_dir, cell, tags, config)
+        for member, seed in enumerate(self.seeds):  # one by one: close() finds every log opened so far
+            run_dir = out_dir / f"seed_{member}"
+            run_dir.mkdir(parents=True, exist_ok=True)
+            if continued_from is None:
+                self.logs.append(MemberLog(run_dir, self.wandb.open(run_dir, seed, member)))
+            elif self.member_done[member]:  # finished before the checkpoint: its files and run stay as they are
+                self.logs.append(MemberLog(run_dir, None, append=True))
+            else:  # a new run of the member that first gets what metrics.jsonl kept; the interrupted one aside
+                if self.wandb.mode != "disabled":
+                    set_runs_aside(out_dir, run_dir.name)
+                self.logs.append(MemberLog(run_dir, self.wandb.open(run_dir, seed, member), append=True))
+                self.logs[-1].resend()
+        self.wandb.opened_all()
 
     def _log(self, step: int) -> None:
         now = time.perf_counter()
@@ -366,7 +385,10 @@ class Recorder:
         diverged_at: int | None = None,
         cause: str | None = None,
         error: str | None = None,
+        close_wandb: bool = True,
     ) -> None:
+        """Member k's summary.json (and normalization.json); its W&B run ended too, unless not
+        ``close_wandb`` (``close_wandb()`` ends it later)."""
         returns = self.env.last_returns[k]
         summary: dict[str, Any] = {
             "status": status,
@@ -395,15 +417,36 @@ class Recorder:
         normalization = {"obs": self.obs_norm.state(k), "reward": self.reward_norm.state(k)}
         if any(normalization.values()):
             (self.logs[k].dir / "normalization.json").write_text(json.dumps(normalization) + "\n")
-        self.logs[k].finish(summary, failed=status == "crashed")
+        if close_wandb:
+            self.logs[k].finish(summary, failed=status == "crashed")
+        else:
+            self.logs[k].write_summary(summary)
+            self._wandb_unclosed.append((k, status == "crashed"))
 
     def close(self, error: str | None) -> list[dict[str, Any]]:
-        """Close the progress display and finish every member still running (crashed when ``error``,
-        else ok, at the latest log step); returns the members' summaries."""
-        if self.progress is not None:
-            self.progress.close()
-        self.evaluator.close()
-        for k in range(len(self.logs)):
-            if not self.member_done[k]:
-                self._finish_member(k, self._last_log_step, "crashed" if error else "ok", error=error)
+        """Close the progress display and write the summary of every member still running (crashed
+        when ``error``, else ok, at the latest log step); returns the members' summaries. Their W&B
+        runs stay open until ``close_wandb``: summaries first, so an interruption cannot lose them."""
+        self._stopped = error is not None
+        try:
+            if self.progress is not None:
+                self.progress.close()
+            self.evaluator.close()
+        finally:
+            for k in range(len(self.logs)):
+                if not self.member_done[k]:
+                    status = "crashed" if error else "ok"
+                    self._finish_member(k, self._last_log_step, status, error=error, close_wandb=False)
         return [s for s in self.member_summaries if s is not None]
+
+    def close_wandb(self) -> None:
+        """End the W&B side after ``close``: stop the thread that opens runs (a job that stopped
+        never opens the runs still queued), then end every member's run still open."""
+        if self.wandb is not None:
+            self.wandb.stop(cancel=self._stopped)
+        unclosed, self._wandb_unclosed = self._wandb_unclosed, []
+        for k, failed in unclosed:
+            try:
+                self.logs[k].close_wandb(self.member_summaries[k], failed)
+            except Exception as err:  # one run's trouble never leaves the others open
+                print(f"W&B run of seed_{k} did not close ({type(err).__name__}: {err})", file=sys.stderr)

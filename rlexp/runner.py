@@ -8,6 +8,9 @@ picks the algorithm nor sets process-wide state (threads, garbage collector): th
 
 from __future__ import annotations
 
+import signal
+import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -39,6 +42,8 @@ def run_population(
     ``prepare(cfg)`` validates the config (a ConfigError: refused, nothing recorded) and gives the
     algorithm and the device; the algorithm trains a RunContext built from ``cfg``. A job that
     raises leaves a crashed summary (and ``error.txt``) and raises on; divergence is a result.
+    However it ends, the members' summaries and the job's are written before the W&B runs are
+    closed, and a Ctrl-C during that clean-up waits for it (``DeferredInterrupts``).
     """
     hold_dir(out_dir)
     try:
@@ -69,6 +74,7 @@ def _run_held(
         return recorded
     continued_from = checkpoints.step if checkpoints.saved is not None else None
     start = time.perf_counter()
+    interrupts = DeferredInterrupts()  # a second Ctrl-C waits until the summaries are on disk
     try:
         train, device = prepare(cfg)
         ctx = RunContext.create(OmegaConf.to_object(cfg), device)  # dataclasses: fast attribute access
@@ -76,9 +82,12 @@ def _run_held(
         if continued_from is not None:
             checkpoints.restore_recorder(ctx.recorder)
     except ConfigError:
+        interrupts.restore(raise_deferred=False)
         raise  # bad input: refused before any work, nothing recorded
     except BaseException as exc:
+        interrupts.stopping = True
         record_crash(out_dir, config, cell, choices, exc, time.perf_counter() - start)
+        interrupts.restore(raise_deferred=False)
         raise
     recorder = ctx.recorder
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -87,15 +96,56 @@ def _run_held(
         recorder.open(out_dir, cell, [f"{g}:{o}" for g, o in sorted(choices.items())], config, continued_from)
         train(ctx)
     except BaseException as exc:
+        interrupts.stopping = True
         error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         (out_dir / "error.txt").write_text(traceback.format_exc())
         raise
     finally:
-        ctx.env.close()
-        members = recorder.close(error)
-        job = job_summary(config, cell, choices, members, time.perf_counter() - recorder.start_time, error)
-        job["first_step_time"] = recorder.first_step_time  # unix time of the first env step (start-up benchmarks)
-        job["threads"] = torch.get_num_threads()  # the torch threads the job ran with
-        write_json(out_dir / "summary.json", job)
+        interrupts.stopping = True
+        try:
+            members = recorder.close(error)  # the members' summaries, then the job's, then W&B
+            job = job_summary(config, cell, choices, members, time.perf_counter() - recorder.start_time, error)
+            job["first_step_time"] = recorder.first_step_time  # unix time of the first env step (start-up benchmarks)
+            job["threads"] = torch.get_num_threads()  # the torch threads the job ran with
+            write_json(out_dir / "summary.json", job)
+        finally:
+            try:
+                recorder.close_wandb()
+                ctx.env.close()
+            finally:
+                interrupts.restore(raise_deferred=error is None)
         print_summary(recorder.progress.console, f"{cell}: {ctx.cfg.algo.name} on {ctx.cfg.env.id}", members)
     return job
+
+
+class DeferredInterrupts:
+    """SIGINT while a job runs (main thread, Python's default handler only): the first raises
+    KeyboardInterrupt as usual; one that comes while the job is stopping (``stopping``: a second
+    Ctrl-C, or any during the clean-up) is held back until ``restore`` — after the summaries are
+    written and the W&B runs closed — which puts the default handler back."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+        self.deferred = False
+        self._installed = False
+        if threading.current_thread() is threading.main_thread():
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                signal.signal(signal.SIGINT, self._handle)
+                self._installed = True
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if not self.stopping:
+            self.stopping = True
+            raise KeyboardInterrupt
+        if not self.deferred:
+            print("interrupt: finishing the summaries first; the job stops right after", file=sys.stderr, flush=True)
+        self.deferred = True
+
+    def restore(self, raise_deferred: bool) -> None:
+        """Put Python's default handler back; then raise KeyboardInterrupt for a deferred SIGINT when
+        ``raise_deferred`` (no exception is on its way out already)."""
+        if self._installed:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            self._installed = False
+        if self.deferred and raise_deferred:
+            raise KeyboardInterrupt

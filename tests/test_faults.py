@@ -1,5 +1,6 @@
-"""Tests of faults around a job's dir: one writer per dir (a lock, taken over from a dead holder), an
-unwritable output dir, corrupt files on resume, Ctrl-C. The fault table in docs/grids.md names them.
+"""Tests of faults around a job: one writer per dir (a lock, taken over from a dead holder), an
+unwritable output dir, corrupt files on resume, Ctrl-C (twice), resources checked before any work, a
+crash's clean-up, W&B online without a server. The fault table in docs/grids.md names them.
 
 Runs that train use ``python -m rlexp.train`` in a subprocess with a tiny budget and W&B disabled;
 every output is under pytest's tmp_path.
@@ -8,21 +9,28 @@ every output is under pytest's tmp_path.
 from __future__ import annotations
 
 import json
+import resource
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
-from test_cli import ROOT, Launch, compose_config, describe, message_lines, run_cli
+from test_cli import ROOT, Launch, cli_env, compose_config, describe, message_lines, read_wandb_run, run_cli
 from test_grid import check_finished_job, file_hashes, read_json
 
+from rlexp import build
+from rlexp.build import FILES_RESERVED, validate
 from rlexp.config import ConfigError
 from rlexp.jobs import CORRUPT, LOCK, hold_dir, inspect_job, is_finished, move_aside, release_dir, start_job, write_json
 from rlexp.report import find_job_dirs, load_job
+from rlexp.train import run_job
 
 BUDGET = ["total_steps=600", "algo.learning_starts=200", "logger.log_every=300", "logger.progress=off"]
 TINY = [*BUDGET, "num_seeds=1", "logger.mode=disabled"]
@@ -279,3 +287,160 @@ def test_ctrl_c_records_the_job_crashed_and_resume_runs_it_again(tmp_path):
     assert second.returncode == 0, describe(second)
     check_finished_job(run_dir)
     assert read_json(run_dir / "attempt_1" / "summary.json")["status"] == "crashed"
+
+
+def test_a_second_ctrl_c_during_the_clean_up_waits_for_every_summary(tmp_path):
+    """Two SIGINTs 50 ms apart: the first stops training, the second is held until every summary is
+    on disk and the W&B runs are closed."""
+    run_dir = tmp_path / "run"
+    args = [*BUDGET[1:], "total_steps=200000", "num_seeds=3", "logger.mode=offline", f"hydra.run.dir={run_dir}"]
+    launch = Launch(args, tmp_path)
+    try:
+        deadline = time.monotonic() + 300
+        while not (run_dir / "seed_2" / "metrics.jsonl").exists():
+            assert launch.proc.poll() is None and time.monotonic() < deadline, describe(launch.result())
+            time.sleep(0.05)
+        launch.proc.send_signal(signal.SIGINT)
+        time.sleep(0.05)
+        launch.proc.send_signal(signal.SIGINT)
+        proc = launch.result()
+    finally:
+        launch.stop()
+    assert proc.returncode != 0, describe(proc)
+    job = read_json(run_dir / "summary.json")
+    assert job["status"] == "crashed" and job["error"] == "KeyboardInterrupt", job
+    assert [m["status"] for m in job["members"]] == ["crashed"] * 3
+    for k in range(3):
+        member = read_json(run_dir / f"seed_{k}" / "summary.json")
+        assert member["status"] == "crashed" and member["error"] == "KeyboardInterrupt", member
+    assert read_wandb_run(run_dir / "seed_0")["exit_code"] == 1  # closed, not left to W&B's exit hook
+    assert not (run_dir / LOCK).exists()
+
+
+# ====================================================================== resources, before any work
+def test_more_members_than_open_files_allow_are_refused_naming_the_largest_that_fits(tmp_path):
+    limit = 256  # the child's soft limit; W&B offline: metrics.jsonl and a W&B connection per member
+    fits = (limit - FILES_RESERVED) // 2
+    run_dir = tmp_path / "run"
+
+    def lower_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    args = [*BUDGET, "num_seeds=500", "logger.mode=offline", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlexp.train", *args],
+        cwd=ROOT,
+        env=cli_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lower_limit,
+    )
+    assert proc.returncode == 2, describe(proc)
+    lines = message_lines(proc)
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, describe(proc)
+    assert lines[0] == (
+        f"config error: num_seeds: 500 needs ~{FILES_RESERVED + 1000} open files (2 per member; limit {limit}); "
+        f"the largest that fits is {fits}; lower num_seeds or raise the limit (ulimit -n)"
+    ), lines
+    assert not (run_dir / "summary.json").exists() and not list(run_dir.glob("seed_*"))
+
+
+def test_the_largest_population_named_fits_and_one_more_does_not(monkeypatch):
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    monkeypatch.setattr(build.resource, "getrlimit", lambda which: (300, hard))
+    for mode, per_member in (("offline", 2), ("disabled", 1)):
+        fits = (300 - FILES_RESERVED) // per_member
+        validate(compose_config([f"num_seeds={fits}", f"logger.mode={mode}"]))
+        with pytest.raises(ConfigError, match=f"num_seeds: {fits + 1} needs .* the largest that fits is {fits};"):
+            validate(compose_config([f"num_seeds={fits + 1}", f"logger.mode={mode}"]))
+
+
+def test_a_replay_memory_beyond_the_available_memory_is_refused_naming_the_largest_that_fits(monkeypatch):
+    with pytest.raises(ConfigError, match=r"^config error: algo.buffer_size: 1000000000000 with num_seeds=1 needs ~"):
+        validate(compose_config(["algo.buffer_size=1000000000000"]))  # 44 TB of replay
+    monkeypatch.setattr(build, "available_memory", lambda device: 2**30)
+    with pytest.raises(ConfigError, match=r"the largest that fits is (\d+); lower algo.buffer_size") as refused:
+        validate(compose_config(["algo.buffer_size=100000000"]))
+    fits = int(refused.value.args[0].split("the largest that fits is ")[1].split(";")[0])
+    row = (2 * 4 + 1 + 2) * 4  # CartPole: obs | next_obs | action | reward | terminated, float32
+    assert fits * row < 2**30 < (fits + 2) * row + 2**20  # about all of it, nothing more
+    validate(compose_config([f"algo.buffer_size={fits}"]))
+    with pytest.raises(ConfigError, match="algo.buffer_size"):
+        validate(compose_config([f"algo.buffer_size={fits + 1}"]))
+
+
+# ====================================================================== a crash's clean-up
+def test_a_crash_stops_every_thread_and_closes_every_wandb_run(tmp_path, monkeypatch):
+    """A crash at the first step, while the W&B runs of 20 members are still opening one by one: the
+    run opening then is closed, the ones queued are never opened, no thread of the job is left."""
+    for name in ("CONFIG", "CACHE", "DATA", "ARTIFACT"):
+        monkeypatch.setenv(f"WANDB_{name}_DIR", str(tmp_path / "wandb_home" / name.lower()))
+    before = set(threading.enumerate())
+    members, run_dir = 20, tmp_path / "run"
+    overrides = [*BUDGET[:-1], "logger.progress=rich", f"num_seeds={members}", "logger.mode=offline"]
+    with pytest.raises(RuntimeError, match="a forced crash at env step 1"):
+        run_job(compose_config([*overrides, "debug.crash_at_step=0"]), run_dir)
+    # W&B's own service threads (one set per process, started with the first run) may stay
+    new = set(threading.enumerate()) - before
+    left = [t for t in new if t.is_alive() and not t.name.startswith(("wandb-", "Otel"))]
+    assert not left, left
+    job = read_json(run_dir / "summary.json")
+    assert job["status"] == "crashed" and job["counts"]["crashed"] == members
+    opened = [k for k in range(members) if list((run_dir / f"seed_{k}" / "wandb").glob("offline-run-*"))]
+    assert 0 in opened and len(opened) < members  # ~0.1 s per run: the queue was cancelled, not worked off
+    for k in opened:
+        assert read_wandb_run(run_dir / f"seed_{k}")["exit_code"] == 1
+
+
+# ====================================================================== W&B online without a server
+def silent_server() -> tuple[socket.socket, str]:
+    """A loopback socket that accepts connections (the kernel's backlog) and never answers."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    return server, f"http://127.0.0.1:{server.getsockname()[1]}"
+
+
+def refusing_server() -> tuple[socket.socket, str]:
+    """A closed loopback port: every connection is refused."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{server.getsockname()[1]}"
+    server.close()
+    return server, url
+
+
+def run_online_without(server: Callable[[], tuple[socket.socket, str]], tmp: Path, timeout: float) -> tuple:
+    """A CLI job with W&B online against ``server`` (the socket closed afterwards): (result, wall s, url)."""
+    sock, url = server()
+    args = [*BUDGET, "num_seeds=2", "logger.mode=online", f"logger.init_timeout={timeout}"]
+    args.append(f"hydra.run.dir={tmp / 'run'}")
+    start = time.monotonic()
+    try:
+        proc = run_cli(args, tmp, WANDB_BASE_URL=url, WANDB_API_KEY="x" * 40)
+    finally:
+        sock.close()
+    return proc, time.monotonic() - start, url
+
+
+def test_wandb_online_without_a_server_logs_offline_without_holding_the_job(tmp_path):
+    """A server that accepts and never answers, and one that refuses (both jobs at once): the first
+    failure switches the whole job to offline, said in one line, within the bound of one timeout."""
+    timeout = 3
+    with ThreadPoolExecutor(2) as pool:
+        runs = {
+            name: pool.submit(run_online_without, server, tmp_path / name, timeout)
+            for name, server in (("silent", silent_server), ("refusing", refusing_server))
+        }
+    for name, run in runs.items():
+        proc, wall, url = run.result()
+        run_dir = tmp_path / name / "run"
+        assert proc.returncode == 0, describe(proc)
+        assert wall < timeout + 30, describe(proc)  # a bound on waiting for the network, not a speed test
+        said = [line for line in proc.stderr.splitlines() if line.startswith("W&B:")]
+        assert len(said) == 1 and said[0].startswith(f"W&B: {url} unreachable ("), describe(proc)
+        assert said[0].endswith(f"logging offline — sync later with: wandb sync {run_dir}/seed_*/wandb/offline-run-*")
+        check_finished_job(run_dir, wandb=True)  # each member: one offline run, finished
+        for k in range(2):
+            assert not list((run_dir / f"seed_{k}" / "wandb").glob("run-*"))  # no stray online run dir
