@@ -158,7 +158,9 @@ def _gym_state(env: gym.Env) -> dict[str, Any]:
     level, layer = 0, env
     while True:
         for name, value in vars(layer).items():
-            if isinstance(value, (*PLAIN, np.generic)) or (isinstance(value, np.ndarray) and name == "state"):
+            if isinstance(value, np.generic):  # a numpy scalar keeps its dtype: a 0-dim tensor
+                state[f"{level}.{name}"] = np.asarray(value)
+            elif isinstance(value, PLAIN) or (isinstance(value, np.ndarray) and name == "state"):
                 state[f"{level}.{name}"] = value
         if not isinstance(layer, gym.Wrapper):
             break
@@ -179,7 +181,7 @@ def _load_gym(env: gym.Env, state: dict[str, Any]) -> None:
             continue
         level, name = key.split(".", 1)
         if isinstance(value, torch.Tensor):
-            value = value.numpy().copy()
+            value = value.numpy().dtype.type(value.item()) if value.ndim == 0 else value.numpy().copy()
         setattr(layers[int(level)], name, value)
 
 
