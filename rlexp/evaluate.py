@@ -183,7 +183,8 @@ def main(argv: list[str] | None = None) -> None:
         print(err, file=sys.stderr)
         raise SystemExit(2) from None
     except CheckpointError as err:
-        print(f"corrupt: {run_dir}/{err}; continue the job with resume=true to write a new one", file=sys.stderr)
+        fix = "a new checkpoint needs the job run again (resume=true continues an unfinished one)"
+        print(f"corrupt: {run_dir}/{err}; {fix}", file=sys.stderr)
         raise SystemExit(2) from None
     videos = record_videos(ctx, paths, step) if video else []
     evaluation = ctx.evaluator.run(policy, np.ones(ctx.members, dtype=bool))
