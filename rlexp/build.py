@@ -181,6 +181,8 @@ def validate(cfg: DictConfig) -> None:
     require(evaluation.every >= 0, "eval.every", evaluation.every, "an integer >= 0 (env steps; 0 = at the end only)")
     require(evaluation.episodes >= 0, "eval.episodes", evaluation.episodes, "an integer >= 0 (0 = no evaluation)")
     require(0 <= evaluation.epsilon <= 1, "eval.epsilon", evaluation.epsilon, "a value in [0, 1]")
+    every = cfg.checkpoint.every
+    require(every >= 0, "checkpoint.every", every, "an integer >= 0 (env steps per member; 0 = off)")
     _validate_networks(cfg)
     _check_algo(cfg.algo)
     check_env_id(cfg.env.id)

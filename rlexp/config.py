@@ -23,7 +23,7 @@ from omegaconf import MISSING
 # (Hydra's override_dirname, the W&B group), of the report's cells and, all but SEED_KEYS, of the config a
 # resumed job must match.
 SEED_KEYS = ("seed", "num_seeds")
-NON_CELL_KEYS = (*SEED_KEYS, "device", "threads", "resume", "logger.mode", "logger.progress")
+NON_CELL_KEYS = (*SEED_KEYS, "device", "threads", "resume", "logger.mode", "logger.progress", "checkpoint.every")
 
 
 class ConfigError(CompactHydraException):
@@ -437,6 +437,18 @@ class DebugConfig:
     crash_at_step: int = knob(-1, "raise a RuntimeError at this env step: tests failure isolation (-1 = never)")
 
 
+@dataclass
+class CheckpointConfig:
+    """Checkpoints: per member, everything a job needs to continue (docs/outputs.md#checkpoint)."""
+
+    every: int = knob(
+        0,
+        "env steps per member between checkpoints (each at the first log step at or after a multiple, and at the "
+        "end); 0 = off",
+    )
+    replay: bool = knob(False, "save the replay buffer too: a resumed run then ends bitwise as an uninterrupted one")
+
+
 # ---------------------------------------------------------------- logging, top level
 @dataclass
 class LoggerConfig:
@@ -473,6 +485,7 @@ class Config:
     eval: EvalConfig = knob(EvalConfig, "evaluation: deterministic episodes on separate environments, every algorithm")
     diagnostics: DiagnosticsConfig = knob(DiagnosticsConfig, "instruments: per-layer statistics, histograms")
     debug: DebugConfig = knob(DebugConfig, "fault injection and crashes, for tests")
+    checkpoint: CheckpointConfig = knob(CheckpointConfig, "checkpoints to continue a job from (resume=true)")
     logger: LoggerConfig = knob(LoggerConfig, "W&B and console")
     total_steps: int = knob(50_000, "environment steps per member")
     seed: int = knob(0, "member k is seeded with seed + k")
@@ -481,4 +494,8 @@ class Config:
     threads: int = knob(
         1, "torch intra-op threads, at most the cores this process may use; 0 = torch's default; -1 = one per 8 members"
     )
-    resume: bool = knob(False, "skip jobs whose dir holds a finished job (else starting there is refused)")
+    resume: bool = knob(
+        False,
+        "skip jobs whose dir holds a finished job (else starting there is refused); continue unfinished ones from "
+        "their checkpoint",
+    )

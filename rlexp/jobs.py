@@ -306,12 +306,14 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def config_difference(recorded: dict[str, Any], current: dict[str, Any]) -> tuple[str, Any, Any] | None:
+def config_difference(
+    recorded: dict[str, Any], current: dict[str, Any], ignore: Sequence[str] = ()
+) -> tuple[str, Any, Any] | None:
     """The first key (dotted) whose value differs between two resolved configs, with both values;
-    None when they agree on every key outside ``RESUME_IGNORES``."""
+    None when they agree on every key outside ``RESUME_IGNORES`` and ``ignore``."""
     old, new = _flatten(recorded), _flatten(current)
     for key in sorted(set(old) | set(new)):
-        if any(key == k or key.startswith(f"{k}.") for k in RESUME_IGNORES):
+        if any(key == k or key.startswith(f"{k}.") for k in (*RESUME_IGNORES, *ignore)):
             continue
         if old.get(key, _ABSENT) != new.get(key, _ABSENT):
             return key, old.get(key, _ABSENT), new.get(key, _ABSENT)
@@ -347,11 +349,12 @@ def move_aside(out_dir: Path, corrupt: str | None = None) -> Path | None:
     return dest
 
 
-def set_runs_aside(attempt: Path) -> list[Path]:
+def set_runs_aside(attempt: Path, members: str = "seed_*") -> list[Path]:
     """Rename the W&B runs of an attempt moved aside (``seed_<k>/wandb/offline-run-*`` and ``run-*``) to
-    ``attempt-<name>``, W&B's links there (``latest-run``, ``debug.log``) following; returns the renamed dirs."""
+    ``attempt-<name>``, W&B's links there (``latest-run``, ``debug.log``) following; returns the renamed dirs.
+    ``members``: the member dirs whose runs to rename (a job continued from its checkpoint: one at a time)."""
     renamed = []
-    for wandb_dir in attempt.glob("seed_*/wandb"):
+    for wandb_dir in attempt.glob(f"{members}/wandb"):
         names = [
             p.name for p in wandb_dir.iterdir() if p.is_dir() and not p.is_symlink() and WANDB_RUN.fullmatch(p.name)
         ]
@@ -378,16 +381,56 @@ def job_dirs(root: Path) -> list[Path]:
     return sorted(children, key=lambda p: (int(p.name), "") if p.name.isdigit() else (10**9, p.name))
 
 
-def start_job(out_dir: Path, config: dict[str, Any], resume: bool) -> dict[str, Any] | None:
+def continue_job(out_dir: Path, step: int) -> None:
+    """Prepare an unfinished attempt to continue from its checkpoint at env step ``step``: its crash
+    record (``summary.json``, ``error.txt``) moves into ``attempt_<n>/`` and each member's
+    ``metrics.jsonl`` keeps the records up to ``step`` (a cut-off last line is dropped)."""
+    record = [out_dir / name for name in ("summary.json", "error.txt") if (out_dir / name).exists()]
+    moved = ""
+    if record:
+        n = 1 + max((int(m.group(1)) for p in out_dir.iterdir() if (m := ATTEMPT.fullmatch(p.name))), default=0)
+        dest = out_dir / f"attempt_{n}"
+        dest.mkdir()
+        for path in record:
+            path.rename(dest / path.name)
+        moved = f"; its crash record moved to {dest.name}/"
+    for metrics in out_dir.glob("seed_*/metrics.jsonl"):
+        kept = []
+        for line in metrics.read_bytes().splitlines(keepends=True):
+            try:
+                if line.endswith(b"\n") and json.loads(line)["step"] <= step:
+                    kept.append(line)
+            except (ValueError, KeyError, TypeError):
+                pass
+        tmp = metrics.with_name(".metrics.jsonl.tmp")
+        tmp.write_bytes(b"".join(kept))
+        os.replace(tmp, metrics)
+    print(f"resume: {out_dir} continues from its checkpoint at env step {step}{moved}", flush=True)
+
+
+def start_job(
+    out_dir: Path,
+    config: dict[str, Any],
+    resume: bool,
+    checkpoint: Callable[[], tuple[int | None, str | None]] | None = None,
+) -> dict[str, Any] | None:
     """Prepare ``out_dir`` for a job with the resolved ``config``.
 
     A finished job there: with ``resume`` its recorded summary (the caller skips the job; a config
     that differs is a ConfigError), without it a ConfigError naming the fixes. Otherwise None, after
     moving an unfinished or corrupt attempt's files aside (a corrupt file named in one printed line).
+    With ``resume``, an unfinished attempt with a checkpoint continues instead: ``checkpoint()`` reads
+    it and gives (its step, None), (None, None) when there is none, or (None, '<file>: <what is wrong>')
+    for a corrupt one; continuing moves only the attempt's crash record aside (``continue_job``).
     The caller holds the dir (``hold_dir``).
     """
     recorded, corrupt = inspect_job(out_dir)
     if recorded is None:
+        if resume and corrupt is None and checkpoint is not None:
+            step, corrupt = checkpoint()
+            if step is not None:
+                continue_job(out_dir, step)
+                return None
         move_aside(out_dir, corrupt)
         return None
     status, dir_key = recorded["status"], _dir_key()

@@ -48,6 +48,9 @@ def resolve_wandb_mode(cfg: LoggerConfig) -> str:
     return env if env in WANDB_MODES else "offline"
 
 
+NONFINITE = ("nan", "inf", "-inf")  # how metrics.jsonl writes non-finite floats
+
+
 def _json_value(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)  # NaN / inf as strings: metrics.jsonl stays strict JSON
@@ -60,10 +63,11 @@ class MemberLog:
     ``wandb_run`` is a run, a Future of one (opening in the background) or None (disabled).
     """
 
-    def __init__(self, run_dir: Path, wandb_run: Any) -> None:
+    def __init__(self, run_dir: Path, wandb_run: Any, append: bool = False) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.dir = run_dir
-        self.file = open(run_dir / "metrics.jsonl", "w", buffering=1)  # a rerun into this dir starts afresh
+        # a rerun into this dir starts afresh; a job continued from its checkpoint appends
+        self.file = open(run_dir / "metrics.jsonl", "a" if append else "w", buffering=1)
         self._run: Any = None
         self._opening: Future | None = None
         if isinstance(wandb_run, Future):
@@ -93,6 +97,14 @@ class MemberLog:
             run.log(payload, step=step)
         elif self._opening is not None:
             self._waiting.append((payload, step))
+
+    def resend(self) -> None:
+        """Send what metrics.jsonl holds to the W&B run (a job continued from its checkpoint: the records
+        up to it, which the interrupted attempt's run had)."""
+        for line in (self.dir / "metrics.jsonl").read_text().splitlines():
+            record = json.loads(line)
+            step = record.pop("step")
+            self.log_wandb({k: float(v) if v in NONFINITE else v for k, v in record.items()}, step)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, **{k: _json_value(v) for k, v in metrics.items()}}

@@ -22,8 +22,9 @@ import torch
 from rlexp.config import Config
 from rlexp.diagnostics import Explosions, InstrumentHistory
 from rlexp.envs import PopulationEnv
-from rlexp.evaluate import Evaluation, Evaluator, Policy
+from rlexp.evaluation import Evaluation, Evaluator, Policy
 from rlexp.grad import CAUSES, Health, UpdateStats
+from rlexp.jobs import set_runs_aside
 from rlexp.loggers import ConsoleProgress, MemberLog, WandbRuns
 from rlexp.nets import PopMLP
 from rlexp.normalize import ObsNormalizer, RewardScaler
@@ -82,17 +83,21 @@ class Recorder:
         self.start_time = self._last_log_time = time.perf_counter()
         self._last_log_step = 0  # the env step (per member) of the latest log record
         self.first_step_time: float | None = None  # unix time of the first env step
+        self.checkpoint: Callable[[int], None] | None = None  # writes a checkpoint at an env step (checkpoint.every)
 
     # ------------------------------------------------------------ for algorithms
     def steps(self) -> Iterator[int]:
-        """Env steps per member after each vector step (E at a time); logs between steps.
+        """Env steps per member after each vector step (E at a time); logs between steps, and writes a
+        checkpoint at the first log step at or after each multiple of ``checkpoint.every`` and at the last.
 
-        Ends early when every member has diverged.
+        Starts after the latest log step (0, or the checkpoint's a continued job starts from); ends
+        early when every member has diverged.
         """
         per_step = self.env.num_envs
         log_every = self.cfg.logger.log_every
         crash_at = self.cfg.debug.crash_at_step
-        step = 0
+        every = self.cfg.checkpoint.every
+        step = self._last_log_step
         self.first_step_time = time.time()
         while step < self.cfg.total_steps:
             step += per_step
@@ -100,9 +105,13 @@ class Recorder:
                 raise RuntimeError(f"debug.crash_at_step={crash_at}: a forced crash at env step {step}")
             yield step
             if step // log_every > (step - per_step) // log_every or step >= self.cfg.total_steps:
-                if self._policy is not None and self.evaluator.due(step, self._last_log_step):
+                previous = self._last_log_step
+                if self._policy is not None and self.evaluator.due(step, previous):
                     self._evaluate()
                 self._log(step)
+                last = step >= self.cfg.total_steps or all(self.member_done)
+                if self.checkpoint is not None and (last or step // every > previous // every):
+                    self.checkpoint(step)
                 if all(self.member_done):
                     return
 
@@ -294,15 +303,29 @@ class Recorder:
         }
 
     # ------------------------------------------------------------ output files
-    def open(self, out_dir: Path, cell: str, tags: list[str], config: dict[str, Any]) -> None:
-        """Start the clocks and the console progress, then open each member's logs under ``out_dir``."""
+    def open(
+        self, out_dir: Path, cell: str, tags: list[str], config: dict[str, Any], continued_from: int | None = None
+    ) -> None:
+        """Start the clocks and the console progress, then open each member's logs under ``out_dir``
+        (``continued_from``: the checkpoint's step a continued job starts from; its logs go on, and a
+        member finished before it keeps its files as they are)."""
         self.start_time = self._last_log_time = time.perf_counter()
         self.progress = ConsoleProgress(self.cfg.total_steps, self.cfg.logger.progress, cell)
+        if continued_from is not None:
+            config = {**config, "continued_from": continued_from}
         self.wandb = WandbRuns(self.cfg.logger, out_dir, cell, tags, config)
         for member, seed in enumerate(self.seeds):  # one by one: close() finds every log opened so far
             run_dir = out_dir / f"seed_{member}"
             run_dir.mkdir(parents=True, exist_ok=True)
-            self.logs.append(MemberLog(run_dir, self.wandb.open(run_dir, seed, member)))
+            if continued_from is None:
+                self.logs.append(MemberLog(run_dir, self.wandb.open(run_dir, seed, member)))
+            elif self.member_done[member]:  # finished before the checkpoint: its files and run stay as they are
+                self.logs.append(MemberLog(run_dir, None, append=True))
+            else:  # a new run of the member that first gets what metrics.jsonl kept; the interrupted one aside
+                if self.wandb.mode != "disabled":
+                    set_runs_aside(out_dir, run_dir.name)
+                self.logs.append(MemberLog(run_dir, self.wandb.open(run_dir, seed, member), append=True))
+                self.logs[-1].resend()
         self.wandb.opened_all()
 
     def _log(self, step: int) -> None:

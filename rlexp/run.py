@@ -12,14 +12,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from rlexp.checkpoint import Checkpoints, Loop, Part
 from rlexp.config import ActivationConfig, Config, InitConfig, NetworkConfig, NormalizationConfig
 from rlexp.envs import PopulationEnv
-from rlexp.evaluate import Evaluator
+from rlexp.evaluation import Evaluator
 from rlexp.grad import GradientPipeline
 from rlexp.nets import PopMLP, weight_parameters
 from rlexp.normalize import ObsNormalizer, RewardScaler
@@ -69,6 +71,7 @@ class RunContext:
     evaluator: Evaluator  # eval.*: evaluation's environments and random stream, never training's
     recorder: Recorder  # steps, statistics, divergence, instruments, evaluations, output files
     nets_made: int = field(default=0, init=False)  # each network built takes the next generator stream
+    checkpoints: Checkpoints | None = field(default=None, init=False)  # set by the job runner (checkpoint.*)
 
     @classmethod
     def create(cls, cfg: Config, device: torch.device) -> RunContext:
@@ -126,6 +129,35 @@ class RunContext:
         if cfg.debug.inject.what == "grad":
             pipeline.after_backward = self.recorder.inject_grad
         return pipeline
+
+    def checkpoint_state(self, objects: dict[str, Part], loop: Loop) -> dict[str, Any] | None:
+        """Hand the algorithm's state to the checkpoints, once its networks are built and before its loop.
+
+        ``objects``: its networks, pipelines (their optimizer's state) and replay buffer (saved with
+        ``checkpoint.replay``), restored in place; ``loop()``: its loop's variables by name, read at each
+        checkpoint (arrays and tensors with a leading member dimension are restored in place, so pass
+        a view [P, ...] of a [T, P, ...] array). Returns the restored loop variables when the job
+        continues from a checkpoint, else None. When the context only loads a policy
+        (``rlexp.evaluate``), raises PolicyLoaded once the objects are restored.
+        """
+        checkpoints = self.checkpoints
+        if checkpoints is None:
+            return None
+        if self.cfg.checkpoint.every > 0:
+            self.recorder.checkpoint = lambda step: checkpoints.save(
+                step, checkpoints.context_state(self) | checkpoints.algorithm_state(objects, loop())
+            )
+        if checkpoints.saved is None:
+            return None
+        checkpoints.restore_context(self)
+        restored = checkpoints.restore_algorithm(objects, loop(), self.env)
+        if checkpoints.policy_only:
+            raise PolicyLoaded
+        return restored
+
+
+class PolicyLoaded(Exception):  # noqa: N818 (a signal, not an error)
+    """Raised by ``RunContext.checkpoint_state`` when the context only loads a member's policy."""
 
 
 Algorithm = Callable[[RunContext], None]  # an algorithm's train function

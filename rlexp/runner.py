@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from rlexp.checkpoint import CheckpointError, Checkpoints
 from rlexp.config import ConfigError
 from rlexp.jobs import hold_dir, job_summary, record_crash, release_dir, start_job, write_json
 from rlexp.loggers import print_summary
@@ -60,14 +61,26 @@ def _run_held(
 ) -> dict[str, Any]:
     """``run_population`` in a dir this process holds."""
     config = OmegaConf.to_container(cfg, resolve=True)  # plain dict, for logs and summaries
-    recorded = start_job(out_dir, config, cfg.resume)
+    checkpoints = Checkpoints(out_dir, config, cfg.checkpoint.replay)
+
+    def read_checkpoint() -> tuple[int | None, str | None]:
+        try:
+            return checkpoints.load(cfg.num_seeds), None
+        except CheckpointError as err:
+            return None, str(err)
+
+    recorded = start_job(out_dir, config, cfg.resume, read_checkpoint)
     if recorded is not None:
         return recorded
+    continued_from = checkpoints.step if checkpoints.saved is not None else None
     start = time.perf_counter()
     interrupts = DeferredInterrupts()  # a second Ctrl-C waits until the summaries are on disk
     try:
         train, device = prepare(cfg)
         ctx = RunContext.create(OmegaConf.to_object(cfg), device)  # dataclasses: fast attribute access
+        ctx.checkpoints = checkpoints
+        if continued_from is not None:
+            checkpoints.restore_recorder(ctx.recorder)
     except ConfigError:
         interrupts.restore(raise_deferred=False)
         raise  # bad input: refused before any work, nothing recorded
@@ -80,7 +93,7 @@ def _run_held(
     out_dir.mkdir(parents=True, exist_ok=True)
     error: str | None = None
     try:
-        recorder.open(out_dir, cell, [f"{g}:{o}" for g, o in sorted(choices.items())], config)
+        recorder.open(out_dir, cell, [f"{g}:{o}" for g, o in sorted(choices.items())], config, continued_from)
         train(ctx)
     except BaseException as exc:
         interrupts.stopping = True

@@ -193,6 +193,7 @@ OUT_OF_DOMAIN: dict[str, str] = {
     "logger.init_timeout": "-1",
     "eval.every": "-1",
     "eval.episodes": "-1",
+    "checkpoint.every": "-1",
     "eval.epsilon": "1.5",
     "total_steps": "0",
     "seed": "-1",

@@ -1,4 +1,4 @@
-"""Evaluation (rlexp/evaluate.py and each algorithm's deterministic policy).
+"""Evaluation (rlexp/evaluation.py and each algorithm's deterministic policy).
 
 Checked against direct computation: a tiny network whose greedy action is known, evaluated on
 CartPole with the evaluation seeds, returns what gymnasium's CartPole-v1 gives with those seeds and
@@ -25,7 +25,7 @@ from rlexp.algos import dqn
 from rlexp.build import validate
 from rlexp.config import ActivationConfig, ConfigError, GainInitConfig, NetworkConfig, NormalizationConfig
 from rlexp.envs import EVALUATION, env_seeds
-from rlexp.evaluate import Evaluator
+from rlexp.evaluation import Evaluator
 from rlexp.loggers import print_summary
 from rlexp.nets import PopMLP
 from rlexp.normalize import ObsNormalizer

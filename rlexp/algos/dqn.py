@@ -35,7 +35,7 @@ from rlexp.diagnostics import (
     parameter_names,
     update_instruments,
 )
-from rlexp.evaluate import Policy
+from rlexp.evaluation import Policy
 from rlexp.grad import UpdateStats
 from rlexp.nets import PopMLP, hard_update_, soft_update_
 from rlexp.recorder import Located
@@ -232,6 +232,12 @@ def train(ctx: RunContext) -> None:
     obs = env.reset()  # [P, E, obs] numpy, on the host (raw; obs_norm applies when the network reads it)
     ctx.obs_norm.update(obs)
     prev_step = 0
+    learn_from = algo.learning_starts  # updates begin after this env step
+    saved = {"q_net": q_net, "target_net": target_net, "pipeline": pipeline, "buffer": buffer}
+    loop = ctx.checkpoint_state(saved, lambda: dict(obs=obs, r_max=r_max, updates=updates, prev_step=prev_step))
+    if loop:  # continued from a checkpoint; without its replay the buffer refills for learning_starts steps
+        updates, prev_step = loop["updates"], loop["prev_step"]
+        learn_from = learn_from if cfg.checkpoint.replay else prev_step + algo.learning_starts
     for step in recorder.steps():
         # act: epsilon-greedy, each member from its own stream (decided on the host, where the envs are)
         eps = epsilon(step, algo, cfg.total_steps)
@@ -252,7 +258,7 @@ def train(ctx: RunContext) -> None:
         recorder.note(epsilon=eps)
 
         # learn
-        if step > algo.learning_starts and step // algo.train_frequency > prev_step // algo.train_frequency:
+        if step > learn_from and step // algo.train_frequency > prev_step // algo.train_frequency:
             r_scale = torch.as_tensor(r_max, dtype=torch.float32, device=device)  # [P]
             for _ in range(algo.gradient_steps):
                 diagnose = recorder.diagnose(updates)

@@ -43,7 +43,7 @@ from rlexp.diagnostics import (
     parameter_names,
     update_instruments,
 )
-from rlexp.evaluate import Policy
+from rlexp.evaluation import Policy
 from rlexp.grad import UpdateStats
 from rlexp.nets import PopMLP
 from rlexp.recorder import Located
@@ -257,6 +257,17 @@ def train(ctx: RunContext) -> None:
     ctx.obs_norm.update(obs)
     t = 0
     rollout = 0
+    saved = {"actor": actor, "critic": critic, "actor_pipe": actor_pipe, "critic_pipe": critic_pipe}
+    collected = (log_probs, values, obs_np, actions_np, rewards_np, terminated_np, dones_np, valid_np)  # [T, P, ...]
+    loop = ctx.checkpoint_state(
+        saved,
+        lambda: (
+            {f"rollout_{i}": x.swapaxes(0, 1) for i, x in enumerate(collected)}  # [P, T, ...] views
+            | dict(obs=obs, r_max=r_max, t=t, rollout=rollout, updates=updates)
+        ),
+    )
+    if loop:  # continued from a checkpoint
+        t, rollout, updates = loop["t"], loop["rollout"], loop["updates"]
     for step in recorder.steps():
         # act: sample from the policy, each member from its own stream
         obs_in = ctx.obs_norm(obs)  # [P, E, obs]

@@ -37,7 +37,7 @@ from rlexp.diagnostics import (
     parameter_names,
     update_instruments,
 )
-from rlexp.evaluate import Policy
+from rlexp.evaluation import Policy
 from rlexp.grad import UpdateStats
 from rlexp.nets import PopMLP, soft_update_
 from rlexp.recorder import Located
@@ -159,6 +159,15 @@ def train(ctx: RunContext) -> None:
     obs = env.reset()  # [P, E, obs] raw, on the host
     ctx.obs_norm.update(obs)
     prev_step = 0
+    learn_from = algo.learning_starts  # updates begin after this env step
+    saved = {"actor": actor, "critics": critics, "actor_target": actor_target, "critic_targets": critic_targets}
+    saved |= {"actor_pipe": actor_pipe, "critic_pipe": critic_pipe, "buffer": buffer}
+    loop = ctx.checkpoint_state(
+        saved, lambda: dict(obs=obs, r_max=r_max, prev_step=prev_step, critic=critic_updates, actor=actor_updates)
+    )
+    if loop:  # continued from a checkpoint; without its replay the buffer refills for learning_starts steps
+        prev_step, critic_updates, actor_updates = loop["prev_step"], loop["critic"], loop["actor"]
+        learn_from = learn_from if cfg.checkpoint.replay else prev_step + algo.learning_starts
     for step in recorder.steps():
         # act: uniform random actions until learning starts, then mu(s) + Gaussian noise
         u = ctx.streams.uniform(num_envs * action_dim).reshape(members, num_envs, action_dim)
@@ -177,7 +186,7 @@ def train(ctx: RunContext) -> None:
         obs = result.obs
 
         # learn
-        if step <= algo.learning_starts or step // algo.train_frequency == prev_step // algo.train_frequency:
+        if step <= learn_from or step // algo.train_frequency == prev_step // algo.train_frequency:
             prev_step = step
             continue
         prev_step = step
