@@ -56,6 +56,13 @@ def per_layer(values: torch.Tensor, names: Sequence[str]) -> dict[str, torch.Ten
     return {layer: values[idx].square().sum(0).sqrt() for layer, idx in layers.items()}
 
 
+def dormant_scores(h: torch.Tensor) -> torch.Tensor:
+    """The tau-dormant score of each unit of a layer output h [P, B, H] (Sokar et al. 2023), per member:
+    score_i = E|h_i| / mean_k E|h_k| over the batch -> [P, H]; a unit is tau-dormant when score_i <= tau."""
+    score = h.abs().mean(1)  # [P, H]
+    return score / score.mean(1, keepdim=True).clamp(min=1e-12)
+
+
 def activation_stats(hidden: Sequence[torch.Tensor], prefix: str, tau: float) -> Stats:
     """Per hidden layer output h [P, B, H]: mean, std, dead fraction (units exactly 0 on the whole
     batch) and tau-dormant fraction (Sokar et al. 2023: score_i = E|h_i| / mean_k E|h_k| <= tau)."""
@@ -66,9 +73,7 @@ def activation_stats(hidden: Sequence[torch.Tensor], prefix: str, tau: float) ->
         stats[f"act_mean/{name}"] = h.mean((1, 2))
         stats[f"act_std/{name}"] = h.std((1, 2))
         stats[f"dead/{name}"] = (h == 0).all(1).float().mean(1)
-        score = h.abs().mean(1)  # [P, H]
-        score = score / score.mean(1, keepdim=True).clamp(min=1e-12)
-        stats[f"dormant/{name}"] = (score <= tau).float().mean(1)
+        stats[f"dormant/{name}"] = (dormant_scores(h) <= tau).float().mean(1)
     return stats
 
 

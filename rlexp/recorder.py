@@ -67,6 +67,7 @@ class Recorder:
         # instruments: the latest record ([P] tensors), each member's recent finite records (host)
         self._instruments: dict[str, torch.Tensor] = {}
         self.histories = [InstrumentHistory() for _ in range(self.members)]
+        self.counts: dict[str, torch.Tensor] = {}  # cumulative per-member counts [P] (interventions), host
         self.explosions = Explosions(self.members, cfg.divergence.patience, device)
         self.divergence: dict[int, dict[str, Any]] = {}  # member -> {cause, where, detail}
         self._injected = False
@@ -317,6 +318,7 @@ class Recorder:
             names = list(self._instruments)
             rows = torch.stack([self._instruments[n] for n in names]).tolist()  # one host read
             instruments = dict(zip(names, rows))
+        counts = {name: values.tolist() for name, values in self.counts.items()}
         for k, log in enumerate(self.logs):
             if self.member_done[k]:
                 continue
@@ -330,6 +332,7 @@ class Recorder:
                 metrics["episode/return_last10"] = float(np.mean(self.env.last_returns[k]))
             metrics["episode/count"] = int(self.env.episode_count[k])
             metrics.update(self._eval_metrics(k))
+            metrics.update({name: values[k] for name, values in counts.items()})
             record = {name: values[k] for name, values in instruments.items()}
             metrics.update(record)
             log.log(step, metrics)

@@ -21,6 +21,7 @@ from rlexp.config import ActivationConfig, Config, InitConfig, NetworkConfig, No
 from rlexp.envs import PopulationEnv
 from rlexp.evaluate import Evaluator
 from rlexp.grad import GradientPipeline
+from rlexp.interventions import Interventions, Subject
 from rlexp.nets import PopMLP, weight_parameters
 from rlexp.normalize import ObsNormalizer, RewardScaler
 from rlexp.recorder import Recorder
@@ -126,6 +127,13 @@ class RunContext:
         if cfg.debug.inject.what == "grad":
             pipeline.after_backward = self.recorder.inject_grad
         return pipeline
+
+    def interventions(self, *subjects: Subject) -> Interventions:
+        """The configured intervention (``intervention.*``) over the networks the algorithm trains; the
+        recorder logs its per-member counts. Call it once per update: ``intervene(updates, x, extra)``."""
+        interventions = Interventions(self.cfg.intervention, list(subjects), self.seeds, self.recorder.health)
+        self.recorder.counts = interventions.counts
+        return interventions
 
 
 Algorithm = Callable[[RunContext], None]  # an algorithm's train function

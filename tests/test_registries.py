@@ -265,7 +265,8 @@ def test_instruments_and_divergence_location(activation, normalization):
     for member in range(P):
         found = locate_nonfinite(net, "q", member, x[member], "replay.obs")
         if member == k:
-            assert found == ("nonfinite_param", "q.1.weight", f"1 of {HIDDEN[1] * HIDDEN[0]} values non-finite")
+            size = net.layers[1].weight[k].numel()  # HIDDEN[1] x HIDDEN[0] (x 2 for crelu)
+            assert found == ("nonfinite_param", "q.1.weight", f"1 of {size} values non-finite")
         else:
             assert found is None
     assert all(torch.equal(b, before) for b, before in zip(net.buffers(), buffers))

@@ -37,6 +37,7 @@ from rlexp.diagnostics import (
 )
 from rlexp.evaluate import Policy
 from rlexp.grad import UpdateStats
+from rlexp.interventions import Subject
 from rlexp.nets import PopMLP, hard_update_, soft_update_
 from rlexp.recorder import Located
 from rlexp.run import RunContext
@@ -224,6 +225,8 @@ def train(ctx: RunContext) -> None:
         target_net.requires_grad_(False)
     pipeline = ctx.make_pipeline(q_net)  # the configured optimizer, clipping, penalties
     analytic = q_net.analytic_backward and not pipeline.has_penalty  # gradients without autograd
+    targets = (target_net,) if target_net is not None else ()
+    intervene = ctx.interventions(Subject("q", q_net, pipeline, targets))  # intervention.*, every few updates
     names = parameter_names(q_net, "q")  # q.0.weight, q.0.bias, ... aligned with the pipeline's tensors
     buffer = ReplayBuffer(members, algo.buffer_size, env.obs_dim, device)
     r_max = np.full(members, float(algo.r_max))  # [P] largest |r| seen so far, at least algo.r_max
@@ -286,6 +289,7 @@ def train(ctx: RunContext) -> None:
                 updates += 1
                 if target_net is not None and algo.target_update == "soft":
                     soft_update_(target_net, q_net, algo.tau)
+                intervene(updates, batch.obs)
         if (
             target_net is not None
             and algo.target_update == "hard"

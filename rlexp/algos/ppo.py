@@ -45,6 +45,7 @@ from rlexp.diagnostics import (
 )
 from rlexp.evaluate import Policy
 from rlexp.grad import UpdateStats
+from rlexp.interventions import Subject
 from rlexp.nets import PopMLP
 from rlexp.recorder import Located
 from rlexp.run import RunContext
@@ -236,6 +237,7 @@ def train(ctx: RunContext) -> None:
     policy_out, value_of = actor.net.inference(), critic.inference()  # acting: no gradient, less overhead
     recorder.evaluate_with(evaluation_policy(policy_out, device, (low, high) if continuous else None))
     actor_pipe, critic_pipe = ctx.make_pipeline(actor), ctx.make_pipeline(critic)  # an optimizer each
+    intervene = ctx.interventions(Subject("actor", actor.net, actor_pipe), Subject("critic", critic, critic_pipe))
     actor_names = parameter_names(actor.net, "actor") + (["actor.log_std"] if continuous else [])
     critic_names = parameter_names(critic, "critic")
     lr = cfg.optimizer.lr
@@ -366,6 +368,7 @@ def train(ctx: RunContext) -> None:
                         histograms=partial(histograms, actor, critic, actor_names, critic_names, mb, out),
                     )
                 updates += 1
+                intervene(updates, mb.obs)
 
 
 def instruments(

@@ -39,6 +39,7 @@ from rlexp.diagnostics import (
 )
 from rlexp.evaluate import Policy
 from rlexp.grad import UpdateStats
+from rlexp.interventions import Subject
 from rlexp.nets import PopMLP, soft_update_
 from rlexp.recorder import Located
 from rlexp.run import RunContext
@@ -147,6 +148,10 @@ def train(ctx: RunContext) -> None:
     for net in (actor, critics, actor_target, critic_targets):
         net.eval()  # acting and targets use running statistics when a network has batch norm
     actor_pipe, critic_pipe = ctx.make_pipeline(actor), ctx.make_pipeline(critics)  # an optimizer each
+    intervene = ctx.interventions(  # intervention.*, every few critic updates
+        Subject("actor", actor, actor_pipe, (actor_target,)),
+        *(Subject(p, c, critic_pipe, (t,)) for p, c, t in zip(["critic", "critic2"], critics, critic_targets)),
+    )
     critic_prefixes = ["critic", "critic2"][: len(critics)]
     actor_names = parameter_names(actor, "actor")
     critic_names = [n for c, prefix in zip(critics, critic_prefixes) for n in parameter_names(c, prefix)]
@@ -200,6 +205,7 @@ def train(ctx: RunContext) -> None:
             critic_loss = sum((q - target).square().mean(1) for q in q_pred)  # [P]
             critic_update = critic_pipe.step(critic_loss, step, diagnose)
             critic_updates += 1
+            intervene(critic_updates, batch.obs, batch.actions)
             recorder.locate_divergence(
                 critic_update,
                 partial(locate, critics, critic_prefixes, critic_names, batch.obs, batch.actions, critic_update),
