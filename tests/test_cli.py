@@ -284,6 +284,12 @@ BAD_VALUES = {
     "cuda_without_cuda": (["device=cuda"], "device", ["CUDA"]),
     "logger_mode_bogus": (["logger.mode=bogus"], "logger.mode", ["bogus"]),
     "eval_episodes_negative": (["eval.episodes=-1"], "eval.episodes", ["-1"]),
+    "redo_tau_above_one": (["intervention=redo", "intervention.tau=1.5"], "intervention.tau", ["1.5", "(0, 1]"]),
+    "reset_beyond_the_network": (
+        ["intervention=reset", "intervention.layers=4"],
+        "intervention.layers",
+        ["4", "[1, 3]", "3 linear layers"],
+    ),
 }
 
 
