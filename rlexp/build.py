@@ -151,6 +151,7 @@ def validate(cfg: DictConfig) -> None:
     require(diag.every >= 0, "diagnostics.every", diag.every, "an integer >= 0 (0 = off)")
     require(diag.histogram_every >= 0, "diagnostics.histogram_every", diag.histogram_every, "an integer >= 0")
     require(0 <= diag.dormant_tau < 1, "diagnostics.dormant_tau", diag.dormant_tau, "a value in [0, 1)")
+    require(0 < diag.srank_delta < 1, "diagnostics.srank_delta", diag.srank_delta, "a value in (0, 1)")
     _positive(div, "divergence", ("q_bound_factor", "grad_norm_bound", "patience"))
     require_choice(inject.what, "debug.inject.what", ("none", "param", "grad", "obs"))
     require(inject.member >= -1, "debug.inject.member", inject.member, "-1 (none) or a member index")

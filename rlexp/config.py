@@ -445,6 +445,7 @@ class DiagnosticsConfig:
     every: int = knob(50, "updates between instrument records (per-layer statistics); 0 = off")
     histogram_every: int = knob(1_000, "updates between W&B histograms of gradients and activations; 0 = off")
     dormant_tau: float = knob(0.025, "a unit is tau-dormant when E|h_i| / mean_k E|h_k| <= tau")
+    srank_delta: float = knob(0.01, "feature rank srank: the fewest singular values holding 1 - delta of their sum")
 
 
 @dataclass

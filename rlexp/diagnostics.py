@@ -16,7 +16,8 @@ from collections.abc import Sequence
 
 import torch
 
-from rlexp.grad import UpdateStats
+from rlexp.config import DiagnosticsConfig
+from rlexp.grad import UpdateStats, tensor_norms
 from rlexp.nets import PopMLP
 
 Stats = dict[str, torch.Tensor]  # metric name -> [P]
@@ -63,9 +64,11 @@ def dormant_scores(h: torch.Tensor) -> torch.Tensor:
     return score / score.mean(1, keepdim=True).clamp(min=1e-12)
 
 
-def activation_stats(hidden: Sequence[torch.Tensor], prefix: str, tau: float) -> Stats:
+def activation_stats(hidden: Sequence[torch.Tensor], prefix: str, tau: float, srank_delta: float) -> Stats:
     """Per hidden layer output h [P, B, H]: mean, std, dead fraction (units exactly 0 on the whole
-    batch) and tau-dormant fraction (Sokar et al. 2023: score_i = E|h_i| / mean_k E|h_k| <= tau)."""
+    batch), tau-dormant fraction (Sokar et al. 2023: score_i = E|h_i| / mean_k E|h_k| <= tau), and the
+    plasticity statistics: feature rank, effective rank, active fraction and feature norm
+    (``feature_ranks``; docs/instruments.md gives each definition)."""
     stats: Stats = {}
     for i, h in enumerate(hidden):
         h = h.detach()
@@ -74,17 +77,58 @@ def activation_stats(hidden: Sequence[torch.Tensor], prefix: str, tau: float) ->
         stats[f"act_std/{name}"] = h.std((1, 2))
         stats[f"dead/{name}"] = (h == 0).all(1).float().mean(1)
         stats[f"dormant/{name}"] = (dormant_scores(h) <= tau).float().mean(1)
+        stats[f"srank/{name}"], stats[f"erank/{name}"] = feature_ranks(h, srank_delta)
+        stats[f"active/{name}"] = (h > 0).float().mean((1, 2))
+        stats[f"feature_norm/{name}"] = torch.linalg.vector_norm(h, dim=2).mean(1)
     return stats
 
 
+def feature_ranks(h: torch.Tensor, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Feature rank and effective rank of each member's feature matrix h [P, B, H] -> ([P], [P]).
+
+    With sigma_1 >= sigma_2 >= ... the singular values of a member's [B, H] matrix and
+    p_i = sigma_i / sum_j sigma_j: srank_delta = min k with sum_{i<=k} p_i >= 1 - delta (Kumar et al.
+    2021) and erank = exp(-sum_i p_i log p_i) with 0 log 0 = 0 (Roy & Vetterli 2007). Both are 0 for
+    an all-zero matrix, and NaN for a member with a non-finite value (the others are unaffected:
+    the decomposition runs per matrix).
+    """
+    finite = torch.isfinite(h).all(2).all(1)  # [P]
+    sigma = torch.linalg.svdvals(torch.where(finite[:, None, None], h, 0.0))  # [P, min(B, H)] descending
+    total = sigma.sum(1, keepdim=True)  # [P, 1]
+    p = sigma / total.clamp(min=torch.finfo(sigma.dtype).tiny)  # all 0 for a zero matrix
+    nonzero = total.squeeze(1) > 0  # [P]
+    srank = ((p.cumsum(1) < 1.0 - delta).sum(1) + 1).float() * nonzero
+    erank = torch.exp(-torch.special.xlogy(p, p).sum(1)) * nonzero
+    nan = torch.tensor(float("nan"), device=h.device)
+    return torch.where(finite, srank, nan), torch.where(finite, erank, nan)
+
+
 def layer_stats(net: PopMLP, prefix: str) -> Stats:
-    """Each linear layer's reparametrization statistics, e.g. ``wn_v_min/q.0`` (the smallest per-unit
-    ||v|| of a weight-normalized layer, which g/||v|| divides by)."""
-    return {
-        f"{metric}/{prefix}.{i}": value
-        for i, layer in enumerate(net.layers)
-        for metric, value in layer.instruments().items()
-    }
+    """Each linear layer's statistics: its reparametrization's (e.g. ``wn_v_min/q.0``, the smallest
+    per-unit ||v|| of a weight-normalized layer, which g/||v|| divides by), the mean |w| of its
+    effective weight (``weight_magnitude/q.0``) and, when the network keeps its initial parameters
+    (``keep_initial``), ||theta - theta_0|| / ||theta_0|| over the layer's parameters (``weight_change/q.0``)."""
+    stats: Stats = {}
+    for i, layer in enumerate(net.layers):
+        for metric, value in layer.instruments().items():
+            stats[f"{metric}/{prefix}.{i}"] = value
+        training = layer.training
+        layer.eval()  # a spectral norm's effective weight without a power iteration (which writes its state)
+        stats[f"weight_magnitude/{prefix}.{i}"] = layer.effective_weight().detach().abs().mean((1, 2))
+        layer.train(training)
+    initial = getattr(net, "initial_parameters", None)
+    if initial is not None:
+        names = parameter_names(net, prefix)
+        change = tensor_norms([p.detach() - p0 for p, p0 in zip(net.parameters(), initial)])  # [T, P]
+        norms = per_layer(tensor_norms(initial), names)
+        for layer, value in per_layer(change, names).items():
+            stats[f"weight_change/{layer}"] = (value / norms[layer].clamp(min=1e-12)).float()
+    return stats
+
+
+def keep_initial(net: PopMLP) -> None:
+    """Keep a copy of the network's parameters (each [P, ...]) as theta_0 for ``weight_change/``."""
+    net.initial_parameters = [p.detach().clone() for p in net.parameters()]
 
 
 def update_instruments(update: UpdateStats, names: Sequence[str]) -> Stats:
@@ -104,13 +148,13 @@ def update_instruments(update: UpdateStats, names: Sequence[str]) -> Stats:
 
 
 def activity_instruments(
-    net: PopMLP, prefix: str, x: torch.Tensor, tau: float, extra: torch.Tensor | None = None
+    net: PopMLP, prefix: str, x: torch.Tensor, diag: DiagnosticsConfig, extra: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, Stats]:
     """A forward pass of x [P, B, in] that returns the output and the hidden layers' activation
-    statistics with the linear layers' own (weight-norm ||v|| extremes; no gradient)."""
+    statistics with the linear layers' own (``diag``: dormant_tau, srank_delta; no gradient)."""
     with torch.no_grad():
         out, hidden = hidden_outputs(net, x, extra)
-        return out, {**layer_stats(net, prefix), **activation_stats(hidden, prefix, tau)}
+        return out, {**layer_stats(net, prefix), **activation_stats(hidden, prefix, diag.dormant_tau, diag.srank_delta)}
 
 
 def hidden_outputs(
@@ -236,6 +280,11 @@ def locate_in_update(
     return cause, "unknown", ""
 
 
+# instruments first_moved passes over: grad_norm_post/ is grad_norm/ unclipped; weight_change/ grows from 0
+# by construction
+_NOT_MOVED = ("grad_norm_post/", "weight_change/")
+
+
 class InstrumentHistory:
     """The last records of one member's instruments on the host, to say which one moved first."""
 
@@ -260,7 +309,7 @@ class InstrumentHistory:
                 (abs(v) / max(abs(first[k]), 1e-12), k)
                 for k, v in record.items()
                 if k in first
-                and not k.startswith("grad_norm_post/")  # the same as grad_norm/ unclipped
+                and not k.startswith(_NOT_MOVED)
                 and abs(v) >= factor * max(abs(first[k]), 1e-12)
                 and abs(v) > 1e-6
             ]

@@ -18,6 +18,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from rlexp.config import ActivationConfig, Config, InitConfig, NetworkConfig, NormalizationConfig
+from rlexp.diagnostics import keep_initial
 from rlexp.envs import PopulationEnv
 from rlexp.evaluate import Evaluator
 from rlexp.grad import GradientPipeline
@@ -113,7 +114,10 @@ class RunContext:
             extra_in=extra_in,
             extra_at=extra_at,
         )
-        return net.to(self.device)
+        net = net.to(self.device)
+        if self.cfg.diagnostics.every > 0:
+            keep_initial(net)  # theta_0 of the weight_change instruments
+        return net
 
     def make_pipeline(self, net: torch.nn.Module) -> GradientPipeline:
         """The gradient pipeline (the configured optimizer, clipping, penalties, divergence checks)

@@ -192,6 +192,7 @@ OUT_OF_DOMAIN: dict[str, str] = {
     "diagnostics.every": "-1",
     "diagnostics.histogram_every": "-1",
     "diagnostics.dormant_tau": "1",
+    "diagnostics.srank_delta": "0",
     "debug.inject.member": "-2",
     "debug.inject.step": "-2",
     "debug.crash_at_step": "-2",

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from rlexp.buffer import Batch, ReplayBuffer
-from rlexp.config import DQNConfig
+from rlexp.config import DiagnosticsConfig, DQNConfig
 from rlexp.diagnostics import (
     activity_instruments,
     hidden_outputs,
@@ -153,10 +153,10 @@ def instruments(
     r_max: torch.Tensor,
     update: UpdateStats,
     names: list[str],
-    tau: float,
+    diag: DiagnosticsConfig,
 ) -> dict[str, torch.Tensor]:
     """Per-member, per-layer instrument record ([P] each) after a diagnosed update."""
-    q_all, stats = activity_instruments(q_net, "q", batch.obs, tau)  # [P, B, A]
+    q_all, stats = activity_instruments(q_net, "q", batch.obs, diag)  # [P, B, A]
     with torch.no_grad():
         q = q_all.gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)  # [P, B]
         td = q - td_target(q_net, target_net, batch, algo, r_max)
@@ -272,9 +272,7 @@ def train(ctx: RunContext) -> None:
                     update, partial(locate, q_net, target_net, batch, names=names, update=update)
                 )
                 if diagnose:
-                    record = instruments(
-                        q_net, target_net, batch, algo, r_scale, update, names, cfg.diagnostics.dormant_tau
-                    )
+                    record = instruments(q_net, target_net, batch, algo, r_scale, update, names, cfg.diagnostics)
                     reward_scale = torch.ones_like(r_scale) if algo.rescale_r else r_scale  # [P]
                     recorder.record_instruments(
                         record,

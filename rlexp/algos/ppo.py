@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlexp.buffer import take_rows
-from rlexp.config import ActorCriticConfig
+from rlexp.config import ActorCriticConfig, DiagnosticsConfig
 from rlexp.diagnostics import (
     activity_instruments,
     locate_in_update,
@@ -352,7 +352,7 @@ def train(ctx: RunContext) -> None:
                         critic_update,
                         actor_names,
                         critic_names,
-                        cfg.diagnostics.dormant_tau,
+                        cfg.diagnostics,
                         low if continuous else None,
                         high if continuous else None,
                     )
@@ -379,15 +379,15 @@ def instruments(
     critic_update,
     actor_names: list[str],
     critic_names: list[str],
-    tau: float,
+    diag: DiagnosticsConfig,
     low: np.ndarray | None,
     high: np.ndarray | None,
 ) -> dict[str, torch.Tensor]:
     """Per-member instrument record ([P] each): both networks' layers, the value and the policy's
     output distribution (entropy, action mean and std; for Box actions the fraction of sampled
     actions beyond the bounds, which the environment clips)."""
-    out, stats = activity_instruments(actor.net, "actor", mb.obs, tau)
-    v, critic_stats = activity_instruments(critic, "critic", mb.obs, tau)
+    out, stats = activity_instruments(actor.net, "actor", mb.obs, diag)
+    v, critic_stats = activity_instruments(critic, "critic", mb.obs, diag)
     stats.update(critic_stats)
     stats.update(update_instruments(actor_update, actor_names))
     stats.update(update_instruments(critic_update, critic_names))

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from rlexp.buffer import Batch, ReplayBuffer
-from rlexp.config import TD3Config
+from rlexp.config import DiagnosticsConfig, TD3Config
 from rlexp.diagnostics import (
     activity_instruments,
     locate_in_update,
@@ -246,7 +246,7 @@ def train(ctx: RunContext) -> None:
                     actor_names,
                     critic_names,
                     critic_prefixes,
-                    cfg.diagnostics.dormant_tau,
+                    cfg.diagnostics,
                 )
                 grad_norm = torch.maximum(actor_update.grad_norm_pre_clip, critic_update.grad_norm_pre_clip)
                 recorder.record_instruments(
@@ -274,15 +274,15 @@ def instruments(
     actor_names: list[str],
     critic_names: list[str],
     critic_prefixes: list[str],
-    tau: float,
+    diag: DiagnosticsConfig,
 ) -> dict[str, torch.Tensor]:
     """Per-member instrument record ([P] each): actor and critic layers, Q and TD-error statistics,
     the online - target gap, and the actor's output distribution (mean, std, and the fraction
     saturated: |tanh| > 0.99, where the squashing's gradient has all but vanished)."""
-    pre_tanh, stats = activity_instruments(actor, "actor", batch.obs, tau)
+    pre_tanh, stats = activity_instruments(actor, "actor", batch.obs, diag)
     q_all = []
     for critic, prefix in zip(critics, critic_prefixes):
-        q, critic_stats = activity_instruments(critic, prefix, batch.obs, tau, batch.actions)
+        q, critic_stats = activity_instruments(critic, prefix, batch.obs, diag, batch.actions)
         stats.update(critic_stats)
         q_all.append(q.squeeze(-1))
     stats.update(update_instruments(actor_update, actor_names))
