@@ -38,7 +38,18 @@ from rlexp.registry import SCHEMAS, register
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-GROUPS = ("activation", "init", "normalization", "clipping", "optimizer", "network", "algo", "env", "divergence")
+GROUPS = (
+    "activation",
+    "init",
+    "normalization",
+    "clipping",
+    "optimizer",
+    "network",
+    "algo",
+    "env",
+    "divergence",
+    "intervention",
+)
 # A tiny budget (the rest of DQN's defaults are small too) whose cell stays short: rlexp cuts W&B
 # groups to 128 characters, and the tests compare the group with the whole cell.
 TOTAL_STEPS, LEARNING_STARTS, LOG_EVERY, TRAIN_FREQUENCY = 300, 100, 100, 10
