@@ -77,9 +77,8 @@ def dormant_units(net: PopMLP, x: torch.Tensor, extra: torch.Tensor | None, tau:
         hidden = hidden_outputs(net, x, extra)[1]
     units = []
     for i, h in enumerate(hidden):
-        width = net.layers[i].weight.shape[1]
-        dormant = dormant_scores(h) <= tau  # [P, width * k]
-        units.append(dormant.view(dormant.shape[0], -1, width).all(1))  # crelu: h_j and h_{j+H} both
+        dormant = dormant_scores(h) <= tau  # [P, k * H]: k outputs per unit (crelu: 2, unit j's are j and H + j)
+        units.append(dormant.view(dormant.shape[0], -1, net.layers[i].weight.shape[1]).all(1))  # [P, H]
     return units
 
 
@@ -97,16 +96,16 @@ def redo(
     net, pipeline = subject.net, subject.pipeline
     for i, dormant in enumerate(dormant_units(net, x, extra, cfg.tau)):
         layer, fresh_layer, following = net.layers[i], fresh.layers[i], net.layers[i + 1]
-        width = layer.weight.shape[1]
+        units = layer.weight.shape[1]
+        outputs = following.weight.shape[2] - (net.extra_in if net.extra_at == i + 1 else 0)  # k * units
         name = f"intervention/recycled/{subject.name}.{i}"
         counts.setdefault(name, torch.zeros(dormant.shape[0]))
         for k in members:
             rows = dormant[k].nonzero().flatten()  # the units recycled
             if len(rows) == 0:
                 continue
-            n_out = following.weight.shape[2] - (net.extra_in if net.extra_at == i + 1 else 0)
-            cols = (rows.unsqueeze(0) + torch.arange(0, n_out, width, device=rows.device).unsqueeze(1)).flatten()
-            for (_, p), f in zip(layer.named_parameters(), fresh_layer.parameters()):
+            cols = (rows + torch.arange(0, outputs, units, device=rows.device).unsqueeze(1)).flatten()
+            for p, f in zip(layer.parameters(), fresh_layer.parameters()):
                 p[k, rows] = f[k, rows]  # incoming: weight rows, bias, g
                 pipeline.reset_state(p, k, (rows,))
             following.weight[k, :, cols] = 0.0  # outgoing
@@ -197,9 +196,8 @@ class Interventions:
         self.subjects = subjects
         self.health = health
         self.active = cfg.name != "none"
-        # per network, each member's generator of fresh draws (made when first needed)
         self.seeds = seeds
-        self.generators: list[list[torch.Generator]] = []
+        self.generators: list[list[torch.Generator]] = []  # per network, each member's (made at first use)
         self.counts: Counts = {"intervention/count": torch.zeros(len(seeds))} if self.active else {}
 
     def __call__(

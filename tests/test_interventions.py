@@ -21,7 +21,7 @@ from rlexp.config import (
     SGDConfig,
 )
 from rlexp.grad import GradientPipeline, Health
-from rlexp.interventions import INTERVENTIONS, PURPOSE, Interventions, Subject
+from rlexp.interventions import INTERVENTIONS, PURPOSE, Interventions, Subject, dormant_units
 from rlexp.nets import PopMLP, weight_parameters
 from rlexp.streams import member_generator
 
@@ -255,3 +255,44 @@ def test_l2_init_penalizes_the_distance_to_the_initial_values(weights_only):
     pipeline.step(0.0 * net(x).sum((1, 2)), 0)
     for w, before, w0 in zip(penalized, moved, initial):
         torch.testing.assert_close(w, before - 0.1 * 2 * 0.05 * (before - w0))
+
+
+def test_redo_leaves_a_second_inputs_columns_alone():
+    """A critic whose action joins layer 1's input: recycling layer 0's dead units zeroes their columns
+    of layer 1 and none of the action's (the last columns)."""
+    from rlexp.config import ActivationConfig
+
+    gens = [torch.Generator().manual_seed(k) for k in range(P)]
+    net = PopMLP(
+        P,
+        N_IN,
+        1,
+        NetworkConfig(name="mlp", hidden=list(HIDDEN)),
+        ActivationConfig(name="relu"),
+        NormalizationConfig(name="none"),
+        DefaultInitConfig(name="default"),
+        gens,
+        extra_in=2,
+        extra_at=1,
+    ).double()
+    with torch.no_grad():
+        net.layers[0].bias[2, DEAD] = -100.0
+    pipeline = GradientPipeline(
+        list(net.parameters()),
+        AdamConfig(name="adam"),
+        ClippingConfig(name="none"),
+        RegularizationConfig(),
+        weight_parameters(net),
+        Health(P, torch.device("cpu")),
+    )
+    x = torch.randn(P, B, N_IN, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    action = torch.randn(P, B, 2, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    before = net.layers[1].weight.detach().clone()
+    kept = ~dormant_units(net, x, action, 0.1)[1][2]  # layer 1's rows not recycled themselves
+    redo = Interventions(
+        InterventionConfig(name="redo", every=1, tau=0.1), [Subject("critic", net, pipeline)], SEEDS, pipeline.health
+    )
+    redo(1, x, action, members=[2])
+    after = net.layers[1].weight[2]
+    assert kept.any() and (after[kept][:, DEAD] == 0).all()
+    assert torch.equal(after[kept, HIDDEN[0] :], before[2, kept, HIDDEN[0] :])  # the action's columns
