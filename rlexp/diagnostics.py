@@ -13,11 +13,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from rlexp.config import DiagnosticsConfig
-from rlexp.grad import UpdateStats, tensor_norms
+from rlexp.grad import UpdateStats
 from rlexp.nets import PopMLP
 
 Stats = dict[str, torch.Tensor]  # metric name -> [P]
@@ -87,7 +88,7 @@ def feature_ranks(h: torch.Tensor, delta: float) -> tuple[torch.Tensor, torch.Te
     an all-zero matrix, and NaN for a member with a non-finite value (the others are unaffected:
     the decomposition runs per matrix).
     """
-    finite = torch.isfinite(h).all(2).all(1)  # [P]
+    finite = torch.isfinite(h).flatten(1).all(1)  # [P]
     sigma = torch.linalg.svdvals(torch.where(finite[:, None, None], h, 0.0))  # [P, min(B, H)] descending
     total = sigma.sum(1, keepdim=True)  # [P, 1]
     p = sigma / total.clamp(min=torch.finfo(sigma.dtype).tiny)  # all 0 for a zero matrix
@@ -111,19 +112,36 @@ def layer_stats(net: PopMLP, prefix: str) -> Stats:
         layer.eval()  # a spectral norm's effective weight without a power iteration (which writes its state)
         stats[f"weight_magnitude/{prefix}.{i}"] = layer.effective_weight().detach().abs().mean((1, 2))
         layer.train(training)
-    initial = getattr(net, "initial_parameters", None)
+    initial: Initial | None = getattr(net, "initial", None)
     if initial is not None:
-        names = parameter_names(net, prefix)
-        change = tensor_norms([p.detach() - p0 for p, p0 in zip(net.parameters(), initial)])  # [T, P]
-        norms = per_layer(tensor_norms(initial), names)
-        for layer, value in per_layer(change, names).items():
-            stats[f"weight_change/{layer}"] = (value / norms[layer].clamp(min=1e-12)).float()
+        now = torch.cat([p.detach().flatten(1) for p in net.parameters()], 1)  # [P, N]
+        moved = torch.zeros_like(initial.norms).index_add_(1, initial.layer, (now - initial.flat).double().square())
+        change = (moved.sqrt() / initial.norms).float()  # [P, L]
+        for i in range(change.shape[1]):
+            stats[f"weight_change/{prefix}.{i}"] = change[:, i]
     return stats
 
 
+@dataclass
+class Initial:
+    """A network's parameters when it was built (theta_0), flat: member k's in row k."""
+
+    flat: torch.Tensor  # [P, N] in the order of net.parameters()
+    layer: torch.Tensor  # [N] the linear layer each value belongs to
+    norms: torch.Tensor  # [P, L] ||theta_0|| of each layer (float64, at least 1e-12)
+
+
 def keep_initial(net: PopMLP) -> None:
-    """Keep a copy of the network's parameters (each [P, ...]) as theta_0 for ``weight_change/``."""
-    net.initial_parameters = [p.detach().clone() for p in net.parameters()]
+    """Keep the network's parameters as theta_0 of ``weight_change/`` (``net.initial``)."""
+    with torch.no_grad():
+        named = list(net.named_parameters())  # layers.1.weight, norms.0.bias, ...
+        flat = torch.cat([p.detach().flatten(1) for _, p in named], 1).clone()  # [P, N]
+        layer = torch.cat(
+            [torch.full((p[0].numel(),), int(name.split(".")[1]), device=flat.device) for name, p in named]
+        )
+        norms = torch.zeros(flat.shape[0], len(net.layers), dtype=torch.float64, device=flat.device)
+        norms = norms.index_add_(1, layer, flat.double().square()).sqrt().clamp(min=1e-12)
+    net.initial = Initial(flat, layer, norms)
 
 
 def update_instruments(update: UpdateStats, names: Sequence[str]) -> Stats:
