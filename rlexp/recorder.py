@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from rlexp.config import Config
-from rlexp.diagnostics import Explosions, InstrumentHistory
+from rlexp.diagnostics import Explosions, InstrumentHistory, Stats, resolve
 from rlexp.envs import PopulationEnv
 from rlexp.evaluate import Evaluation, Evaluator, Policy
 from rlexp.grad import CAUSES, Health, UpdateStats
@@ -65,7 +65,7 @@ class Recorder:
         self._updates_total = 0
         self._notes: dict[str, float] = {}
         # instruments: the latest record ([P] tensors), each member's recent finite records (host)
-        self._instruments: dict[str, torch.Tensor] = {}
+        self._instruments: Stats = {}
         self.histories = [InstrumentHistory() for _ in range(self.members)]
         self.explosions = Explosions(self.members, cfg.divergence.patience, device)
         self.divergence: dict[int, dict[str, Any]] = {}  # member -> {cause, where, detail}
@@ -158,7 +158,7 @@ class Recorder:
 
     def record_instruments(
         self,
-        record: dict[str, torch.Tensor],
+        record: Stats,
         step: int,
         grad_norm: torch.Tensor,
         q_abs_max: torch.Tensor,
@@ -167,7 +167,8 @@ class Recorder:
         update: int,
         histograms: Callable[[], dict[str, torch.Tensor]] | None = None,
     ) -> None:
-        """Keep the latest instrument record ([P] each) and run the explosion checks (divergence=on).
+        """Keep the latest instrument record ([P] each; deferred ones are computed if it is written,
+        at the next log step) and run the explosion checks (divergence=on).
 
         ``q_abs_max`` [P] is the largest |value| the output layer ``output_layer`` gave; its bound is
         ``divergence.q_bound_factor * reward_scale / (1 - gamma)`` with ``reward_scale`` [P] the
@@ -228,7 +229,7 @@ class Recorder:
 
     def _check_explosions(
         self,
-        record: dict[str, torch.Tensor],
+        record: Stats,
         step: int,
         grad_norm: torch.Tensor,
         q_abs_max: torch.Tensor,
@@ -314,8 +315,9 @@ class Recorder:
         episodes = self.env.take_episodes()
         instruments: dict[str, list[float]] = {}
         if self._instruments:
-            names = list(self._instruments)
-            rows = torch.stack([self._instruments[n] for n in names]).tolist()  # one host read
+            record = resolve(self._instruments)  # the deferred instruments of the one record written
+            names = list(record)
+            rows = torch.stack([record[n] for n in names]).tolist()  # one host read
             instruments = dict(zip(names, rows))
         for k, log in enumerate(self.logs):
             if self.member_done[k]:
