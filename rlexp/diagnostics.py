@@ -123,8 +123,9 @@ def feature_ranks(h: torch.Tensor, delta: float) -> tuple[torch.Tensor, torch.Te
 
     With sigma_1 >= ... >= sigma_m (m = min(B, H)) a matrix's singular values and p_i = sigma_i /
     sum_j sigma_j: srank_delta = min k with sum_{i<=k} p_i >= 1 - delta (Kumar et al. 2021), i.e. m
-    minus the most smallest p_i whose sum is <= delta; erank = exp(-sum_i p_i log p_i) with 0 log 0 = 0
-    (Roy & Vetterli 2007). Both are 0 for an all-zero matrix, NaN for a matrix with a non-finite value.
+    minus the number of smallest p_i whose sum stays <= delta; erank = exp(-sum_i p_i log p_i) with
+    0 log 0 = 0 (Roy & Vetterli 2007). Both are 0 for an all-zero matrix and NaN for a matrix with a
+    non-finite value (for every matrix in the rare case the eigensolver does not converge).
 
     The singular values are the square roots of the eigenvalues of the float64 Gram matrix h^T h
     (or h h^T when B < H): exact products of the float32 values summed in float64, whose eigenvalues
@@ -134,8 +135,12 @@ def feature_ranks(h: torch.Tensor, delta: float) -> tuple[torch.Tensor, torch.Te
     finite = torch.isfinite(h).flatten(1).all(1)  # [P]
     x = torch.where(finite[:, None, None], h, 0.0).double()  # a non-finite matrix -> 0, its ranks -> NaN
     gram = x.mT @ x if x.shape[1] >= x.shape[2] else x @ x.mT  # [P, m, m]
-    sigma = torch.linalg.eigvalsh(gram).clamp(min=0.0).sqrt()  # [P, m] ascending
+    try:
+        sigma = torch.linalg.eigvalsh(gram).clamp(min=0.0).sqrt()  # [P, m] ascending
+    except RuntimeError:  # no convergence: an instrument never crashes a job
+        sigma = torch.full_like(gram[:, 0], float("nan"))
     total = sigma.sum(1, keepdim=True)  # [P, 1]
+    finite = finite & torch.isfinite(total[:, 0])
     p = sigma / total.clamp(min=torch.finfo(sigma.dtype).tiny)  # all 0 for a zero matrix
     srank = sigma.shape[1] - (p.cumsum(1) <= delta).sum(1)  # the tail of mass <= delta is left out
     erank = torch.exp(-torch.special.xlogy(p, p).sum(1)) * (total.squeeze(1) > 0)

@@ -93,6 +93,15 @@ def test_zero_features_have_rank_0_and_nonfinite_features_nan_for_that_member_on
     assert torch.equal(srank[3], clean[0][3]) and torch.equal(erank[3], clean[1][3])
 
 
+def test_an_eigensolver_failure_gives_nan_ranks_not_a_crash(monkeypatch):
+    def fail(_):
+        raise RuntimeError("linalg.eigh: The algorithm failed to converge")
+
+    monkeypatch.setattr(torch.linalg, "eigvalsh", fail)
+    srank, erank = feature_ranks(torch.ones(2, B, D), 0.01)
+    assert all(math.isnan(v) for v in srank.tolist() + erank.tolist())
+
+
 def test_active_fraction_and_feature_norm_are_direct_per_member_computations():
     h = torch.randn(3, B, D, generator=torch.Generator().manual_seed(3)).relu()
     h[1, :, :4] = 0.0  # 4 dead units
