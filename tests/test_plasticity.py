@@ -215,3 +215,16 @@ def test_weight_magnitude_and_change_are_per_member():
     for name in after:
         for k in (0, 2):
             assert torch.equal(after[name][k], before[name][k]), name
+
+
+def test_weight_magnitude_of_a_spectral_norm_runs_no_power_iteration():
+    net = make_net(NormalizationConfig(name="spectral"))
+    net.train()
+    buffers = [b.clone() for b in net.buffers()]
+    assert buffers  # the power iteration's state
+    stats = layer_stats(net, "q")
+    assert all(torch.equal(b, before) for b, before in zip(net.buffers(), buffers))
+    assert net.training and all(layer.training for layer in net.layers)
+    for i, layer in enumerate(net.layers[:-1]):  # W / sigma with the kept sigma
+        expected = (layer.weight / layer.sigma()[:, None, None]).detach().abs().mean((1, 2))
+        assert torch.equal(stats[f"weight_magnitude/q.{i}"], expected)
