@@ -12,15 +12,36 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache, partial
 
 import torch
 
 from rlexp.config import DiagnosticsConfig
-from rlexp.grad import UpdateStats, tensor_norms
+from rlexp.grad import UpdateStats
 from rlexp.nets import PopMLP
 
-Stats = dict[str, torch.Tensor]  # metric name -> [P]
+
+class Deferred:
+    """A [P] float32 instrument computed only if its record is written: the recorder writes the
+    latest record once per log step and never reads the records in between, so an expensive
+    instrument (the feature ranks' decompositions) waits for ``resolve``."""
+
+    def __init__(self, compute: Callable[[], torch.Tensor]) -> None:
+        self.compute = compute
+
+    def float(self) -> Deferred:
+        """Itself: its value is float32 already, as a record's values are."""
+        return self
+
+
+Stats = dict[str, torch.Tensor | Deferred]  # metric name -> [P]
+
+
+def resolve(stats: Stats) -> dict[str, torch.Tensor]:
+    """A record with its deferred instruments computed."""
+    return {k: v.compute() if isinstance(v, Deferred) else v for k, v in stats.items()}
 
 
 def parameter_names(net: PopMLP, prefix: str) -> list[str]:
@@ -66,41 +87,72 @@ def dormant_scores(h: torch.Tensor) -> torch.Tensor:
 
 def activation_stats(hidden: Sequence[torch.Tensor], prefix: str, tau: float, srank_delta: float) -> Stats:
     """Per hidden layer output h [P, B, H]: mean, std, dead fraction (units exactly 0 on the whole
-    batch), tau-dormant fraction (Sokar et al. 2023: score_i = E|h_i| / mean_k E|h_k| <= tau), and the
-    plasticity statistics: feature rank, effective rank, active fraction and feature norm
-    (``feature_ranks``; docs/instruments.md gives each definition)."""
+    batch), tau-dormant fraction (Sokar et al. 2023: score_i = E|h_i| / mean_k E|h_k| <= tau), active
+    fraction (outputs > 0), feature norm (mean over the batch of ||h_b||), and, deferred until the
+    record is written, feature rank and effective rank (``rank_stats``)."""
+    hidden = [h.detach() for h in hidden]
     stats: Stats = {}
     for i, h in enumerate(hidden):
-        h = h.detach()
         name = f"{prefix}.{i}"
         stats[f"act_mean/{name}"] = h.mean((1, 2))
         stats[f"act_std/{name}"] = h.std((1, 2))
         stats[f"dead/{name}"] = (h == 0).all(1).float().mean(1)
         stats[f"dormant/{name}"] = (dormant_scores(h) <= tau).float().mean(1)
-        stats[f"srank/{name}"], stats[f"erank/{name}"] = feature_ranks(h, srank_delta)
         stats[f"active/{name}"] = (h > 0).float().mean((1, 2))
         stats[f"feature_norm/{name}"] = torch.linalg.vector_norm(h, dim=2).mean(1)
+    ranks = cache(partial(rank_stats, hidden, prefix, srank_delta))  # every layer's, once, when first read
+    for i in range(len(hidden)):
+        for metric in ("srank", "erank"):
+            stats[f"{metric}/{prefix}.{i}"] = Deferred(partial(lambda key: ranks()[key], f"{metric}/{prefix}.{i}"))
+    return stats
+
+
+def rank_stats(hidden: Sequence[torch.Tensor], prefix: str, srank_delta: float) -> dict[str, torch.Tensor]:
+    """``srank/<prefix>.<i>`` and ``erank/<prefix>.<i>`` [P] of each hidden layer output [P, B, H]
+    (``feature_ranks``), in one call for the layers of one shape."""
+    members = hidden[0].shape[0] if hidden else 0
+    shapes: dict[tuple[int, ...], list[int]] = {}
+    for i, h in enumerate(hidden):
+        shapes.setdefault(tuple(h.shape), []).append(i)
+    stats = {}
+    for layers in shapes.values():
+        sranks, eranks = feature_ranks(torch.cat([hidden[i].detach() for i in layers]), srank_delta)  # [L * P]
+        for j, i in enumerate(layers):
+            stats[f"srank/{prefix}.{i}"] = sranks[j * members : (j + 1) * members]
+            stats[f"erank/{prefix}.{i}"] = eranks[j * members : (j + 1) * members]
     return stats
 
 
 def feature_ranks(h: torch.Tensor, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Feature rank and effective rank of each member's feature matrix h [P, B, H] -> ([P], [P]).
+    """Feature rank and effective rank of each matrix of h [P, B, H] -> ([P], [P]) (float32).
 
-    With sigma_1 >= sigma_2 >= ... the singular values of a member's [B, H] matrix and
-    p_i = sigma_i / sum_j sigma_j: srank_delta = min k with sum_{i<=k} p_i >= 1 - delta (Kumar et al.
-    2021) and erank = exp(-sum_i p_i log p_i) with 0 log 0 = 0 (Roy & Vetterli 2007). Both are 0 for
-    an all-zero matrix, and NaN for a member with a non-finite value (the others are unaffected:
-    the decomposition runs per matrix).
+    With sigma_1 >= ... >= sigma_m (m = min(B, H)) a matrix's singular values and p_i = sigma_i /
+    sum_j sigma_j: srank_delta = min k with sum_{i<=k} p_i >= 1 - delta (Kumar et al. 2021), i.e. m
+    minus the number of smallest p_i whose sum stays <= delta; erank = exp(-sum_i p_i log p_i) with
+    0 log 0 = 0 (Roy & Vetterli 2007). Both are 0 for an all-zero matrix and NaN for a matrix with a
+    non-finite value (for every matrix in the rare case the eigensolver does not converge).
+
+    The singular values are the square roots of the eigenvalues of the float64 Gram matrix h^T h
+    (or h h^T when B < H): exact products of the float32 values summed in float64, whose eigenvalues
+    carry an absolute error near 1e-16 sigma_1^2, so each sigma to about 1e-8 sigma_1 (a float32 SVD:
+    1e-7), at half an SVD's cost. Each matrix is decomposed on its own: the others never change it.
     """
-    finite = torch.isfinite(h).all(2).all(1)  # [P]
-    sigma = torch.linalg.svdvals(torch.where(finite[:, None, None], h, 0.0))  # [P, min(B, H)] descending
+    finite = torch.isfinite(h).flatten(1).all(1)  # [P]
+    x = torch.where(finite[:, None, None], h, 0.0).double()  # a non-finite matrix -> 0, its ranks -> NaN
+    gram = x.mT @ x if x.shape[1] >= x.shape[2] else x @ x.mT  # [P, m, m]
+    try:
+        sigma = torch.linalg.eigvalsh(gram).clamp(min=0.0).sqrt()  # [P, m] ascending
+    except RuntimeError:  # no convergence: an instrument never crashes a job
+        sigma = torch.full_like(gram[:, 0], float("nan"))
     total = sigma.sum(1, keepdim=True)  # [P, 1]
+    finite = finite & torch.isfinite(total[:, 0])
     p = sigma / total.clamp(min=torch.finfo(sigma.dtype).tiny)  # all 0 for a zero matrix
-    nonzero = total.squeeze(1) > 0  # [P]
-    srank = ((p.cumsum(1) < 1.0 - delta).sum(1) + 1).float() * nonzero
-    erank = torch.exp(-torch.special.xlogy(p, p).sum(1)) * nonzero
-    nan = torch.tensor(float("nan"), device=h.device)
-    return torch.where(finite, srank, nan), torch.where(finite, erank, nan)
+    srank = sigma.shape[1] - (p.cumsum(1) <= delta).sum(1)  # the tail of mass <= delta is left out
+    erank = torch.exp(-torch.special.xlogy(p, p).sum(1)) * (total.squeeze(1) > 0)
+    return (
+        torch.where(finite, srank.float(), float("nan")),
+        torch.where(finite, erank.float(), float("nan")),
+    )
 
 
 def layer_stats(net: PopMLP, prefix: str) -> Stats:
@@ -116,19 +168,36 @@ def layer_stats(net: PopMLP, prefix: str) -> Stats:
         layer.eval()  # a spectral norm's effective weight without a power iteration (which writes its state)
         stats[f"weight_magnitude/{prefix}.{i}"] = layer.effective_weight().detach().abs().mean((1, 2))
         layer.train(training)
-    initial = getattr(net, "initial_parameters", None)
+    initial: Initial | None = getattr(net, "initial", None)
     if initial is not None:
-        names = parameter_names(net, prefix)
-        change = tensor_norms([p.detach() - p0 for p, p0 in zip(net.parameters(), initial)])  # [T, P]
-        norms = per_layer(tensor_norms(initial), names)
-        for layer, value in per_layer(change, names).items():
-            stats[f"weight_change/{layer}"] = (value / norms[layer].clamp(min=1e-12)).float()
+        now = torch.cat([p.detach().flatten(1) for p in net.parameters()], 1)  # [P, N]
+        moved = torch.zeros_like(initial.norms).index_add_(1, initial.layer, (now - initial.flat).double().square())
+        change = (moved.sqrt() / initial.norms).float()  # [P, L]
+        for i in range(change.shape[1]):
+            stats[f"weight_change/{prefix}.{i}"] = change[:, i]
     return stats
 
 
+@dataclass
+class Initial:
+    """A network's parameters when it was built (theta_0), flat: member k's in row k."""
+
+    flat: torch.Tensor  # [P, N] in the order of net.parameters()
+    layer: torch.Tensor  # [N] the linear layer each value belongs to
+    norms: torch.Tensor  # [P, L] ||theta_0|| of each layer (float64, at least 1e-12)
+
+
 def keep_initial(net: PopMLP) -> None:
-    """Keep a copy of the network's parameters (each [P, ...]) as theta_0 for ``weight_change/``."""
-    net.initial_parameters = [p.detach().clone() for p in net.parameters()]
+    """Keep the network's parameters as theta_0 of ``weight_change/`` (``net.initial``)."""
+    with torch.no_grad():
+        named = list(net.named_parameters())  # layers.1.weight, norms.0.bias, ...
+        flat = torch.cat([p.detach().flatten(1) for _, p in named], 1).clone()  # [P, N]
+        layer = torch.cat(
+            [torch.full((p[0].numel(),), int(name.split(".")[1]), device=flat.device) for name, p in named]
+        )
+        norms = torch.zeros(flat.shape[0], len(net.layers), dtype=torch.float64, device=flat.device)
+        norms = norms.index_add_(1, layer, flat.double().square()).sqrt().clamp(min=1e-12)
+    net.initial = Initial(flat, layer, norms)
 
 
 def update_instruments(update: UpdateStats, names: Sequence[str]) -> Stats:

@@ -48,6 +48,7 @@ from rlexp.diagnostics import (
     locate_nonfinite,
     parameter_names,
     per_layer,
+    resolve,
 )
 from rlexp.grad import GradientPipeline, Health
 from rlexp.nets import PopMLP, PopWeightNormLinear, weight_parameters
@@ -324,7 +325,7 @@ def test_dqn_instruments_match_direct_gradients_clipping_updates_and_q_statistic
         assert record["td/abs_max"][p].item() == pytest.approx(td.abs().max().item(), rel=1e-5)
         assert record["q/online_target_gap"][p].item() == pytest.approx(gap, rel=1e-4, abs=1e-6)
     # every record entry is a [P] float tensor
-    assert all(v.shape == (P,) and v.dtype == torch.float32 for v in record.values())
+    assert all(v.shape == (P,) and v.dtype == torch.float32 for v in resolve(record).values())
 
 
 # ====================================================================== 4. weight normalization

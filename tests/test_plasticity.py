@@ -23,7 +23,7 @@ from rlexp.config import (
     SGDConfig,
     WeightNormConfig,
 )
-from rlexp.diagnostics import activation_stats, feature_ranks, keep_initial, layer_stats
+from rlexp.diagnostics import Deferred, activation_stats, feature_ranks, keep_initial, layer_stats, rank_stats, resolve
 from rlexp.grad import GradientPipeline, Health
 from rlexp.nets import PopMLP, weight_parameters
 
@@ -33,24 +33,25 @@ B, D = 32, 12  # batch, units
 PLASTICITY = ("srank", "erank", "active", "feature_norm")
 
 
-def with_spectrum(spectra: list[list[float]], seed: int = 0) -> torch.Tensor:
-    """Member k's [B, D] matrix U diag(s_k) V^T (U, V with orthonormal columns): its singular values
-    are exactly s_k in exact arithmetic -> [P, B, D]."""
+def with_spectrum(spectra: list[list[float]], batch: int = B, seed: int = 0) -> torch.Tensor:
+    """Member k's [batch, D] matrix U diag(s_k) V^T (U, V with orthonormal columns): its singular
+    values are exactly s_k in exact arithmetic -> [P, batch, D]."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for s in spectra:
-        u = torch.linalg.qr(torch.randn(B, len(s), generator=g, dtype=torch.float64))[0]
+        u = torch.linalg.qr(torch.randn(batch, len(s), generator=g, dtype=torch.float64))[0]
         v = torch.linalg.qr(torch.randn(D, len(s), generator=g, dtype=torch.float64))[0]
         out.append(u @ torch.diag(torch.tensor(s, dtype=torch.float64)) @ v.T)
     return torch.stack(out).float()
 
 
-def test_srank_and_erank_of_r_equal_singular_values_are_r():
-    ranks = [1, 3, 5, D]
-    h = with_spectrum([[2.0] * r for r in ranks])
+@pytest.mark.parametrize("batch", [B, 8])  # the Gram matrix h^T h (B >= D) or h h^T (B < D)
+def test_srank_and_erank_of_r_equal_singular_values_are_r(batch):
+    ranks = [1, 3, 5, min(batch, D)]
+    h = with_spectrum([[2.0] * r for r in ranks], batch)
     srank, erank = feature_ranks(h, 0.01)
     assert srank.tolist() == [float(r) for r in ranks]
-    assert [round(e) for e in erank.tolist()] == ranks  # exp(log r) = r up to float32 rounding
+    assert [round(e) for e in erank.tolist()] == ranks  # exp(log r) = r up to rounding
 
 
 def test_srank_counts_singular_values_up_to_1_minus_delta_of_their_sum():
@@ -68,15 +69,15 @@ def test_erank_is_exp_of_the_entropy_of_the_normalized_singular_values():
     assert feature_ranks(h, 0.01)[1].item() == pytest.approx(expected, rel=1e-4)
 
 
-def test_ranks_match_a_direct_per_member_computation():
-    """The batched decomposition equals each member's own (the same LAPACK call per matrix)."""
+def test_ranks_match_a_direct_per_member_svd():
+    """The Gram matrix's eigenvalues give each member's float64 SVD's ranks."""
     h = torch.randn(3, B, D, generator=torch.Generator().manual_seed(1)).relu()
     srank, erank = feature_ranks(h, 0.05)
     for k in range(3):
-        sigma = torch.linalg.svdvals(h[k])
+        sigma = torch.linalg.svdvals(h[k].double())  # descending
         p = sigma / sigma.sum()
         assert srank[k].item() == 1 + sum(1 for c in p.cumsum(0).tolist() if c < 0.95)
-        assert torch.equal(erank[k], torch.exp(-(p * p.log()).sum()))  # no zero p in a random matrix
+        assert erank[k].item() == pytest.approx(math.exp(-(p * p.log()).sum().item()), rel=1e-6)
 
 
 def test_zero_features_have_rank_0_and_nonfinite_features_nan_for_that_member_only():
@@ -92,10 +93,19 @@ def test_zero_features_have_rank_0_and_nonfinite_features_nan_for_that_member_on
     assert torch.equal(srank[3], clean[0][3]) and torch.equal(erank[3], clean[1][3])
 
 
+def test_an_eigensolver_failure_gives_nan_ranks_not_a_crash(monkeypatch):
+    def fail(_):
+        raise RuntimeError("linalg.eigh: The algorithm failed to converge")
+
+    monkeypatch.setattr(torch.linalg, "eigvalsh", fail)
+    srank, erank = feature_ranks(torch.ones(2, B, D), 0.01)
+    assert all(math.isnan(v) for v in srank.tolist() + erank.tolist())
+
+
 def test_active_fraction_and_feature_norm_are_direct_per_member_computations():
     h = torch.randn(3, B, D, generator=torch.Generator().manual_seed(3)).relu()
     h[1, :, :4] = 0.0  # 4 dead units
-    stats = activation_stats([h], "q", 0.025, 0.01)
+    stats = resolve(activation_stats([h], "q", 0.025, 0.01))
     for k in range(3):
         positive = sum(1 for v in h[k].flatten().tolist() if v > 0)
         assert stats["active/q.0"][k].item() == pytest.approx(positive / (B * D), abs=1e-7)
@@ -106,16 +116,31 @@ def test_active_fraction_and_feature_norm_are_direct_per_member_computations():
 def test_perturbing_member_k_leaves_the_others_plasticity_statistics_bitwise_unchanged():
     g = torch.Generator().manual_seed(4)
     hidden = [torch.randn(3, B, D, generator=g).relu(), torch.randn(3, B, 7, generator=g)]
-    before = activation_stats(hidden, "q", 0.025, 0.01)
+    before = resolve(activation_stats(hidden, "q", 0.025, 0.01))
     for change in (lambda t: t[:, : t.shape[1] // 2].zero_(), lambda t: t.fill_(float("nan"))):
         moved = [h.clone() for h in hidden]
         for h in moved:
             change(h[1])
-        after = activation_stats(moved, "q", 0.025, 0.01)
+        after = resolve(activation_stats(moved, "q", 0.025, 0.01))
         for name in (f"{m}/q.{i}" for m in PLASTICITY for i in range(2)):
             assert not torch.equal(after[name][1], before[name][1]), name
             for k in (0, 2):
                 assert torch.equal(after[name][k], before[name][k]), name
+
+
+def test_ranks_are_deferred_until_the_record_is_resolved():
+    """srank and erank wait for the record to be written; then they are each layer's feature_ranks,
+    the layers of one shape decomposed together."""
+    g = torch.Generator().manual_seed(6)
+    hidden = [torch.randn(2, B, D, generator=g), torch.randn(2, B, 7, generator=g), torch.randn(2, B, D, generator=g)]
+    stats = activation_stats(hidden, "q", 0.025, 0.01)
+    assert all(isinstance(stats[f"{m}/q.{i}"], Deferred) for m in ("srank", "erank") for i in range(3))
+    assert set(rank_stats(hidden, "q", 0.01)) == {f"{m}/q.{i}" for m in ("srank", "erank") for i in range(3)}
+    record = resolve(stats)
+    for i, h in enumerate(hidden):
+        srank, erank = feature_ranks(h, 0.01)
+        assert torch.equal(record[f"srank/q.{i}"], srank)
+        assert record[f"erank/q.{i}"].tolist() == pytest.approx(erank.tolist(), rel=1e-6)
 
 
 def make_net(norm: NormalizationConfig | None = None) -> PopMLP:
@@ -190,3 +215,16 @@ def test_weight_magnitude_and_change_are_per_member():
     for name in after:
         for k in (0, 2):
             assert torch.equal(after[name][k], before[name][k]), name
+
+
+def test_weight_magnitude_of_a_spectral_norm_runs_no_power_iteration():
+    net = make_net(NormalizationConfig(name="spectral"))
+    net.train()
+    buffers = [b.clone() for b in net.buffers()]
+    assert buffers  # the power iteration's state
+    stats = layer_stats(net, "q")
+    assert all(torch.equal(b, before) for b, before in zip(net.buffers(), buffers))
+    assert net.training and all(layer.training for layer in net.layers)
+    for i, layer in enumerate(net.layers[:-1]):  # W / sigma with the kept sigma
+        expected = (layer.weight / layer.sigma()[:, None, None]).detach().abs().mean((1, 2))
+        assert torch.equal(stats[f"weight_magnitude/q.{i}"], expected)

@@ -28,7 +28,7 @@ from rlexp.config import (
     NetworkConfig,
     NormalizationConfig,
 )
-from rlexp.diagnostics import activity_instruments, locate_nonfinite
+from rlexp.diagnostics import activity_instruments, locate_nonfinite, resolve
 from rlexp.init import INITIALIZERS, check_init
 from rlexp.nets import (
     NORMALIZATIONS,
@@ -261,6 +261,7 @@ def test_instruments_and_divergence_location(activation, normalization):
     net = make_net(activation, normalization, torch.float32)
     x = inputs(torch.float32)
     out, stats = activity_instruments(net, "q", x, DiagnosticsConfig())
+    stats = resolve(stats)
     assert out.shape == (P, B, N_OUT)
     for metric in ("act_mean", "act_std", "dead", "dormant", "srank", "erank", "active", "feature_norm"):
         for i in range(len(HIDDEN)):
