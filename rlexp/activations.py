@@ -29,13 +29,15 @@ NumpyForm = Callable[[ActivationConfig], HostForward]
 class Activation:
     """One activation: ``function(cfg)`` the torch function; ``gain(cfg)`` the He/orthogonal gain
     (required: every activation has one); ``backward`` its derivative as autograd computes it (None:
-    autograd); ``numpy(cfg)`` its numpy form for host acting (None: torch); ``schema`` its config class."""
+    autograd); ``numpy(cfg)`` its numpy form for host acting (None: torch); ``width`` the outputs per
+    input unit (crelu: 2, and the next layer takes twice the inputs); ``schema`` its config class."""
 
     schema: type
     function: Callable[[ActivationConfig], Function]
     gain: Callable[[ActivationConfig], float]
     backward: Backward | None = None
     numpy: NumpyForm | None = None
+    width: int = 1
 
 
 RELU_GAIN = math.sqrt(2.0)
@@ -52,6 +54,19 @@ def _softsign_backward(g: torch.Tensor, h: torch.Tensor, y: torch.Tensor, cfg: A
     return g / d + (-g * (y / d)) * h.sgn()
 
 
+def _crelu(h: torch.Tensor) -> torch.Tensor:
+    """concat(relu(h), relu(-h)) over the last dimension: [P, B, H] -> [P, B, 2H] (Shang et al. 2016)."""
+    return torch.cat((torch.relu(h), torch.relu(-h)), -1)
+
+
+def _crelu_backward(g: torch.Tensor, h: torch.Tensor, y: torch.Tensor, cfg: ActivationConfig) -> torch.Tensor:
+    """crelu's derivative as autograd composes it: each half's relu backward, the second through the
+    negation, summed (a - b is a + (-b) exactly); bit for bit autograd's (tested)."""
+    n = h.shape[-1]
+    relu_backward = torch.ops.aten.threshold_backward
+    return relu_backward(g[..., :n], y[..., :n], 0) - relu_backward(g[..., n:], y[..., n:], 0)
+
+
 ACTIVATIONS: dict[str, Activation] = {
     "relu": Activation(
         ActivationConfig,
@@ -59,6 +74,14 @@ ACTIVATIONS: dict[str, Activation] = {
         _fixed(RELU_GAIN),
         backward=lambda g, h, y, cfg: torch.ops.aten.threshold_backward(g, y, 0),
         numpy=lambda cfg: lambda h: np.maximum(h, 0, out=h),
+    ),
+    "crelu": Activation(  # gain: ReLU's (each unit's two halves carry x^2 over twice the fan-in)
+        ActivationConfig,
+        lambda cfg: _crelu,
+        _fixed(RELU_GAIN),
+        backward=_crelu_backward,
+        numpy=lambda cfg: lambda h: np.concatenate((np.maximum(h, 0), np.maximum(-h, 0)), -1),
+        width=2,
     ),
     "leaky_relu": Activation(
         LeakyReLUConfig,
@@ -134,7 +157,8 @@ def activation_gain(cfg: ActivationConfig) -> float:
 
 
 class PopActivation(Component):
-    """An activation as a network component: elementwise, [P, B, H] -> [P, B, H], no parameters."""
+    """An activation as a network component: elementwise, [P, B, H] -> [P, B, width * H] (width 1 but
+    for crelu), no parameters."""
 
     stage = "activation"
 
@@ -144,6 +168,7 @@ class PopActivation(Component):
         self.entry = entry
         self.function = entry.function(cfg)
         self.written_backward = self.entry.backward is not None
+        self.width = entry.width
 
     def extra_repr(self) -> str:
         return self.cfg.name

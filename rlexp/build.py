@@ -28,6 +28,7 @@ from rlexp.config import ConfigError, require, require_choice
 from rlexp.envs import check_env_id, make_env
 from rlexp.grad import check_clipping
 from rlexp.init import check_init
+from rlexp.interventions import check_intervention
 from rlexp.loggers import WANDB_MODES, resolve_wandb_mode
 from rlexp.nets import NORMALIZATIONS, check_normalization
 from rlexp.optim import check_optimizer
@@ -79,6 +80,7 @@ GROUP_CHECKS: dict[str, Callable[[DictConfig, str], None]] = {
     "normalization": check_normalization,
     "clipping": check_clipping,
     "optimizer": check_optimizer,
+    "intervention": check_intervention,
 }
 
 
@@ -125,7 +127,7 @@ def validate(cfg: DictConfig) -> None:
     )
     resolve_device(cfg.device)
 
-    _non_negative(cfg.regularization, "regularization", ("l1", "l2"))
+    _non_negative(cfg.regularization, "regularization", ("l1", "l2", "l2_init"))
 
     net = cfg.network
     _check_widths(net.hidden, "network.hidden")
@@ -151,6 +153,7 @@ def validate(cfg: DictConfig) -> None:
     require(diag.every >= 0, "diagnostics.every", diag.every, "an integer >= 0 (0 = off)")
     require(diag.histogram_every >= 0, "diagnostics.histogram_every", diag.histogram_every, "an integer >= 0")
     require(0 <= diag.dormant_tau < 1, "diagnostics.dormant_tau", diag.dormant_tau, "a value in [0, 1)")
+    require(0 < diag.srank_delta < 1, "diagnostics.srank_delta", diag.srank_delta, "a value in (0, 1)")
     _positive(div, "divergence", ("q_bound_factor", "grad_norm_bound", "patience"))
     require_choice(inject.what, "debug.inject.what", ("none", "param", "grad", "obs"))
     require(inject.member >= -1, "debug.inject.member", inject.member, "-1 (none) or a member index")
@@ -209,11 +212,27 @@ def _validate_networks(cfg: DictConfig) -> None:
         if node.last_layer_gain is not None:
             require(node.last_layer_gain > 0, f"{role}.last_layer_gain", node.last_layer_gain, "a value > 0 (or null)")
     depth = len(cfg.critic.hidden if cfg.critic.hidden is not None else cfg.network.hidden)
+    _check_reset_layers(cfg)
     require(
         0 <= cfg.critic.action_layer <= depth,
         "critic.action_layer",
         cfg.critic.action_layer,
         f"an index in [0, {depth}]: 0 joins the action to the input, k to the k-th hidden layer's output",
+    )
+
+
+def _check_reset_layers(cfg: DictConfig) -> None:
+    """intervention=reset re-initializes layers every trained network has: at most its linear layers."""
+    if cfg.intervention.name != "reset":
+        return
+    roles = ("actor", "critic") if cfg.algo.name != "dqn" else ()
+    widths = [cfg[role].hidden if cfg[role].hidden is not None else cfg.network.hidden for role in roles]
+    linear = min(len(hidden) for hidden in widths or [cfg.network.hidden]) + 1
+    require(
+        cfg.intervention.layers <= linear,
+        "intervention.layers",
+        cfg.intervention.layers,
+        f"an integer in [1, {linear}]: a trained network here has {linear} linear layers",
     )
 
 

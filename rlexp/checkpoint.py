@@ -35,8 +35,10 @@ from torch import nn
 
 from rlexp.buffer import ReplayBuffer
 from rlexp.config import ConfigError
+from rlexp.diagnostics import resolve
 from rlexp.envs import PopulationEnv
 from rlexp.grad import GradientPipeline
+from rlexp.interventions import Interventions
 from rlexp.jobs import config_difference
 from rlexp.normalize import RunningMeanStd
 from rlexp.recorder import Recorder
@@ -242,7 +244,8 @@ def _recorder_state(recorder: Recorder) -> dict[str, Any]:
         "injected": recorder._injected,
         "last_log_step": recorder._last_log_step,
     }
-    state.update({f"instruments/{name}": value for name, value in recorder._instruments.items()})  # [P] each
+    instruments = resolve(recorder._instruments)  # [P] each (the deferred ones computed: they are pure)
+    state.update({f"instruments/{name}": value for name, value in instruments.items()})
     return state
 
 
@@ -307,7 +310,7 @@ def _load_buffer(buffer: ReplayBuffer, state: dict[str, Any]) -> None:
     buffer._filling = state["filling"]
 
 
-Part = nn.Module | GradientPipeline | ReplayBuffer | None  # what an algorithm hands over by name
+Part = nn.Module | GradientPipeline | ReplayBuffer | Interventions | None  # what an algorithm hands over by name
 Loop = Callable[[], dict[str, Any]]  # the algorithm's loop variables, read when a checkpoint is written
 
 
@@ -318,6 +321,8 @@ def _object_state(obj: Part, replay: bool) -> dict[str, Any]:
         return _optimizer_state(obj)
     if isinstance(obj, ReplayBuffer):
         return _buffer_state(obj) if replay else {}
+    if isinstance(obj, Interventions):
+        return obj.state() if obj.active else {}
     return {}
 
 
@@ -328,6 +333,8 @@ def _load_object(obj: Part, state: dict[str, Any]) -> None:
         _load_optimizer(obj, state)
     elif isinstance(obj, ReplayBuffer) and state:
         _load_buffer(obj, state)
+    elif isinstance(obj, Interventions) and state:
+        obj.load_state(state)
 
 
 # ---------------------------------------------------------------- a job's checkpoints

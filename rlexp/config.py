@@ -254,7 +254,40 @@ class NetworkConfig:
 class RegularizationConfig:
     l1: float = knob(0.0, "loss += l1 * sum |w|, per member")
     l2: float = knob(0.0, "loss += l2 * sum w^2, per member")
+    l2_init: float = knob(
+        0.0, "loss += l2_init * sum (w - w_0)^2, w_0 the member's initial values (regenerative regularization)"
+    )
     weights_only: bool = knob(True, "false: biases, gains and norm parameters are penalized too")
+
+
+# ---------------------------------------------------------------- intervention
+@dataclass
+class InterventionConfig:
+    """A periodic intervention against loss of plasticity, on every trained network and member."""
+
+    name: str = knob(MISSING, NAME_HELP)
+    every: int = knob(
+        1_000, "updates between interventions (dqn: gradient steps; ppo, a2c: minibatch updates; ddpg, td3: critic's)"
+    )
+    tau: float = knob(0.1, "redo: a hidden unit whose tau-dormant score is <= tau is recycled")
+    shrink: float = knob(0.8, "shrink_perturb: lambda of theta <- lambda * theta + sigma * theta_fresh")
+    perturb: float = knob(0.2, "shrink_perturb: sigma of theta <- lambda * theta + sigma * theta_fresh")
+    layers: int = knob(1, "reset: the last k linear layers are re-initialized (1 = the output layer)")
+
+
+@dataclass
+class ReDoConfig(InterventionConfig):
+    """redo: recycle tau-dormant units (Sokar et al. 2023); reads tau."""
+
+
+@dataclass
+class ShrinkPerturbConfig(InterventionConfig):
+    """shrink_perturb: theta <- shrink * theta + perturb * theta_fresh (Ash & Adams 2020); reads shrink, perturb."""
+
+
+@dataclass
+class ResetConfig(InterventionConfig):
+    """reset: re-initialize the last k layers and their optimizer state (Nikishin et al. 2022); reads layers."""
 
 
 # ---------------------------------------------------------------- algo
@@ -412,6 +445,7 @@ class DiagnosticsConfig:
     every: int = knob(50, "updates between instrument records (per-layer statistics); 0 = off")
     histogram_every: int = knob(1_000, "updates between W&B histograms of gradients and activations; 0 = off")
     dormant_tau: float = knob(0.025, "a unit is tau-dormant when E|h_i| / mean_k E|h_k| <= tau")
+    srank_delta: float = knob(0.01, "feature rank srank: the fewest singular values holding 1 - delta of their sum")
 
 
 @dataclass
@@ -471,7 +505,8 @@ class Config:
     algo: AlgoConfig = knob(MISSING, "algorithm")
     env: EnvConfig = knob(MISSING, "environment")
     divergence: DivergenceConfig = knob(MISSING, "divergence checks")
-    regularization: RegularizationConfig = knob(RegularizationConfig, "L1/L2 weight penalties")
+    intervention: InterventionConfig = knob(MISSING, "periodic intervention against loss of plasticity")
+    regularization: RegularizationConfig = knob(RegularizationConfig, "L1/L2 weight penalties, L2 towards the init")
     actor: NetOverrideConfig = knob(
         lambda: NetOverrideConfig(last_layer_gain=0.01),
         "actor-critic algorithms: the actor's overrides of the shared groups",

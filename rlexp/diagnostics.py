@@ -12,14 +12,36 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache, partial
 
 import torch
 
+from rlexp.config import DiagnosticsConfig
 from rlexp.grad import UpdateStats
 from rlexp.nets import PopMLP
 
-Stats = dict[str, torch.Tensor]  # metric name -> [P]
+
+class Deferred:
+    """A [P] float32 instrument computed only if its record is written: the recorder writes the
+    latest record once per log step and never reads the records in between, so an expensive
+    instrument (the feature ranks' decompositions) waits for ``resolve``."""
+
+    def __init__(self, compute: Callable[[], torch.Tensor]) -> None:
+        self.compute = compute
+
+    def float(self) -> Deferred:
+        """Itself: its value is float32 already, as a record's values are."""
+        return self
+
+
+Stats = dict[str, torch.Tensor | Deferred]  # metric name -> [P]
+
+
+def resolve(stats: Stats) -> dict[str, torch.Tensor]:
+    """A record with its deferred instruments computed."""
+    return {k: v.compute() if isinstance(v, Deferred) else v for k, v in stats.items()}
 
 
 def parameter_names(net: PopMLP, prefix: str) -> list[str]:
@@ -56,30 +78,126 @@ def per_layer(values: torch.Tensor, names: Sequence[str]) -> dict[str, torch.Ten
     return {layer: values[idx].square().sum(0).sqrt() for layer, idx in layers.items()}
 
 
-def activation_stats(hidden: Sequence[torch.Tensor], prefix: str, tau: float) -> Stats:
+def dormant_scores(h: torch.Tensor) -> torch.Tensor:
+    """The tau-dormant score of each unit of a layer output h [P, B, H] (Sokar et al. 2023), per member:
+    score_i = E|h_i| / mean_k E|h_k| over the batch -> [P, H]; a unit is tau-dormant when score_i <= tau."""
+    score = h.abs().mean(1)  # [P, H]
+    return score / score.mean(1, keepdim=True).clamp(min=1e-12)
+
+
+def activation_stats(hidden: Sequence[torch.Tensor], prefix: str, tau: float, srank_delta: float) -> Stats:
     """Per hidden layer output h [P, B, H]: mean, std, dead fraction (units exactly 0 on the whole
-    batch) and tau-dormant fraction (Sokar et al. 2023: score_i = E|h_i| / mean_k E|h_k| <= tau)."""
+    batch), tau-dormant fraction (Sokar et al. 2023: score_i = E|h_i| / mean_k E|h_k| <= tau), active
+    fraction (outputs > 0), feature norm (mean over the batch of ||h_b||), and, deferred until the
+    record is written, feature rank and effective rank (``rank_stats``)."""
+    hidden = [h.detach() for h in hidden]
     stats: Stats = {}
     for i, h in enumerate(hidden):
-        h = h.detach()
         name = f"{prefix}.{i}"
         stats[f"act_mean/{name}"] = h.mean((1, 2))
         stats[f"act_std/{name}"] = h.std((1, 2))
         stats[f"dead/{name}"] = (h == 0).all(1).float().mean(1)
-        score = h.abs().mean(1)  # [P, H]
-        score = score / score.mean(1, keepdim=True).clamp(min=1e-12)
-        stats[f"dormant/{name}"] = (score <= tau).float().mean(1)
+        stats[f"dormant/{name}"] = (dormant_scores(h) <= tau).float().mean(1)
+        stats[f"active/{name}"] = (h > 0).float().mean((1, 2))
+        stats[f"feature_norm/{name}"] = torch.linalg.vector_norm(h, dim=2).mean(1)
+    ranks = cache(partial(rank_stats, hidden, prefix, srank_delta))  # every layer's, once, when first read
+    for i in range(len(hidden)):
+        for metric in ("srank", "erank"):
+            stats[f"{metric}/{prefix}.{i}"] = Deferred(partial(lambda key: ranks()[key], f"{metric}/{prefix}.{i}"))
     return stats
 
 
+def rank_stats(hidden: Sequence[torch.Tensor], prefix: str, srank_delta: float) -> dict[str, torch.Tensor]:
+    """``srank/<prefix>.<i>`` and ``erank/<prefix>.<i>`` [P] of each hidden layer output [P, B, H]
+    (``feature_ranks``), in one call for the layers of one shape."""
+    members = hidden[0].shape[0] if hidden else 0
+    shapes: dict[tuple[int, ...], list[int]] = {}
+    for i, h in enumerate(hidden):
+        shapes.setdefault(tuple(h.shape), []).append(i)
+    stats = {}
+    for layers in shapes.values():
+        sranks, eranks = feature_ranks(torch.cat([hidden[i].detach() for i in layers]), srank_delta)  # [L * P]
+        for j, i in enumerate(layers):
+            stats[f"srank/{prefix}.{i}"] = sranks[j * members : (j + 1) * members]
+            stats[f"erank/{prefix}.{i}"] = eranks[j * members : (j + 1) * members]
+    return stats
+
+
+def feature_ranks(h: torch.Tensor, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Feature rank and effective rank of each matrix of h [P, B, H] -> ([P], [P]) (float32).
+
+    With sigma_1 >= ... >= sigma_m (m = min(B, H)) a matrix's singular values and p_i = sigma_i /
+    sum_j sigma_j: srank_delta = min k with sum_{i<=k} p_i >= 1 - delta (Kumar et al. 2021), i.e. m
+    minus the number of smallest p_i whose sum stays <= delta; erank = exp(-sum_i p_i log p_i) with
+    0 log 0 = 0 (Roy & Vetterli 2007). Both are 0 for an all-zero matrix and NaN for a matrix with a
+    non-finite value (for every matrix in the rare case the eigensolver does not converge).
+
+    The singular values are the square roots of the eigenvalues of the float64 Gram matrix h^T h
+    (or h h^T when B < H): exact products of the float32 values summed in float64, whose eigenvalues
+    carry an absolute error near 1e-16 sigma_1^2, so each sigma to about 1e-8 sigma_1 (a float32 SVD:
+    1e-7), at half an SVD's cost. Each matrix is decomposed on its own: the others never change it.
+    """
+    finite = torch.isfinite(h).flatten(1).all(1)  # [P]
+    x = torch.where(finite[:, None, None], h, 0.0).double()  # a non-finite matrix -> 0, its ranks -> NaN
+    gram = x.mT @ x if x.shape[1] >= x.shape[2] else x @ x.mT  # [P, m, m]
+    try:
+        sigma = torch.linalg.eigvalsh(gram).clamp(min=0.0).sqrt()  # [P, m] ascending
+    except RuntimeError:  # no convergence: an instrument never crashes a job
+        sigma = torch.full_like(gram[:, 0], float("nan"))
+    total = sigma.sum(1, keepdim=True)  # [P, 1]
+    finite = finite & torch.isfinite(total[:, 0])
+    p = sigma / total.clamp(min=torch.finfo(sigma.dtype).tiny)  # all 0 for a zero matrix
+    srank = sigma.shape[1] - (p.cumsum(1) <= delta).sum(1)  # the tail of mass <= delta is left out
+    erank = torch.exp(-torch.special.xlogy(p, p).sum(1)) * (total.squeeze(1) > 0)
+    return (
+        torch.where(finite, srank.float(), float("nan")),
+        torch.where(finite, erank.float(), float("nan")),
+    )
+
+
 def layer_stats(net: PopMLP, prefix: str) -> Stats:
-    """Each linear layer's reparametrization statistics, e.g. ``wn_v_min/q.0`` (the smallest per-unit
-    ||v|| of a weight-normalized layer, which g/||v|| divides by)."""
-    return {
-        f"{metric}/{prefix}.{i}": value
-        for i, layer in enumerate(net.layers)
-        for metric, value in layer.instruments().items()
-    }
+    """Each linear layer's statistics: its reparametrization's (e.g. ``wn_v_min/q.0``, the smallest
+    per-unit ||v|| of a weight-normalized layer, which g/||v|| divides by), the mean |w| of its
+    effective weight (``weight_magnitude/q.0``) and, when the network keeps its initial parameters
+    (``keep_initial``), ||theta - theta_0|| / ||theta_0|| over the layer's parameters (``weight_change/q.0``)."""
+    stats: Stats = {}
+    for i, layer in enumerate(net.layers):
+        for metric, value in layer.instruments().items():
+            stats[f"{metric}/{prefix}.{i}"] = value
+        training = layer.training
+        layer.eval()  # a spectral norm's effective weight without a power iteration (which writes its state)
+        stats[f"weight_magnitude/{prefix}.{i}"] = layer.effective_weight().detach().abs().mean((1, 2))
+        layer.train(training)
+    initial: Initial | None = getattr(net, "initial", None)
+    if initial is not None:
+        now = torch.cat([p.detach().flatten(1) for p in net.parameters()], 1)  # [P, N]
+        moved = torch.zeros_like(initial.norms).index_add_(1, initial.layer, (now - initial.flat).double().square())
+        change = (moved.sqrt() / initial.norms).float()  # [P, L]
+        for i in range(change.shape[1]):
+            stats[f"weight_change/{prefix}.{i}"] = change[:, i]
+    return stats
+
+
+@dataclass
+class Initial:
+    """A network's parameters when it was built (theta_0), flat: member k's in row k."""
+
+    flat: torch.Tensor  # [P, N] in the order of net.parameters()
+    layer: torch.Tensor  # [N] the linear layer each value belongs to
+    norms: torch.Tensor  # [P, L] ||theta_0|| of each layer (float64, at least 1e-12)
+
+
+def keep_initial(net: PopMLP) -> None:
+    """Keep the network's parameters as theta_0 of ``weight_change/`` (``net.initial``)."""
+    with torch.no_grad():
+        named = list(net.named_parameters())  # layers.1.weight, norms.0.bias, ...
+        flat = torch.cat([p.detach().flatten(1) for _, p in named], 1).clone()  # [P, N]
+        layer = torch.cat(
+            [torch.full((p[0].numel(),), int(name.split(".")[1]), device=flat.device) for name, p in named]
+        )
+        norms = torch.zeros(flat.shape[0], len(net.layers), dtype=torch.float64, device=flat.device)
+        norms = norms.index_add_(1, layer, flat.double().square()).sqrt().clamp(min=1e-12)
+    net.initial = Initial(flat, layer, norms)
 
 
 def update_instruments(update: UpdateStats, names: Sequence[str]) -> Stats:
@@ -99,13 +217,13 @@ def update_instruments(update: UpdateStats, names: Sequence[str]) -> Stats:
 
 
 def activity_instruments(
-    net: PopMLP, prefix: str, x: torch.Tensor, tau: float, extra: torch.Tensor | None = None
+    net: PopMLP, prefix: str, x: torch.Tensor, diag: DiagnosticsConfig, extra: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, Stats]:
     """A forward pass of x [P, B, in] that returns the output and the hidden layers' activation
-    statistics with the linear layers' own (weight-norm ||v|| extremes; no gradient)."""
+    statistics with the linear layers' own (``diag``: dormant_tau, srank_delta; no gradient)."""
     with torch.no_grad():
         out, hidden = hidden_outputs(net, x, extra)
-        return out, {**layer_stats(net, prefix), **activation_stats(hidden, prefix, tau)}
+        return out, {**layer_stats(net, prefix), **activation_stats(hidden, prefix, diag.dormant_tau, diag.srank_delta)}
 
 
 def hidden_outputs(
@@ -231,6 +349,11 @@ def locate_in_update(
     return cause, "unknown", ""
 
 
+# instruments first_moved passes over: grad_norm_post/ is grad_norm/ unclipped; weight_change/ grows from 0
+# by construction
+_NOT_MOVED = ("grad_norm_post/", "weight_change/")
+
+
 class InstrumentHistory:
     """The last records of one member's instruments on the host, to say which one moved first."""
 
@@ -255,7 +378,7 @@ class InstrumentHistory:
                 (abs(v) / max(abs(first[k]), 1e-12), k)
                 for k, v in record.items()
                 if k in first
-                and not k.startswith("grad_norm_post/")  # the same as grad_norm/ unclipped
+                and not k.startswith(_NOT_MOVED)
                 and abs(v) >= factor * max(abs(first[k]), 1e-12)
                 and abs(v) > 1e-6
             ]

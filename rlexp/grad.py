@@ -2,7 +2,7 @@
 
 One place, used by every algorithm for every network::
 
-    loss [P] (+ L1/L2 penalty) -> backward -> grad norms (pre) -> processors (clipping)
+    loss [P] (+ L1/L2/L2-init penalty) -> backward -> grad norms (pre) -> processors (clipping)
     -> grad norms (post) -> non-finite check -> optimizer step (members still alive only)
 
 Every reduction (norms, clipping scales, finiteness) is per member: one member's gradients never
@@ -226,8 +226,10 @@ class GradientPipeline:
         self.flat.grad = self.flat_grad
         self._before = torch.empty_like(self.flat)  # the parameters before a step
         offset = 0
+        self._offsets: dict[int, int] = {}  # id(parameter) -> its first column in the buffers
         for p in params:  # each parameter and its gradient become views into the buffers
             n = p[0].numel()
+            self._offsets[id(p)] = offset
             p.data = self.flat[:, offset : offset + n].view(p.shape)
             p.grad = self.flat_grad[:, offset : offset + n].view(p.shape)  # backward adds into it in place
             offset += n
@@ -240,20 +242,35 @@ class GradientPipeline:
         self.clip = CLIPPERS[clipping.name]
         self._clip_grads = [self.flat_grad] if clipping.name in FLAT_CLIPPERS else self.grads
         self.health = health
-        self.l1, self.l2 = regularization.l1, regularization.l2
+        self.l1, self.l2, self.l2_init = regularization.l1, regularization.l2, regularization.l2_init
         self.penalized = weights if regularization.weights_only else params
+        # l2_init's w_0: the penalized tensors as the pipeline finds them (the network's initial values)
+        self.initial = [w.detach().clone() for w in self.penalized] if self.l2_init > 0 else []
         # called with (grads, env_step) between backward and the processors (fault injection)
         self.after_backward: Callable[[list[torch.Tensor], int], None] | None = None
         self._on_cpu = not self.flat.is_cuda
 
     def penalty(self) -> torch.Tensor:
-        """L1/L2 penalty per member: l1 * sum|w| + l2 * sum w^2 over the penalized tensors -> [P]."""
+        """Penalty per member: l1 * sum|w| + l2 * sum w^2 + l2_init * sum (w - w_0)^2 over the penalized
+        tensors -> [P]."""
         total = torch.zeros((), device=self.flat.device)
         if self.l1 > 0:
             total = total + self.l1 * torch.stack([w.abs().flatten(1).sum(1) for w in self.penalized]).sum(0)
         if self.l2 > 0:
             total = total + self.l2 * torch.stack([w.square().flatten(1).sum(1) for w in self.penalized]).sum(0)
+        if self.l2_init > 0:
+            moved = [(w - w0).square().flatten(1).sum(1) for w, w0 in zip(self.penalized, self.initial)]
+            total = total + self.l2_init * torch.stack(moved).sum(0)
         return total
+
+    @torch.no_grad()
+    def reset_state(self, param: torch.Tensor, member: int, index: tuple = ()) -> None:
+        """Set the optimizer state of ``param[member][index]`` to a fresh optimizer's (moments 0;
+        rmsprop_tf's mean square 1); ``param`` is one of the pipeline's tensors, the other members'
+        state is untouched."""
+        offset, n = self._offsets[id(param)], param[0].numel()
+        for state, initial in self.optimizer.state():
+            state[:, offset : offset + n].view(param.shape)[member][index] = initial
 
     def _params_finite(self) -> torch.Tensor:
         """[T, P] True where every element of the tensor is finite, per member."""
@@ -262,8 +279,8 @@ class GradientPipeline:
 
     @property
     def has_penalty(self) -> bool:
-        """True when the loss gets an L1/L2 penalty (whose gradient comes from backward)."""
-        return self.l1 > 0 or self.l2 > 0
+        """True when the loss gets a penalty (whose gradient comes from backward)."""
+        return self.l1 > 0 or self.l2 > 0 or self.l2_init > 0
 
     def step(
         self, loss: torch.Tensor, env_step: int, diagnose: bool = False, grads_written: bool = False

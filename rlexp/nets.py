@@ -545,11 +545,13 @@ class PopMLP(nn.Module):
         self.extra_in, self.extra_at = extra_in, extra_at  # a second input joins layer extra_at's input
         # per layer: its components in forward order, and whether a residual connection adds its input
         self._blocks: list[tuple[list[Component], bool]] = []
-        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-            a = a + extra_in if i == extra_at else a
+        width = n_in  # the width the next layer sees (an activation of width 2 doubles its layer's)
+        for i, b in enumerate(sizes[1:]):
+            a = width + extra_in if i == extra_at else width
             layer = entry.linear(normalization, members, a, b, i == hidden)
             self.layers.append(layer)
             components: list[Component] = [layer]
+            width = b
             if i < hidden:
                 if entry.norm is not None:
                     self.norms.append(entry.norm(normalization, members, b))
@@ -557,7 +559,8 @@ class PopMLP(nn.Module):
                 if self.activated[i]:
                     self.activations.append(PopActivation(activation_entry, activation))
                     components.append(self.activations[-1])
-                self.residual.append(network.residual and a == b)
+                    width = b * activation_entry.width
+                self.residual.append(network.residual and a == width)
             self._blocks.append((components, i < hidden and self.residual[i]))
         self.activation = activation
         self.output_scale = network.output_scale
@@ -573,6 +576,16 @@ class PopMLP(nn.Module):
         gain = scheme_gain(init, activation)
         for i, layer in enumerate(self.layers):
             layer.reset_parameters(init, gain, generators, last=i == hidden)
+        # what built it, for a fresh draw of the same network (interventions)
+        self._build = (members, n_in, n_out, network, activation, normalization, init, extra_in, extra_at)
+
+    def fresh(self, generators: list[torch.Generator]) -> PopMLP:
+        """The same network newly initialized, member k from ``generators[k]``, on this one's device and
+        dtype (interventions draw their fresh weights so, from streams of their own)."""
+        members, n_in, n_out, network, activation, normalization, init, extra_in, extra_at = self._build
+        net = PopMLP(members, n_in, n_out, network, activation, normalization, init, generators, extra_in, extra_at)
+        weight = self.layers[0].weight
+        return net.to(device=weight.device, dtype=weight.dtype)
 
     def forward(
         self, x: torch.Tensor, extra: torch.Tensor | None = None, observe: Observer | None = None

@@ -37,6 +37,11 @@ class OneGroup:
     def step(self) -> None:
         raise NotImplementedError
 
+    def state(self) -> list[tuple[torch.Tensor, float]]:
+        """Every state tensor, shaped as its parameter, with the value a fresh optimizer starts it at
+        (an intervention resets chosen elements of one member to it)."""
+        return []
+
 
 class RMSpropTF(OneGroup):
     """tf.train.RMSPropOptimizer(learning_rate, decay, momentum, epsilon), non-centered.
@@ -59,6 +64,9 @@ class RMSpropTF(OneGroup):
         super().__init__(params, lr=lr, decay=decay, momentum=momentum, epsilon=epsilon, weight_decay=weight_decay)
         self.ms = [torch.ones_like(p) for p in self.params]
         self.mom = [torch.zeros_like(p) for p in self.params]
+
+    def state(self) -> list[tuple[torch.Tensor, float]]:
+        return [(t, 1.0) for t in self.ms] + [(t, 0.0) for t in self.mom]
 
     @torch.no_grad()
     def step(self) -> None:
@@ -90,6 +98,11 @@ class FusedAdam(OneGroup):
         self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
         self.steps = [torch.zeros((), dtype=torch.float32, device=p.device) for p in self.params]
         self.kernel = torch._fused_adamw_ if decoupled else torch._fused_adam_
+
+    def state(self) -> list[tuple[torch.Tensor, float]]:
+        """The moments only: the step count (bias correction) is one per tensor, shared by every
+        member and element, and stays (as in ReDo's reference implementation)."""
+        return [(t, 0.0) for t in self.exp_avg + self.exp_avg_sq]
 
     @torch.no_grad()
     def step(self) -> None:
@@ -137,6 +150,9 @@ class ForeachRMSprop(OneGroup):
         self.grad_avg = [torch.zeros_like(p) for p in self.params] if centered else []
         self.momentum_buffer = [torch.zeros_like(p) for p in self.params] if momentum > 0 else []
 
+    def state(self) -> list[tuple[torch.Tensor, float]]:
+        return [(t, 0.0) for t in self.square_avg + self.grad_avg + self.momentum_buffer]
+
     @torch.no_grad()
     def step(self) -> None:
         group = self.param_groups[0]
@@ -171,6 +187,10 @@ class FusedSGD(OneGroup):
         super().__init__(params, lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
         self.momentum_buffer = [torch.empty_like(p) for p in self.params] if momentum != 0 else []
         self.first_step = True
+
+    def state(self) -> list[tuple[torch.Tensor, float]]:
+        """Zero momentum behaves as a fresh buffer (the first step fills it with the gradient: dampening 0)."""
+        return [(t, 0.0) for t in self.momentum_buffer]
 
     @torch.no_grad()
     def step(self) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from rlexp.config import Config
-from rlexp.diagnostics import Explosions, InstrumentHistory
+from rlexp.diagnostics import Explosions, InstrumentHistory, Stats, resolve
 from rlexp.envs import PopulationEnv
 from rlexp.evaluation import Evaluation, Evaluator, Policy
 from rlexp.grad import CAUSES, Health, UpdateStats
@@ -67,8 +67,9 @@ class Recorder:
         self._updates_total = 0
         self._notes: dict[str, float] = {}
         # instruments: the latest record ([P] tensors), each member's recent finite records (host)
-        self._instruments: dict[str, torch.Tensor] = {}
+        self._instruments: Stats = {}
         self.histories = [InstrumentHistory() for _ in range(self.members)]
+        self.counts: dict[str, torch.Tensor] = {}  # cumulative per-member counts [P] (interventions), host
         self.explosions = Explosions(self.members, cfg.divergence.patience, device)
         self.divergence: dict[int, dict[str, Any]] = {}  # member -> {cause, where, detail}
         self._injected = False
@@ -171,7 +172,7 @@ class Recorder:
 
     def record_instruments(
         self,
-        record: dict[str, torch.Tensor],
+        record: Stats,
         step: int,
         grad_norm: torch.Tensor,
         q_abs_max: torch.Tensor,
@@ -180,7 +181,8 @@ class Recorder:
         update: int,
         histograms: Callable[[], dict[str, torch.Tensor]] | None = None,
     ) -> None:
-        """Keep the latest instrument record ([P] each) and run the explosion checks (divergence=on).
+        """Keep the latest instrument record ([P] each; deferred ones are computed if it is written,
+        at the next log step) and run the explosion checks (divergence=on).
 
         ``q_abs_max`` [P] is the largest |value| the output layer ``output_layer`` gave; its bound is
         ``divergence.q_bound_factor * reward_scale / (1 - gamma)`` with ``reward_scale`` [P] the
@@ -241,7 +243,7 @@ class Recorder:
 
     def _check_explosions(
         self,
-        record: dict[str, torch.Tensor],
+        record: Stats,
         step: int,
         grad_norm: torch.Tensor,
         q_abs_max: torch.Tensor,
@@ -346,9 +348,11 @@ class Recorder:
         episodes = self.env.take_episodes()
         instruments: dict[str, list[float]] = {}
         if self._instruments:
-            names = list(self._instruments)
-            rows = torch.stack([self._instruments[n] for n in names]).tolist()  # one host read
+            record = resolve(self._instruments)  # the deferred instruments of the one record written
+            names = list(record)
+            rows = torch.stack([record[n] for n in names]).tolist()  # one host read
             instruments = dict(zip(names, rows))
+        counts = {name: values.tolist() for name, values in self.counts.items()}
         for k, log in enumerate(self.logs):
             if self.member_done[k]:
                 continue
@@ -362,6 +366,7 @@ class Recorder:
                 metrics["episode/return_last10"] = float(np.mean(self.env.last_returns[k]))
             metrics["episode/count"] = int(self.env.episode_count[k])
             metrics.update(self._eval_metrics(k))
+            metrics.update({name: values[k] for name, values in counts.items()})
             record = {name: values[k] for name, values in instruments.items()}
             metrics.update(record)
             log.log(step, metrics)

@@ -31,6 +31,7 @@ from rlexp.config import (
 )
 from rlexp.grad import CLIPPERS
 from rlexp.init import INITIALIZERS
+from rlexp.interventions import INTERVENTIONS
 from rlexp.jobs import hydra_subdir
 from rlexp.nets import NORMALIZATIONS
 from rlexp.optim import OPTIMIZERS
@@ -55,6 +56,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "algo": _schemas(ALGOS),
     "env": {"base": EnvConfig},  # one schema for every environment: conf/env/<name>.yaml sets its id
     "divergence": {"on": DivergenceConfig, "off": DivergenceConfig},
+    "intervention": _schemas(INTERVENTIONS),
 }
 
 

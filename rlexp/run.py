@@ -20,9 +20,11 @@ from omegaconf import OmegaConf
 
 from rlexp.checkpoint import Checkpoints, Loop, Part
 from rlexp.config import ActivationConfig, Config, InitConfig, NetworkConfig, NormalizationConfig
+from rlexp.diagnostics import keep_initial
 from rlexp.envs import PopulationEnv
 from rlexp.evaluation import Evaluator
 from rlexp.grad import GradientPipeline
+from rlexp.interventions import Interventions, Subject
 from rlexp.nets import PopMLP, weight_parameters
 from rlexp.normalize import ObsNormalizer, RewardScaler
 from rlexp.recorder import Recorder
@@ -115,7 +117,10 @@ class RunContext:
             extra_in=extra_in,
             extra_at=extra_at,
         )
-        return net.to(self.device)
+        net = net.to(self.device)
+        if self.cfg.diagnostics.every > 0:
+            keep_initial(net)  # theta_0 of the weight_change instruments
+        return net
 
     def make_pipeline(self, net: torch.nn.Module) -> GradientPipeline:
         """The gradient pipeline (the configured optimizer, clipping, penalties, divergence checks)
@@ -129,6 +134,13 @@ class RunContext:
         if cfg.debug.inject.what == "grad":
             pipeline.after_backward = self.recorder.inject_grad
         return pipeline
+
+    def interventions(self, *subjects: Subject) -> Interventions:
+        """The configured intervention (``intervention.*``) over the networks the algorithm trains; the
+        recorder logs its per-member counts. Call it once per update: ``intervene(updates, x, extra)``."""
+        interventions = Interventions(self.cfg.intervention, list(subjects), self.seeds, self.recorder.health)
+        self.recorder.counts = interventions.counts
+        return interventions
 
     def checkpoint_state(self, objects: dict[str, Part], loop: Loop) -> dict[str, Any] | None:
         """Hand the algorithm's state to the checkpoints, once its networks are built and before its loop.

@@ -14,7 +14,7 @@ import torch
 
 def member_generator(member_seed: int, purpose: int) -> torch.Generator:
     """A CPU generator for one member and purpose (0 = weights, 1 = environments, 2 = stream,
-    3 = evaluation environments, 4 = evaluation stream, 10+ = networks)."""
+    3 = evaluation environments, 4 = evaluation stream, 10+ = networks, 100+ = interventions' fresh draws)."""
     seed = int(np.random.SeedSequence([member_seed, purpose]).generate_state(1, dtype=np.uint64)[0] >> 1)
     return torch.Generator().manual_seed(seed)
 

@@ -15,6 +15,8 @@ def ref_activation(name: str, x: torch.Tensor, slope: float = 0.01, alpha: float
     """The activations written out from their definitions."""
     if name == "relu":
         return torch.where(x > 0, x, torch.zeros_like(x))
+    if name == "crelu":
+        return torch.cat([torch.where(x > 0, x, torch.zeros_like(x)), torch.where(x < 0, -x, torch.zeros_like(x))], -1)
     if name == "leaky_relu":
         return torch.where(x > 0, x, slope * x)
     if name == "elu":

@@ -51,6 +51,23 @@ RUNS = {  # (overrides, crash step, checkpoint step continued from)
         550,
         400,
     ),
+    "dqn_shrink_perturb": (  # the interventions' fresh draws and counts continue too
+        [
+            "total_steps=600",
+            "num_seeds=2",
+            "network.hidden=[16,16]",
+            "algo.learning_starts=200",
+            "algo.train_frequency=10",
+            "algo.batch_size=32",
+            "logger.log_every=100",
+            "eval.episodes=0",
+            "checkpoint.every=200",
+            "intervention=shrink_perturb",
+            "intervention.every=8",
+        ],
+        550,
+        400,
+    ),
     "ppo": (
         [
             "algo=ppo",

@@ -38,7 +38,18 @@ from rlexp.wandb_files import run_dirs
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-GROUPS = ("activation", "init", "normalization", "clipping", "optimizer", "network", "algo", "env", "divergence")
+GROUPS = (
+    "activation",
+    "init",
+    "normalization",
+    "clipping",
+    "optimizer",
+    "network",
+    "algo",
+    "env",
+    "divergence",
+    "intervention",
+)
 # A tiny budget (the rest of DQN's defaults are small too) whose cell stays short: rlexp cuts W&B
 # groups to 128 characters, and the tests compare the group with the whole cell.
 TOTAL_STEPS, LEARNING_STARTS, LOG_EVERY, TRAIN_FREQUENCY = 300, 100, 100, 10
@@ -238,6 +249,12 @@ BAD_VALUES = {
     "cuda_without_cuda": (["device=cuda"], "device", ["CUDA"]),
     "logger_mode_bogus": (["logger.mode=bogus"], "logger.mode", ["bogus"]),
     "eval_episodes_negative": (["eval.episodes=-1"], "eval.episodes", ["-1"]),
+    "redo_tau_above_one": (["intervention=redo", "intervention.tau=1.5"], "intervention.tau", ["1.5", "(0, 1]"]),
+    "reset_beyond_the_network": (
+        ["intervention=reset", "intervention.layers=4"],
+        "intervention.layers",
+        ["4", "[1, 3]", "3 linear layers"],
+    ),
 }
 
 

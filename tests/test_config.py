@@ -102,7 +102,7 @@ def test_help_lists_the_groups_and_keys():
     text = proc.stdout
     for group in SCHEMAS:
         assert f"{group}: {', '.join(group_options(group))}\n" in text, group
-    assert "activation: elu, gelu, " in text
+    assert "activation: crelu, elu, gelu, " in text
     assert "nan_hunt/tanh" in text
     for f in fields(Config):
         if f.name not in SCHEMAS:
@@ -176,6 +176,12 @@ OUT_OF_DOMAIN: dict[str, str] = {
     "divergence.patience": "0",
     "regularization.l1": "-1",
     "regularization.l2": "nan",
+    "regularization.l2_init": "-1",
+    "intervention.every": "0",
+    "intervention.tau": "0",
+    "intervention.shrink": "1.5",
+    "intervention.perturb": "-0.1",
+    "intervention.layers": "0",
     "actor.hidden": "[]",
     "actor.last_layer_gain": "0",
     "critic.hidden": "[64,0]",
@@ -186,6 +192,7 @@ OUT_OF_DOMAIN: dict[str, str] = {
     "diagnostics.every": "-1",
     "diagnostics.histogram_every": "-1",
     "diagnostics.dormant_tau": "1",
+    "diagnostics.srank_delta": "0",
     "debug.inject.member": "-2",
     "debug.inject.step": "-2",
     "debug.crash_at_step": "-2",

@@ -26,6 +26,7 @@ from rlexp.algos import dqn
 from rlexp.buffer import Batch
 from rlexp.config import (
     ActivationConfig,
+    DiagnosticsConfig,
     DQNConfig,
     GainInitConfig,
     LayerNormConfig,
@@ -47,6 +48,7 @@ from rlexp.diagnostics import (
     locate_nonfinite,
     parameter_names,
     per_layer,
+    resolve,
 )
 from rlexp.grad import GradientPipeline, Health
 from rlexp.nets import PopMLP, PopWeightNormLinear, weight_parameters
@@ -131,7 +133,7 @@ def test_activation_stats_mean_std_dead_dormant_per_member():
         ]
     )  # [P=2, B=3, H=5]
     h1 = torch.tensor([[[0.3, 0.4], [0.0, 0.9]], [[0.0, 0.0], [0.0, 0.0]]])  # [2, 2, 2]: member 1 all dead
-    stats = activation_stats([h0, h1], "q", tau)
+    stats = activation_stats([h0, h1], "q", tau, 0.01)
 
     for i, h in enumerate([h0, h1]):
         P, B, H = h.shape
@@ -151,7 +153,7 @@ def test_activation_stats_mean_std_dead_dormant_per_member():
 
     # a score exactly at tau counts as dormant (<=): mean |h| per unit 0.5, 1.5, 1, 1 -> scores 0.5, 1.5, 1, 1
     edge = torch.tensor([[[0.5, 1.5, 1.0, 2.0], [-0.5, 1.5, -1.0, 0.0]]])  # [P=1, B=2, H=4]
-    assert activation_stats([edge], "q", 0.5)["dormant/q.0"].item() == pytest.approx(1 / 4)
+    assert activation_stats([edge], "q", 0.5, 0.01)["dormant/q.0"].item() == pytest.approx(1 / 4)
 
     # the known answers of the hand-made layer 0
     assert stats["dead/q.0"].tolist() == pytest.approx([0.0, 1 / 5])  # member 0's unit 2 is only sometimes 0
@@ -164,7 +166,7 @@ def test_activation_stats_count_a_forced_dead_relu_unit_of_a_pop_mlp():
     net = make_net(P, hidden=(H, 5), seed=3)
     x = torch.randn(P, B, OBS, generator=torch.Generator().manual_seed(5))
     _, hidden = hidden_outputs(net, x)
-    before = activation_stats(hidden, "q", 0.025)
+    before = activation_stats(hidden, "q", 0.025, 0.01)
     with torch.no_grad():
         net.layers[0].bias[0, 2] = -1e4  # member 0, unit 2: relu(x w - 1e4) == 0 on every sample
     out, hidden = hidden_outputs(net, x)
@@ -174,7 +176,7 @@ def test_activation_stats_count_a_forced_dead_relu_unit_of_a_pop_mlp():
         w, b = net.layers[0].weight[p], net.layers[0].bias[p]
         torch.testing.assert_close(hidden[0][p], torch.relu(F.linear(x[p], w, b)))
     assert (hidden[0][0, :, 2] == 0).all()
-    after = activation_stats(hidden, "q", 0.025)
+    after = activation_stats(hidden, "q", 0.025, 0.01)
     for p in range(P):
         h = hidden[0][p]
         dead = sum(bool((h[:, u] == 0).all()) for u in range(H)) / H
@@ -289,7 +291,7 @@ def test_dqn_instruments_match_direct_gradients_clipping_updates_and_q_statistic
     )
     loss, _ = dqn.dqn_loss(q_net, target_net, batch, algo, r_max)
     update = pipeline.step(loss, env_step=100, diagnose=True)
-    record = dqn.instruments(q_net, target_net, batch, algo, r_max, update, names, tau=0.025)
+    record = dqn.instruments(q_net, target_net, batch, algo, r_max, update, names, DiagnosticsConfig())
 
     after = [(layer.weight.detach().clone(), layer.bias.detach().clone()) for layer in q_net.layers]
     for p in range(P):
@@ -323,7 +325,7 @@ def test_dqn_instruments_match_direct_gradients_clipping_updates_and_q_statistic
         assert record["td/abs_max"][p].item() == pytest.approx(td.abs().max().item(), rel=1e-5)
         assert record["q/online_target_gap"][p].item() == pytest.approx(gap, rel=1e-4, abs=1e-6)
     # every record entry is a [P] float tensor
-    assert all(v.shape == (P,) and v.dtype == torch.float32 for v in record.values())
+    assert all(v.shape == (P,) and v.dtype == torch.float32 for v in resolve(record).values())
 
 
 # ====================================================================== 4. weight normalization
@@ -332,7 +334,7 @@ def test_weight_norm_stats_are_smallest_and_largest_unit_norms_of_v():
     with torch.no_grad():
         net.layers[1].weight[0, 2] *= 1e-4  # member 0: one collapsed direction
         net.layers[2].weight[1, 0] *= 50.0  # member 1: one large direction
-    stats = layer_stats(net, "q")
+    stats = {k: v for k, v in layer_stats(net, "q").items() if k.startswith("wn_")}
     assert set(stats) == {f"wn_{m}/q.{i}" for m in ("v_min", "v_max") for i in range(3)}
     for i, layer in enumerate(net.layers):
         for p in range(2):
@@ -343,7 +345,9 @@ def test_weight_norm_stats_are_smallest_and_largest_unit_norms_of_v():
     # an output layer without weight normalization has no entry
     plain_out = make_net(2, norm=WeightNormConfig(name="weight", output_layer=False))
     assert not isinstance(plain_out.layers[2], PopWeightNormLinear)
-    assert set(layer_stats(plain_out, "q")) == {f"wn_{m}/q.{i}" for m in ("v_min", "v_max") for i in range(2)}
+    assert {k for k in layer_stats(plain_out, "q") if k.startswith("wn_")} == {
+        f"wn_{m}/q.{i}" for m in ("v_min", "v_max") for i in range(2)
+    }
 
 
 def test_zero_v_with_eps0_is_located_at_the_weight_norm():
@@ -651,6 +655,18 @@ def test_fault_injection_is_located_and_leaves_other_members_bitwise_unchanged(b
         assert records == without_perf(read_metrics(base_out, k)), k
         assert records[-1]["step"] == TOTAL and any("grad_norm/q.0" in r for r in records)
         assert read_summary(out, k)["status"] == "ok"
+
+
+def test_plasticity_instruments_are_in_every_members_metrics(baseline_run):
+    out, _ = baseline_run
+    for k in range(SEEDS):
+        last = read_metrics(out, k)[-1]
+        for metric in ("srank", "erank", "active", "feature_norm"):
+            for i in range(2):  # the hidden layers
+                assert math.isfinite(last[f"{metric}/q.{i}"]), (k, metric, i)
+        assert 1 <= last["srank/q.0"] <= 16 and 1 <= last["erank/q.0"] <= 16
+        for i in range(3):  # every linear layer
+            assert last[f"weight_magnitude/q.{i}"] > 0 and last[f"weight_change/q.{i}"] > 0
 
 
 # ---------------------------------------------------------------- value explosion

@@ -20,8 +20,15 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from rlexp.activations import ACTIVATIONS, check_activation
-from rlexp.config import ActivationConfig, ConfigError, GainInitConfig, NetworkConfig, NormalizationConfig
-from rlexp.diagnostics import activity_instruments, locate_nonfinite
+from rlexp.config import (
+    ActivationConfig,
+    ConfigError,
+    DiagnosticsConfig,
+    GainInitConfig,
+    NetworkConfig,
+    NormalizationConfig,
+)
+from rlexp.diagnostics import activity_instruments, locate_nonfinite, resolve
 from rlexp.init import INITIALIZERS, check_init
 from rlexp.nets import (
     NORMALIZATIONS,
@@ -253,11 +260,16 @@ def test_instruments_and_divergence_location(activation, normalization):
     located there for member k and nowhere for the others; location changes no buffer."""
     net = make_net(activation, normalization, torch.float32)
     x = inputs(torch.float32)
-    out, stats = activity_instruments(net, "q", x, 0.025)
+    out, stats = activity_instruments(net, "q", x, DiagnosticsConfig())
+    stats = resolve(stats)
     assert out.shape == (P, B, N_OUT)
-    for metric in ("act_mean", "act_std", "dead", "dormant"):
+    for metric in ("act_mean", "act_std", "dead", "dormant", "srank", "erank", "active", "feature_norm"):
         for i in range(len(HIDDEN)):
             assert stats[f"{metric}/q.{i}"].shape == (P,)
+    net.eval()  # the effective weight of weight- and spectral-normalized layers, without a power iteration
+    for i, layer in enumerate(net.layers):
+        assert torch.equal(stats[f"weight_magnitude/q.{i}"], layer.effective_weight().detach().abs().mean((1, 2)))
+    net.train()
     k = 1
     with torch.no_grad():
         net.layers[1].weight[k, 0, 0] = float("nan")
@@ -265,7 +277,8 @@ def test_instruments_and_divergence_location(activation, normalization):
     for member in range(P):
         found = locate_nonfinite(net, "q", member, x[member], "replay.obs")
         if member == k:
-            assert found == ("nonfinite_param", "q.1.weight", f"1 of {HIDDEN[1] * HIDDEN[0]} values non-finite")
+            size = net.layers[1].weight[k].numel()  # HIDDEN[1] x HIDDEN[0] (x 2 for crelu)
+            assert found == ("nonfinite_param", "q.1.weight", f"1 of {size} values non-finite")
         else:
             assert found is None
     assert all(torch.equal(b, before) for b, before in zip(net.buffers(), buffers))

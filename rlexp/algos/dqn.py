@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from rlexp.buffer import Batch, ReplayBuffer
-from rlexp.config import DQNConfig
+from rlexp.config import DiagnosticsConfig, DQNConfig
 from rlexp.diagnostics import (
     activity_instruments,
     hidden_outputs,
@@ -37,6 +37,7 @@ from rlexp.diagnostics import (
 )
 from rlexp.evaluation import Policy
 from rlexp.grad import UpdateStats
+from rlexp.interventions import Subject
 from rlexp.nets import PopMLP, hard_update_, soft_update_
 from rlexp.recorder import Located
 from rlexp.run import RunContext
@@ -152,10 +153,10 @@ def instruments(
     r_max: torch.Tensor,
     update: UpdateStats,
     names: list[str],
-    tau: float,
+    diag: DiagnosticsConfig,
 ) -> dict[str, torch.Tensor]:
     """Per-member, per-layer instrument record ([P] each) after a diagnosed update."""
-    q_all, stats = activity_instruments(q_net, "q", batch.obs, tau)  # [P, B, A]
+    q_all, stats = activity_instruments(q_net, "q", batch.obs, diag)  # [P, B, A]
     with torch.no_grad():
         q = q_all.gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)  # [P, B]
         td = q - td_target(q_net, target_net, batch, algo, r_max)
@@ -224,6 +225,8 @@ def train(ctx: RunContext) -> None:
         target_net.requires_grad_(False)
     pipeline = ctx.make_pipeline(q_net)  # the configured optimizer, clipping, penalties
     analytic = q_net.analytic_backward and not pipeline.has_penalty  # gradients without autograd
+    targets = (target_net,) if target_net is not None else ()
+    intervene = ctx.interventions(Subject("q", q_net, pipeline, targets))  # intervention.*, every few updates
     names = parameter_names(q_net, "q")  # q.0.weight, q.0.bias, ... aligned with the pipeline's tensors
     buffer = ReplayBuffer(members, algo.buffer_size, env.obs_dim, device)
     r_max = np.full(members, float(algo.r_max))  # [P] largest |r| seen so far, at least algo.r_max
@@ -233,7 +236,13 @@ def train(ctx: RunContext) -> None:
     ctx.obs_norm.update(obs)
     prev_step = 0
     learn_from = algo.learning_starts  # updates begin after this env step
-    saved = {"q_net": q_net, "target_net": target_net, "pipeline": pipeline, "buffer": buffer}
+    saved = {
+        "q_net": q_net,
+        "target_net": target_net,
+        "pipeline": pipeline,
+        "buffer": buffer,
+        "interventions": intervene,
+    }
     loop = ctx.checkpoint_state(saved, lambda: dict(obs=obs, r_max=r_max, updates=updates, prev_step=prev_step))
     if loop:  # continued from a checkpoint; without its replay the buffer refills for learning_starts steps
         updates, prev_step = loop["updates"], loop["prev_step"]
@@ -275,9 +284,7 @@ def train(ctx: RunContext) -> None:
                     update, partial(locate, q_net, target_net, batch, names=names, update=update)
                 )
                 if diagnose:
-                    record = instruments(
-                        q_net, target_net, batch, algo, r_scale, update, names, cfg.diagnostics.dormant_tau
-                    )
+                    record = instruments(q_net, target_net, batch, algo, r_scale, update, names, cfg.diagnostics)
                     reward_scale = torch.ones_like(r_scale) if algo.rescale_r else r_scale  # [P]
                     recorder.record_instruments(
                         record,
@@ -292,6 +299,7 @@ def train(ctx: RunContext) -> None:
                 updates += 1
                 if target_net is not None and algo.target_update == "soft":
                     soft_update_(target_net, q_net, algo.tau)
+                intervene(updates, batch.obs)
         if (
             target_net is not None
             and algo.target_update == "hard"

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlexp.buffer import take_rows
-from rlexp.config import ActorCriticConfig
+from rlexp.config import ActorCriticConfig, DiagnosticsConfig
 from rlexp.diagnostics import (
     activity_instruments,
     locate_in_update,
@@ -45,6 +45,7 @@ from rlexp.diagnostics import (
 )
 from rlexp.evaluation import Policy
 from rlexp.grad import UpdateStats
+from rlexp.interventions import Subject
 from rlexp.nets import PopMLP
 from rlexp.recorder import Located
 from rlexp.run import RunContext
@@ -236,6 +237,7 @@ def train(ctx: RunContext) -> None:
     policy_out, value_of = actor.net.inference(), critic.inference()  # acting: no gradient, less overhead
     recorder.evaluate_with(evaluation_policy(policy_out, device, (low, high) if continuous else None))
     actor_pipe, critic_pipe = ctx.make_pipeline(actor), ctx.make_pipeline(critic)  # an optimizer each
+    intervene = ctx.interventions(Subject("actor", actor.net, actor_pipe), Subject("critic", critic, critic_pipe))
     actor_names = parameter_names(actor.net, "actor") + (["actor.log_std"] if continuous else [])
     critic_names = parameter_names(critic, "critic")
     lr = cfg.optimizer.lr
@@ -257,7 +259,13 @@ def train(ctx: RunContext) -> None:
     ctx.obs_norm.update(obs)
     t = 0
     rollout = 0
-    saved = {"actor": actor, "critic": critic, "actor_pipe": actor_pipe, "critic_pipe": critic_pipe}
+    saved = {
+        "actor": actor,
+        "critic": critic,
+        "actor_pipe": actor_pipe,
+        "critic_pipe": critic_pipe,
+        "interventions": intervene,
+    }
     collected = (log_probs, values, obs_np, actions_np, rewards_np, terminated_np, dones_np, valid_np)  # [T, P, ...]
     loop = ctx.checkpoint_state(
         saved,
@@ -361,7 +369,7 @@ def train(ctx: RunContext) -> None:
                         critic_update,
                         actor_names,
                         critic_names,
-                        cfg.diagnostics.dormant_tau,
+                        cfg.diagnostics,
                         low if continuous else None,
                         high if continuous else None,
                     )
@@ -377,6 +385,7 @@ def train(ctx: RunContext) -> None:
                         histograms=partial(histograms, actor, critic, actor_names, critic_names, mb, out),
                     )
                 updates += 1
+                intervene(updates, mb.obs)
 
 
 def instruments(
@@ -387,15 +396,15 @@ def instruments(
     critic_update,
     actor_names: list[str],
     critic_names: list[str],
-    tau: float,
+    diag: DiagnosticsConfig,
     low: np.ndarray | None,
     high: np.ndarray | None,
 ) -> dict[str, torch.Tensor]:
     """Per-member instrument record ([P] each): both networks' layers, the value and the policy's
     output distribution (entropy, action mean and std; for Box actions the fraction of sampled
     actions beyond the bounds, which the environment clips)."""
-    out, stats = activity_instruments(actor.net, "actor", mb.obs, tau)
-    v, critic_stats = activity_instruments(critic, "critic", mb.obs, tau)
+    out, stats = activity_instruments(actor.net, "actor", mb.obs, diag)
+    v, critic_stats = activity_instruments(critic, "critic", mb.obs, diag)
     stats.update(critic_stats)
     stats.update(update_instruments(actor_update, actor_names))
     stats.update(update_instruments(critic_update, critic_names))

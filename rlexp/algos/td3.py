@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from rlexp.buffer import Batch, ReplayBuffer
-from rlexp.config import TD3Config
+from rlexp.config import DiagnosticsConfig, TD3Config
 from rlexp.diagnostics import (
     activity_instruments,
     locate_in_update,
@@ -39,6 +39,7 @@ from rlexp.diagnostics import (
 )
 from rlexp.evaluation import Policy
 from rlexp.grad import UpdateStats
+from rlexp.interventions import Subject
 from rlexp.nets import PopMLP, soft_update_
 from rlexp.recorder import Located
 from rlexp.run import RunContext
@@ -147,6 +148,10 @@ def train(ctx: RunContext) -> None:
     for net in (actor, critics, actor_target, critic_targets):
         net.eval()  # acting and targets use running statistics when a network has batch norm
     actor_pipe, critic_pipe = ctx.make_pipeline(actor), ctx.make_pipeline(critics)  # an optimizer each
+    intervene = ctx.interventions(  # intervention.*, every few critic updates
+        Subject("actor", actor, actor_pipe, (actor_target,)),
+        *(Subject(p, c, critic_pipe, (t,)) for p, c, t in zip(["critic", "critic2"], critics, critic_targets)),
+    )
     critic_prefixes = ["critic", "critic2"][: len(critics)]
     actor_names = parameter_names(actor, "actor")
     critic_names = [n for c, prefix in zip(critics, critic_prefixes) for n in parameter_names(c, prefix)]
@@ -161,7 +166,7 @@ def train(ctx: RunContext) -> None:
     prev_step = 0
     learn_from = algo.learning_starts  # updates begin after this env step
     saved = {"actor": actor, "critics": critics, "actor_target": actor_target, "critic_targets": critic_targets}
-    saved |= {"actor_pipe": actor_pipe, "critic_pipe": critic_pipe, "buffer": buffer}
+    saved |= {"actor_pipe": actor_pipe, "critic_pipe": critic_pipe, "buffer": buffer, "interventions": intervene}
     loop = ctx.checkpoint_state(
         saved, lambda: dict(obs=obs, r_max=r_max, prev_step=prev_step, critic=critic_updates, actor=actor_updates)
     )
@@ -209,6 +214,7 @@ def train(ctx: RunContext) -> None:
             critic_loss = sum((q - target).square().mean(1) for q in q_pred)  # [P]
             critic_update = critic_pipe.step(critic_loss, step, diagnose)
             critic_updates += 1
+            intervene(critic_updates, batch.obs, batch.actions)
             recorder.locate_divergence(
                 critic_update,
                 partial(locate, critics, critic_prefixes, critic_names, batch.obs, batch.actions, critic_update),
@@ -249,7 +255,7 @@ def train(ctx: RunContext) -> None:
                     actor_names,
                     critic_names,
                     critic_prefixes,
-                    cfg.diagnostics.dormant_tau,
+                    cfg.diagnostics,
                 )
                 grad_norm = torch.maximum(actor_update.grad_norm_pre_clip, critic_update.grad_norm_pre_clip)
                 recorder.record_instruments(
@@ -277,15 +283,15 @@ def instruments(
     actor_names: list[str],
     critic_names: list[str],
     critic_prefixes: list[str],
-    tau: float,
+    diag: DiagnosticsConfig,
 ) -> dict[str, torch.Tensor]:
     """Per-member instrument record ([P] each): actor and critic layers, Q and TD-error statistics,
     the online - target gap, and the actor's output distribution (mean, std, and the fraction
     saturated: |tanh| > 0.99, where the squashing's gradient has all but vanished)."""
-    pre_tanh, stats = activity_instruments(actor, "actor", batch.obs, tau)
+    pre_tanh, stats = activity_instruments(actor, "actor", batch.obs, diag)
     q_all = []
     for critic, prefix in zip(critics, critic_prefixes):
-        q, critic_stats = activity_instruments(critic, prefix, batch.obs, tau, batch.actions)
+        q, critic_stats = activity_instruments(critic, prefix, batch.obs, diag, batch.actions)
         stats.update(critic_stats)
         q_all.append(q.squeeze(-1))
     stats.update(update_instruments(actor_update, actor_names))
