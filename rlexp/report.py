@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import csv
+import difflib
 import json
 import math
+import re
 import sys
 import time
 from collections import Counter
@@ -109,17 +111,22 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def metric_curve(records: list[dict[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of metric ``key`` in one member's records; non-finite values become NaN (gaps)."""
+    points = [(to_float(r.get("step")), to_float(r.get(key))) for r in records if key in r]
+    points = [(s, np.nan if y is None else y) for s, y in points if s is not None]
+    if not points:
+        return np.zeros(0), np.zeros(0)
+    steps, values = zip(*points)
+    return np.asarray(steps), np.asarray(values, dtype=float)
+
+
 def learning_curve(path: Path) -> tuple[np.ndarray, np.ndarray, str]:
     """(steps, returns, metric name) of one member: ``episode/return_last10`` (else
     ``episode/return``) against ``step``; non-finite values become NaN (gaps in the plot)."""
     records = read_metrics(path)
     key = "episode/return_last10" if any("episode/return_last10" in r for r in records) else "episode/return"
-    points = [(to_float(r.get("step")), to_float(r.get(key))) for r in records if key in r]
-    points = [(s, np.nan if y is None else y) for s, y in points if s is not None]
-    if not points:
-        return np.zeros(0), np.zeros(0), key
-    steps, values = zip(*points)
-    return np.asarray(steps), np.asarray(values, dtype=float), key
+    return (*metric_curve(records, key), key)
 
 
 def parse_overrides(lines: Any) -> dict[str, str]:
@@ -613,11 +620,7 @@ def log_to_wandb(report: Report, mode: str, timeout: float) -> Path | None:
     try:
         columns = report.columns
         table = wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in report.rows])
-        images = {
-            f"report/{name}": wandb.Image(str(report.root / file))
-            for name, file in FIGURES.items()
-            if (report.root / file).exists()
-        }
+        images = {f"report/{name}": wandb.Image(str(path)) for name, path in report.figures.items()}
         run.log({"report/grid": table, **images})
         summary: dict[str, Any] = {
             "jobs": len(report.jobs),
@@ -657,6 +660,7 @@ def build_report(
     compare: Sequence[str] | None = None,
     reps: int = 2000,
     seed: int = 0,
+    curves: Sequence[str] = (),
 ) -> Report:
     """Read ``root`` (a multirun or a run dir), compute the statistics and draw the figures into it.
 
@@ -730,16 +734,53 @@ def build_report(
     )
     if pair is not None:
         report.poi = (pair[0], pair[1], probability_of_improvement(scores[pair[0]], scores[pair[1]], reps, seed))
-    draw_figures(report, scores)
+    draw_figures(report, scores, curves)
     report.seconds = time.perf_counter() - start
     return report
 
 
-def draw_figures(report: Report, scores: dict[str, np.ndarray]) -> None:
-    """Heatmaps, performance profile and learning curves as PNGs in the report's dir."""
+def member_panels(report: Report) -> list[tuple[str, list[tuple[Path, Any]]]]:
+    """Per cell (and task), the metrics.jsonl paths of its non-crashed jobs' members with their summaries."""
+    panels = []
+    for stats in report.cells:
+        for task in report.tasks:
+            members = [
+                (job.dir / f"seed_{m.get('member', k)}" / "metrics.jsonl", m)
+                for job in report.jobs
+                if job.cell == stats.cell and job.env == task and job.status != "crashed"
+                for k, m in enumerate(job.members)
+            ]
+            if members:
+                panels.append((stats.cell if len(report.tasks) == 1 else f"{stats.cell} · {task}", members))
+    return panels
+
+
+def instrument_panels(report: Report, curves: Sequence[str]) -> dict[str, list]:
+    """For each metric named by ``--curves``, one panel per cell with a line per member; ReportError
+    naming the metric (and close recorded names) when no member recorded it."""
+    panels = member_panels(report)
+    records = {path: read_metrics(path) for _, members in panels for path, _ in members}
+    recorded = {key for lines in records.values() for r in lines for key in r}
+    out = {}
+    for metric in curves:
+        if metric not in recorded:
+            close = difflib.get_close_matches(metric, sorted(recorded), n=3, cutoff=0.5)
+            hint = f"did you mean {', '.join(close)}?" if close else "name a metric of docs/outputs.md"
+            raise ReportError(f"--curves: {metric!r} is in no member's metrics.jsonl; {hint}")
+        out[metric] = [
+            (title, [(*metric_curve(records[p], metric), m.get("status") == "diverged", None) for p, m in members])
+            for title, members in panels
+        ]
+    return out
+
+
+def draw_figures(report: Report, scores: dict[str, np.ndarray], curves: Sequence[str] = ()) -> None:
+    """Heatmaps, performance profile, learning curves and the instrument curves ``curves`` (metric
+    names, one figure each: ``curve_<metric>.png``) as PNGs in the report's dir."""
     import matplotlib
 
     matplotlib.use("Agg")
+    instruments = instrument_panels(report, curves)  # bad input before any file is written
     root, rows = report.root, report.rows
     row_values = _values_in_order(rows, report.row_key)
     col_values = _values_in_order(rows, report.col_key)
@@ -786,19 +827,17 @@ def draw_figures(report: Report, scores: dict[str, np.ndarray]) -> None:
 
     panels = []
     metric_names = set()  # the curves' metric: episode/return_last10, or episode/return in older files
-    for stats in report.cells:
-        for task in report.tasks:
-            lines = []
-            for job in report.jobs:
-                if job.cell != stats.cell or job.env != task or job.status == "crashed":
-                    continue
-                for k, m in enumerate(job.members):
-                    path = job.dir / f"seed_{m.get('member', k)}" / "metrics.jsonl"
-                    steps, values, metric = learning_curve(path)
-                    metric_names.add(metric)
-                    lines.append((steps, values, m.get("status") == "diverged", m.get("diverged_at_step")))
-            if lines:
-                panels.append((stats.cell if len(report.tasks) == 1 else f"{stats.cell} · {task}", lines))
+    for title, members in member_panels(report):
+        lines = []
+        for path, m in members:
+            steps, values, metric = learning_curve(path)
+            metric_names.add(metric)
+            lines.append((steps, values, m.get("status") == "diverged", m.get("diverged_at_step")))
+        panels.append((title, lines))
+    for metric, metric_panels in instruments.items():
+        path = root / f"curve_{re.sub(r'[^A-Za-z0-9_.-]+', '_', metric)}.png"
+        plot_learning_curves(metric_panels, metric, path)
+        report.figures[f"curve/{metric}"] = path
     report.curve_metric = " / ".join(sorted(metric_names)) or "episode/return_last10"
     if panels:
         ylabel = "return (last 10 episodes)" if metric_names == {"episode/return_last10"} else report.curve_metric
@@ -835,6 +874,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar=("CELL_A", "CELL_B"),
         help="probability of improvement P(A > B) (default: best vs worst cell by IQM)",
     )
+    parser.add_argument(
+        "--curves",
+        nargs="+",
+        default=[],
+        metavar="METRIC",
+        help="instruments to draw against env steps, a panel per cell, a line per member (srank/q.1 dormant/q.0 ...)",
+    )
     parser.add_argument("--reps", type=int, default=2000, help="bootstrap resamples (default 2000)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     parser.add_argument(
@@ -859,7 +905,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit code (2 on bad input, with one line on stderr)."""
     args = parse_args(argv)
     try:
-        report = build_report(args.dir, args.rows, args.cols, args.compare, args.reps, args.seed)
+        report = build_report(args.dir, args.rows, args.cols, args.compare, args.reps, args.seed, args.curves)
     except ReportError as err:
         print(f"report: error: {err}", file=sys.stderr)
         return 2

@@ -181,6 +181,15 @@ def render_html(report: Report) -> str:
     else:
         parts.append("<p>No metrics.jsonl to draw.</p>")
 
+    curves = [k for k in figures if k.startswith("curve/")]
+    if curves:
+        parts.append("<h2>Instrument curves</h2>")
+        parts.append(
+            '<p class="note">Each metric named with <code>--curves</code> against env steps, one line per '
+            "member; red: diverged. Names: docs/instruments.md.</p>"
+            + "".join(f"<h3>{escape(k[len('curve/') :])}</h3>" + _image(figures[k], k) for k in curves)
+        )
+
     parts.append("<h2>Divergence causes and places</h2>")
     diverging = [s for s in report.cells if s.diverged]
     if diverging:

@@ -23,7 +23,7 @@ from rliable import library, metrics
 from scipy.stats import trim_mean
 from test_cli import cli_env, read_wandb_records, read_wandb_run
 
-from rlexp.report import build_report, iqm_fast, performance_profiles, poi_fast, write_outputs
+from rlexp.report import build_report, instrument_panels, iqm_fast, performance_profiles, poi_fast, write_outputs
 from rlexp.report_html import render_html
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -229,7 +229,8 @@ def write_job(
     for m in members:
         (job / f"seed_{m['member']}").mkdir()
         lines = [
-            json.dumps({"step": s, "episode/return_last10": m["final_return"] * s / 1000}) for s in (250, 500, 1000)
+            json.dumps({"step": s, "episode/return_last10": m["final_return"] * s / 1000, "srank/q.1": s + m["member"]})
+            for s in (250, 500, 1000)
         ]
         (job / f"seed_{m['member']}" / "metrics.jsonl").write_text("\n".join(lines) + "\n")
 
@@ -330,8 +331,25 @@ def test_eval_return_is_the_score_when_the_jobs_evaluated(synthetic, tmp_path):
     assert "Score: <b>final return</b>" in render_html(plain)
 
 
+def test_instrument_curves_draw_each_members_records_per_cell(synthetic, tmp_path):
+    root = tmp_path / "sweep"
+    shutil.copytree(synthetic, root)
+    report = build_report(root, reps=50, curves=["srank/q.1"])
+    path = report.figures["curve/srank/q.1"]
+    assert path == root / "curve_srank_q.1.png" and path.stat().st_size > 1000
+    panels = instrument_panels(report, ["srank/q.1"])["srank/q.1"]
+    assert [title for title, _ in panels] == [s.cell for s in report.cells]
+    relu_he = dict(panels)["activation=relu,init=he"]  # job 0: 8 members, written as step + member
+    assert len(relu_he) == 8
+    for k, (steps, values, diverged, _) in enumerate(relu_he):
+        assert steps.tolist() == [250, 500, 1000] and values.tolist() == [250 + k, 500 + k, 1000 + k] and not diverged
+    assert [d for _, _, d, _ in dict(panels)["activation=tanh,init=he"]] == [k in (0, 3) for k in range(8)]
+    html = render_html(report)
+    assert "<h2>Instrument curves</h2>" in html and "<h3>srank/q.1</h3>" in html
+
+
 # ---------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("case", ["missing", "empty", "rows", "compare", "reps"])
+@pytest.mark.parametrize("case", ["missing", "empty", "rows", "compare", "reps", "curves"])
 def test_bad_input_one_line_exit_2(case, synthetic, tmp_path):
     (tmp_path / "empty").mkdir()
     args, names = {
@@ -340,11 +358,14 @@ def test_bad_input_one_line_exit_2(case, synthetic, tmp_path):
         "rows": ([str(synthetic), "--rows", "normalization"], "--rows"),
         "compare": ([str(synthetic), "--compare", "activation=relu,init=he", "activation=elu"], "--compare"),
         "reps": ([str(synthetic), "--reps", "0"], "--reps"),
+        "curves": ([str(synthetic), "--curves", "srank/q.9"], "--curves"),
     }[case]
     done = report_cli([*args, "--wandb-mode", "disabled"], tmp_path)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and names in lines[0] and "Traceback" not in done.stderr, done.stderr
+    if case == "curves":
+        assert "did you mean srank/q.1?" in lines[0]
 
 
 # ---------------------------------------------------------------------- seen as a person sees it
