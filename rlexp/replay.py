@@ -37,6 +37,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlexp.config import Config, ConfigError
+from rlexp.diagnostics import resolve
 from rlexp.jobs import inspect_job
 from rlexp.recorder import Recorder
 from rlexp.run import Algorithm, RunContext
@@ -134,8 +135,9 @@ class ReplayRecorder(Recorder):
     ) -> None:
         diverged_at = int(self.health.diverged_at[self.member])  # -1 while alive
         if self.instruments_file is not None and (diverged_at < 0 or diverged_at == step):  # up to the divergence
-            names = list(record)
-            values = torch.stack([record[n] for n in names])[:, self.member].tolist()  # one host read
+            computed = resolve(record)  # every update's record is written here, the deferred ranks too
+            names = list(computed)
+            values = torch.stack([computed[n] for n in names])[:, self.member].tolist()  # one host read
             line = {"step": step, "update": update}
             line.update({n: v if math.isfinite(v) else str(v) for n, v in zip(names, values)})  # strict JSON
             self.instruments_file.write(json.dumps(line) + "\n")
