@@ -1,15 +1,19 @@
 """Learning check: train a population of seeds and count the members that reach a return threshold.
 
     python scripts/learning_check.py                       # defaults: DQN CartPole 50k, 10 seeds
+    python scripts/learning_check.py --seed 10             # ... seeds 10-19
     python scripts/learning_check.py --preset cleanrl_dqn  # CleanRL's settings, 500k steps
+    python scripts/learning_check.py --preset zoo_dqn      # rl-baselines3-zoo's settings, 50k steps
     python scripts/learning_check.py --preset cleanrl_ppo  # PPO, CleanRL's settings, 100k steps
     python scripts/learning_check.py --preset td3_pendulum # TD3 on Pendulum-v1, 20k steps, >= -250
     python scripts/learning_check.py --overrides activation=tanh init=he
 
-Two criteria, both reported: "reach" — the mean return of the member's last 10 episodes is
->= --threshold at some log step within the budget (the first such step is printed); "final" — it is
->= --threshold at the end. --criterion picks the one that decides the exit code (1 when fewer than
---min-pass members pass). Results go to <run dir>/learning_check.json.
+Three criteria, all reported: "reach" — the mean return of the member's last 10 training episodes
+is >= --threshold at some log step within the budget (the first such step is printed); "final" — it
+is >= --threshold at the end; "eval" — the member's final evaluation (eval_return: the mean of
+eval.episodes greedy episodes on evaluation's own environments, at the end of the run) is >=
+--threshold. --criterion picks the one that decides the exit code (1 when fewer than --min-pass
+members pass). Results go to <run dir>/learning_check.json.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PRESETS = {  # name -> (overrides, deciding criterion, threshold)
     "default": ([], "reach", 475.0),
     "cleanrl_dqn": (["+experiment=cleanrl_dqn"], "final", 475.0),
+    "zoo_dqn": (["+experiment=zoo_dqn"], "eval", 475.0),
     "cleanrl_ppo": (["+experiment=cleanrl_ppo"], "reach", 475.0),
     "zoo_ppo": (["+experiment=zoo_ppo"], "reach", 475.0),
     "td3_pendulum": (["+experiment=td3_pendulum"], "final", -250.0),
@@ -45,10 +50,11 @@ def first_reach(metrics_file: Path, threshold: float) -> int | None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
-    parser.add_argument("--seeds", type=int, default=10, help="population size (seeds 0..N-1)")
+    parser.add_argument("--seeds", type=int, default=10, help="population size (seeds S..S+N-1)")
+    parser.add_argument("--seed", type=int, default=0, help="the first seed S")
     parser.add_argument("--threshold", type=float, help="return a member must reach (default: the preset's)")
     parser.add_argument("--min-pass", type=int, default=8, help="members that must pass")
-    parser.add_argument("--criterion", choices=["reach", "final"], help="default: the preset's")
+    parser.add_argument("--criterion", choices=["reach", "final", "eval"], help="default: the preset's")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "learning_check")
     parser.add_argument("--overrides", nargs="*", default=[], help="extra Hydra overrides")
     args = parser.parse_args()
@@ -64,6 +70,7 @@ def main() -> int:
         *overrides,
         *args.overrides,
         f"num_seeds={args.seeds}",
+        f"seed={args.seed}",
         "logger.mode=disabled",
         f"hydra.run.dir={run_dir}",
     ]
@@ -74,19 +81,24 @@ def main() -> int:
 
     job = json.loads((run_dir / "summary.json").read_text())
     returns = [m["final_return"] for m in job["members"]]
+    evals = [m.get("eval_return") for m in job["members"]]
     reached = [first_reach(run_dir / f"seed_{m['member']}" / "metrics.jsonl", args.threshold) for m in job["members"]]
     passed_final = sum(r is not None and r >= args.threshold for r in returns)
     passed_reach = sum(s is not None for s in reached)
+    passed_eval = sum(r is not None and r >= args.threshold for r in evals)
     result = {
         "preset": args.preset,
         "overrides": args.overrides,
         "seeds": args.seeds,
+        "seed": args.seed,
         "threshold": args.threshold,
         "criterion": criterion,
         "passed_reach": passed_reach,
         "passed_final": passed_final,
+        "passed_eval": passed_eval,
         "first_reach_step": reached,
         "final_returns": returns,
+        "eval_returns": evals,
         "wall_s": round(wall, 1),
         "command": " ".join(command[1:]),
     }
@@ -97,8 +109,9 @@ def main() -> int:
         f"(first at steps: {fmt(reached)})"
     )
     print(f"final: {passed_final}/{args.seeds} members end >= {args.threshold} (final returns: {fmt(returns)})")
+    print(f"eval: {passed_eval}/{args.seeds} members' last evaluation >= {args.threshold} (returns: {fmt(evals)})")
     print(f"wall {wall:.0f} s; decided by {criterion}")
-    passed = passed_reach if criterion == "reach" else passed_final
+    passed = {"reach": passed_reach, "final": passed_final, "eval": passed_eval}[criterion]
     return 0 if passed >= args.min_pass else 1
 
 
