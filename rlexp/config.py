@@ -312,7 +312,7 @@ class AlgoConfig:
     exploration_fraction: float = knob(0.16, "dqn: fraction of total_steps of the linear epsilon decay")
     target_network: bool = knob(True, "dqn: false bootstraps from the online network")
     target_update: str = knob("hard", "dqn: hard | soft")
-    target_update_period: int = knob(16, "dqn: env steps between hard copies")
+    target_update_period: int = knob(100, "dqn: env steps between hard copies")
     double: bool = knob(False, "dqn: double Q-learning")
     loss: str = knob("mse", "dqn: mse | huber")
     huber_delta: float = knob(1.0, "dqn: the huber loss's delta")

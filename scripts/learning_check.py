@@ -59,7 +59,8 @@ def main() -> int:
     parser.add_argument("--overrides", nargs="*", default=[], help="extra Hydra overrides")
     args = parser.parse_args()
 
-    run_dir = args.out / f"{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = args.out / f"{args.preset}-seed{args.seed}-{stamp}-{os.getpid()}"  # one dir per invocation
     overrides, criterion, threshold = PRESETS[args.preset]
     criterion = args.criterion or criterion
     args.threshold = threshold if args.threshold is None else args.threshold
