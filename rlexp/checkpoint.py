@@ -35,7 +35,6 @@ from torch import nn
 
 from rlexp.buffer import ReplayBuffer
 from rlexp.config import ConfigError
-from rlexp.diagnostics import resolve
 from rlexp.envs import PopulationEnv
 from rlexp.grad import GradientPipeline
 from rlexp.interventions import Interventions
@@ -244,8 +243,8 @@ def _recorder_state(recorder: Recorder) -> dict[str, Any]:
         "injected": recorder._injected,
         "last_log_step": recorder._last_log_step,
     }
-    instruments = resolve(recorder._instruments)  # [P] each (the deferred ones computed: they are pure)
-    state.update({f"instruments/{name}": value for name, value in instruments.items()})
+    # [P] each, computed: a checkpoint follows the log record that resolved them
+    state.update({f"instruments/{name}": value for name, value in recorder._instruments.items()})
     return state
 
 

@@ -124,9 +124,9 @@ def shrink_perturb(
     counts: Counts,
 ) -> None:
     """theta <- shrink * theta + perturb * theta_fresh for each member's parameters."""
+    rows = torch.tensor(members)
     for p, f in zip(subject.net.parameters(), fresh.parameters()):
-        for k in members:
-            p[k] = cfg.shrink * p[k] + cfg.perturb * f[k]
+        p[rows] = cfg.shrink * p[rows] + cfg.perturb * f[rows]
 
 
 @torch.no_grad()
@@ -141,7 +141,7 @@ def reset(
 ) -> None:
     """The last ``layers`` linear layers (and their norms) of each member, and its target copies',
     become the fresh draw's; their optimizer state a fresh optimizer's."""
-    net = subject.net
+    net, rows = subject.net, torch.tensor(members)
     first = len(net.layers) - cfg.layers
     for copy in (net, *subject.targets):
         for i in range(first, len(net.layers)):
@@ -150,13 +150,12 @@ def reset(
                 modules.append((copy.norms[i], fresh.norms[i]))
             for module, fresh_module in modules:
                 for p, f in zip(module.parameters(), fresh_module.parameters()):
-                    for k in members:
-                        p[k] = f[k]
-                        if copy is net:
+                    p[rows] = f[rows]
+                    if copy is net:
+                        for k in members:
                             subject.pipeline.reset_state(p, k)
                 for b, f in zip(module.buffers(), fresh_module.buffers()):
-                    for k in members:
-                        b[k] = f[k]
+                    b[rows] = f[rows]
 
 
 @dataclass(frozen=True)

@@ -348,9 +348,9 @@ class Recorder:
         episodes = self.env.take_episodes()
         instruments: dict[str, list[float]] = {}
         if self._instruments:
-            record = resolve(self._instruments)  # the deferred instruments of the one record written
-            names = list(record)
-            rows = torch.stack([record[n] for n in names]).tolist()  # one host read
+            self._instruments = resolve(self._instruments)  # the deferred ones of the one record written
+            names = list(self._instruments)
+            rows = torch.stack([self._instruments[n] for n in names]).tolist()  # one host read
             instruments = dict(zip(names, rows))
         counts = {name: values.tolist() for name, values in self.counts.items()}
         for k, log in enumerate(self.logs):

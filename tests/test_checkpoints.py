@@ -31,19 +31,21 @@ from rlexp.config import ConfigError
 from rlexp.train import run_job
 
 QUIET = ["logger.mode=disabled", "logger.progress=off", "device=cpu", "threads=1", "checkpoint.replay=true"]
+DQN = [  # a small DQN with a checkpoint every 200 env steps
+    "total_steps=600",
+    "num_seeds=2",
+    "network.hidden=[16,16]",
+    "algo.learning_starts=200",
+    "algo.train_frequency=10",
+    "algo.batch_size=32",
+    "logger.log_every=100",
+    "checkpoint.every=200",
+]
+DQN_EVAL = [*DQN, "eval.every=200", "eval.episodes=3"]  # both members healthy, the final evaluation at 600
 RUNS = {  # (overrides, crash step, checkpoint step continued from)
     "dqn": (
         [
-            "total_steps=600",
-            "num_seeds=2",
-            "network.hidden=[16,16]",
-            "algo.learning_starts=200",
-            "algo.train_frequency=10",
-            "algo.batch_size=32",
-            "logger.log_every=100",
-            "eval.every=200",
-            "eval.episodes=3",
-            "checkpoint.every=200",
+            *DQN_EVAL,
             "debug.inject.what=param",  # member 1 diverges at step 350, before the checkpoint at 400
             "debug.inject.member=1",
             "debug.inject.step=350",
@@ -51,23 +53,8 @@ RUNS = {  # (overrides, crash step, checkpoint step continued from)
         550,
         400,
     ),
-    "dqn_shrink_perturb": (  # the interventions' fresh draws and counts continue too
-        [
-            "total_steps=600",
-            "num_seeds=2",
-            "network.hidden=[16,16]",
-            "algo.learning_starts=200",
-            "algo.train_frequency=10",
-            "algo.batch_size=32",
-            "logger.log_every=100",
-            "eval.episodes=0",
-            "checkpoint.every=200",
-            "intervention=shrink_perturb",
-            "intervention.every=8",
-        ],
-        550,
-        400,
-    ),
+    # the interventions' fresh draws and counts continue too
+    "dqn_shrink_perturb": ([*DQN, "eval.episodes=0", "intervention=shrink_perturb", "intervention.every=8"], 550, 400),
     "ppo": (
         [
             "algo=ppo",
@@ -171,7 +158,7 @@ def test_an_interrupted_job_resumed_from_its_checkpoint_ends_bitwise_as_the_unin
 
 
 def test_without_the_replay_a_resumed_dqn_refills_it_and_logs_to_a_new_wandb_run(tmp_path):
-    overrides = [*RUNS["dqn"][0][:10], "num_seeds=1", "checkpoint.replay=false", "logger.mode=offline"]
+    overrides = [*DQN_EVAL, "num_seeds=1", "checkpoint.replay=false", "logger.mode=offline"]
     crash(overrides, tmp_path, 450)
     run([*overrides, "resume=true"], tmp_path)
     records = metrics(tmp_path / "seed_0")
@@ -192,7 +179,7 @@ def test_without_the_replay_a_resumed_dqn_refills_it_and_logs_to_a_new_wandb_run
 
 # ====================================================================== a member's file alone
 def test_a_members_checkpoint_alone_evaluates_as_the_member_did_in_its_population(tmp_path):
-    overrides = RUNS["dqn"][0][:10]  # member 0 and 1 both healthy; the final evaluation is at step 600
+    overrides = DQN_EVAL
     summary = run(overrides, tmp_path)
     for k in range(2):
         paths = evaluate.member_files(tmp_path, k)
@@ -274,7 +261,7 @@ def history(records: list) -> dict[tuple[str, ...], object]:
 
 @pytest.mark.skipif(not VIDEO, reason="recording needs moviepy and pygame: pip install -e '.[video]'")
 def test_evaluate_records_a_video_and_logs_it_to_a_wandb_run_of_the_member(tmp_path, capsys):
-    run([*RUNS["dqn"][0][:10], "num_seeds=1", "logger.mode=offline"], tmp_path)
+    run([*DQN_EVAL, "num_seeds=1", "logger.mode=offline"], tmp_path)
     evaluate.main([str(tmp_path), "seed=0", "episodes=2", "video=true"])
     assert "seed_0 (seed 0) at step 600: return" in capsys.readouterr().out
     video = tmp_path / "seed_0" / "videos" / "eval_step600-episode-0.mp4"
