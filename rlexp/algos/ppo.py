@@ -306,8 +306,7 @@ def train(ctx: RunContext) -> None:
         rollout += 1
         if algo.anneal_lr:
             for pipe in (actor_pipe, critic_pipe):
-                for group in pipe.optimizer.param_groups:
-                    group["lr"] = lr * max(0.0, 1.0 - (rollout - 1) / num_updates)
+                pipe.scale_lr(max(0.0, 1.0 - (rollout - 1) / num_updates))  # each member's lr
             recorder.note(lr=lr * max(0.0, 1.0 - (rollout - 1) / num_updates))
         rewards, terminated, dones, valid = (
             torch.from_numpy(x).to(device)  # [T, P, E]

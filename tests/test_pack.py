@@ -1,0 +1,99 @@
+"""Packed training: cells trained as one population write what each cell's own job writes.
+
+Every cell here is trained twice, for real (CartPole, a tiny budget): alone through the job runner, and
+packed with other cells through ``rlexp.pack.run_pack``; each member's metrics.jsonl records (every
+training statistic, instrument, episode and evaluation figure; not the wall-clock ones) and summary must
+be the same, bit for bit, in both.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_cli import compose_config, read_jsonl
+
+from rlexp.algos import ALGOS
+from rlexp.config import ConfigError
+from rlexp.pack import Cell, pack_key, plan_packs, run_pack
+from rlexp.runner import run_population
+from rlexp.train import prepare
+
+BUDGET = ["total_steps=600", "algo.learning_starts=200", "logger.log_every=300", "logger.progress=off"]
+DQN = ["algo=dqn", "env=cartpole", "num_seeds=2", "algo.target_update_period=16", *BUDGET]
+CLOCKS = ("perf/steps_per_s",)  # wall-clock figures: the only ones that may differ
+MEMBER_CLOCKS = ("wall_s",)
+
+
+def member_keys(algo: str) -> tuple[str, ...]:
+    return ALGOS[algo].member_keys
+
+
+def cells_of(root: Path, base: list[str], variants: list[list[str]], mode: str = "disabled") -> list[Cell]:
+    return [
+        Cell(compose_config([*base, *v, f"logger.mode={mode}"]), root / str(i), ",".join(v) or "default")
+        for i, v in enumerate(variants)
+    ]
+
+
+def member_records(job_dir: Path, k: int) -> tuple[list[dict], dict]:
+    rows = [
+        {n: v for n, v in r.items() if n not in CLOCKS} for r in read_jsonl(job_dir / f"seed_{k}" / "metrics.jsonl")
+    ]
+    summary = json.loads((job_dir / f"seed_{k}" / "summary.json").read_text())
+    return rows, {n: v for n, v in summary.items() if n not in MEMBER_CLOCKS}
+
+
+def assert_packed_equals_alone(tmp_path: Path, base: list[str], variants: list[list[str]]) -> list[dict]:
+    """Train each variant alone and all of them packed; every member's records must be equal."""
+    alone = cells_of(tmp_path / "alone", base, variants)
+    packed = cells_of(tmp_path / "packed", base, variants)
+    for cell in alone:
+        run_population(cell.cfg, cell.out_dir, prepare, cell.name)
+    assert len(plan_packs(packed, member_keys, 64)) == 1  # one population
+    jobs = run_pack(packed, prepare)
+    for a, p, job in zip(alone, packed, jobs):
+        assert isinstance(job, dict), job
+        assert job["packed_with"] == len(variants)
+        for k in range(a.cfg.num_seeds):
+            rows_alone, summary_alone = member_records(a.out_dir, k)
+            rows_packed, summary_packed = member_records(p.out_dir, k)
+            assert rows_alone and rows_packed == rows_alone, (p.name, k)
+            assert summary_packed == summary_alone, (p.name, k)
+    return jobs
+
+
+def test_dqn_members_differing_in_every_per_member_key_train_in_a_pack_as_alone(tmp_path):
+    variants = [
+        [],
+        ["optimizer=rmsprop", "clipping=global_norm", "init=orthogonal", "algo.gamma=0.95"],
+        ["clipping=value", "init=he", "algo.tau=0.1", "algo.target_update=hard", "algo.target_update_period=48"],
+        ["regularization.l2=0.001", "algo.start_e=0.5", "algo.exploration_fraction=0.3", "optimizer.lr=0.01"],
+    ]
+    assert_packed_equals_alone(tmp_path, DQN, variants)
+
+
+def test_a_diverging_member_leaves_its_pack_mates_as_alone(tmp_path):
+    variants = [["clipping=global_norm"], ["optimizer=sgd", "optimizer.lr=1e30"], ["init=xavier"]]
+    jobs = assert_packed_equals_alone(tmp_path, DQN, variants)
+    assert [j["status"] for j in jobs] == ["ok", "diverged", "ok"]
+
+
+def test_pack_key_separates_shapes_and_loops_not_per_member_keys():
+    base = compose_config(DQN)
+    same = [["optimizer=rmsprop"], ["init=he", "clipping=agc"], ["seed=7", "num_seeds=3"], ["algo.gamma=0.9"]]
+    different = [["normalization=layer"], ["activation=tanh"], ["network.hidden=[32,32]"], ["total_steps=900"]]
+    key = pack_key(base, member_keys("dqn"))
+    assert all(pack_key(compose_config([*DQN, *v]), member_keys("dqn")) == key for v in same)
+    assert all(pack_key(compose_config([*DQN, *v]), member_keys("dqn")) != key for v in different)
+    # an algorithm without per-member keys packs only equal cells
+    assert pack_key(compose_config([*DQN, "init=he"]), ()) != pack_key(base, ())
+
+
+def test_plan_packs_bounds_members_and_refuses_below_one(tmp_path):
+    cells = cells_of(tmp_path, DQN, [["init=he"], ["init=xavier"], ["init=orthogonal"], ["activation=tanh"]])
+    packs = plan_packs(cells, member_keys, 4)
+    assert sorted(len(p) for p in packs) == [1, 1, 2]  # 3 relu cells of 2 members: 2 + 1; tanh alone
+    with pytest.raises(ConfigError, match="max_members"):
+        plan_packs(cells, member_keys, 0)
