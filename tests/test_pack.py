@@ -97,3 +97,40 @@ def test_plan_packs_bounds_members_and_refuses_below_one(tmp_path):
     assert sorted(len(p) for p in packs) == [1, 1, 2]  # 3 relu cells of 2 members: 2 + 1; tanh alone
     with pytest.raises(ConfigError, match="max_members"):
         plan_packs(cells, member_keys, 0)
+
+
+PPO = ["algo=ppo", "env=cartpole", "total_steps=512", "num_seeds=2", "network.hidden=[16,16]", "algo.num_steps=16"]
+PPO += ["logger.log_every=256", "logger.progress=off"]
+TD3 = ["algo=td3", "env=pendulum", "total_steps=300", "num_seeds=2", "network.hidden=[16,16]"]
+TD3 += ["algo.learning_starts=100", "algo.batch_size=32", "logger.log_every=150", "logger.progress=off"]
+GRID = [  # the stability grid's init x clipping x optimizer options
+    [f"init={i}", f"clipping={c}", f"optimizer={o}"]
+    for i in ("xavier", "he", "orthogonal")
+    for c in ("none", "global_norm")
+    for o in ("adam", "rmsprop")
+]
+
+
+@pytest.mark.parametrize(
+    "base,variants",
+    [
+        (
+            PPO,
+            [
+                [],
+                ["optimizer=rmsprop", "clipping=none", "init=orthogonal"],
+                ["optimizer.lr=0.01", "regularization.l2=0.01"],
+            ],
+        ),
+        (TD3, [[], ["optimizer=rmsprop", "clipping=global_norm", "init=he"]]),
+    ],
+    ids=["ppo", "td3"],
+)
+def test_actor_critic_members_train_in_a_pack_as_alone(tmp_path, base, variants):
+    assert_packed_equals_alone(tmp_path, base, variants)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("base", [DQN, PPO, TD3], ids=["dqn", "ppo", "td3"])
+def test_every_stability_grid_option_trains_in_a_pack_as_alone(tmp_path, base):
+    assert_packed_equals_alone(tmp_path, base, GRID)

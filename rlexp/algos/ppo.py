@@ -240,7 +240,7 @@ def train(ctx: RunContext) -> None:
     intervene = ctx.interventions(Subject("actor", actor.net, actor_pipe), Subject("critic", critic, critic_pipe))
     actor_names = parameter_names(actor.net, "actor") + (["actor.log_std"] if continuous else [])
     critic_names = parameter_names(critic, "critic")
-    lr = cfg.optimizer.lr
+    lr = cfg.optimizer.lr if ctx.shared("optimizer.lr") else ctx.member_array("optimizer.lr")  # float or [P, 1]
 
     T, E = algo.num_steps, num_envs
     shape = (T, members, E)
