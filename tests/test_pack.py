@@ -9,10 +9,12 @@ be the same, bit for bit, in both.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
-from test_cli import compose_config, read_jsonl
+from test_cli import compose_config, describe, message_lines, read_jsonl, run_cli
+from test_grid import CRASH, CRASHED, SMALL, check_crashed_job, check_finished_job, file_hashes, job_dirs, read_json
 
 from rlexp.algos import ALGOS
 from rlexp.config import ConfigError
@@ -134,3 +136,53 @@ def test_actor_critic_members_train_in_a_pack_as_alone(tmp_path, base, variants)
 @pytest.mark.parametrize("base", [DQN, PPO, TD3], ids=["dqn", "ppo", "td3"])
 def test_every_stability_grid_option_trains_in_a_pack_as_alone(tmp_path, base):
     assert_packed_equals_alone(tmp_path, base, GRID)
+
+
+# ====================================================================== the launcher, for real
+PACKED = ["hydra/launcher=rlexp_packed", "hydra.launcher.n_jobs=2"]
+
+
+@pytest.fixture(scope="module")
+def packed_grid(tmp_path_factory):
+    """The small grid's relu cells by init {he, xavier}, each as is and forced to crash at env step 400:
+    two packs of two cells (a crash's cells are a pack of their own: debug.* is not per member)."""
+    base = tmp_path_factory.mktemp("packed")
+    args = [*SMALL, *PACKED, "activation=relu", "clipping=none", "init=he,xavier", "logger.mode=offline"]
+    proc = run_cli([*args, "debug.crash_at_step=-1,400", f"hydra.sweep.dir={base / 'sweep'}"], base)
+    return proc, base / "sweep", args
+
+
+def test_packed_launcher_writes_every_job_dir_and_isolates_a_crashing_pack(packed_grid):
+    proc, sweep, _ = packed_grid
+    assert proc.returncode != 0, describe(proc)  # the crashed cells are failed jobs
+    assert "4 jobs in 2 packs" in proc.stdout + proc.stderr, describe(proc)
+    jobs = {d: read_json(d / "summary.json") for d in job_dirs(sweep)}
+    assert len(jobs) == 4 and all((d / ".hydra" / "config.yaml").is_file() for d in jobs)
+    fine = [d for d, j in jobs.items() if CRASH not in j["cell"]]
+    crashed = [d for d, j in jobs.items() if CRASH in j["cell"]]
+    assert sorted(check_finished_job(d, wandb=True)["choices"]["init"] for d in fine) == ["he", "xavier"]
+    assert sorted(check_crashed_job(d, CRASHED)["choices"]["init"] for d in crashed) == ["he", "xavier"]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(str(sweep))]
+    assert sorted(ln.split(":")[0] for ln in lines) == sorted(str(d) for d in jobs)  # one line per cell
+
+
+def test_packed_launcher_resume_skips_finished_cells_and_repacks_the_rest(packed_grid, tmp_path):
+    proc, sweep, args = packed_grid
+    copy = tmp_path / "sweep"
+    shutil.copytree(sweep, copy)
+    fine = sorted(d for d in job_dirs(copy) if CRASH not in read_json(d / "summary.json")["cell"])
+    kept = file_hashes(fine[0])
+    shutil.rmtree(fine[1] / "seed_1")  # an unfinished cell
+    again = run_cli([*args, "debug.crash_at_step=-1,400", "resume=true", f"hydra.sweep.dir={copy}"], tmp_path)
+    assert f"resume: {fine[0]} is finished" in again.stdout and file_hashes(fine[0]) == kept, describe(again)
+    assert "3 jobs in 2 packs" in again.stdout + again.stderr, describe(again)  # the finished cell is not packed
+    check_finished_job(fine[1], wandb=True)
+
+
+def test_packed_launcher_refuses_max_members_below_one(tmp_path):
+    proc = run_cli([*SMALL, *PACKED, "hydra.launcher.max_members=0", f"hydra.sweep.dir={tmp_path / 's'}"], tmp_path)
+    assert proc.returncode == 2, describe(proc)
+    assert message_lines(proc) == ["config error: hydra.launcher.max_members: 0 is below 1; give a value >= 1"], (
+        describe(proc)
+    )
+    assert not list((tmp_path / "s").glob("*/summary.json"))
