@@ -124,7 +124,7 @@ GRID = [  # the stability grid's init x clipping x optimizer options
                 ["optimizer.lr=0.01", "regularization.l2=0.01"],
             ],
         ),
-        (TD3, [[], ["optimizer=rmsprop", "clipping=global_norm", "init=he"]]),
+        pytest.param(TD3, [[], ["optimizer=rmsprop", "clipping=global_norm", "init=he"]], marks=pytest.mark.slow),
     ],
     ids=["ppo", "td3"],
 )
@@ -166,6 +166,7 @@ def test_packed_launcher_writes_every_job_dir_and_isolates_a_crashing_pack(packe
     assert sorted(ln.split(":")[0] for ln in lines) == sorted(str(d) for d in jobs)  # one line per cell
 
 
+@pytest.mark.slow
 def test_packed_launcher_resume_skips_finished_cells_and_repacks_the_rest(packed_grid, tmp_path):
     proc, sweep, args = packed_grid
     copy = tmp_path / "sweep"
