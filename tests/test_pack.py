@@ -121,10 +121,14 @@ GRID = [  # the stability grid's init x clipping x optimizer options
             [
                 [],
                 ["optimizer=rmsprop", "clipping=none", "init=orthogonal"],
-                ["optimizer.lr=0.01", "regularization.l2=0.01"],
+                ["optimizer.lr=0.01", "regularization.l2=0.01", "algo.gamma=0.9", "algo.gae_lambda=0.8"],
             ],
         ),
-        pytest.param(TD3, [[], ["optimizer=rmsprop", "clipping=global_norm", "init=he"]], marks=pytest.mark.slow),
+        pytest.param(
+            TD3,
+            [[], ["optimizer=rmsprop", "clipping=global_norm", "init=he"], ["algo.gamma=0.9", "algo.tau=0.05"]],
+            marks=pytest.mark.slow,
+        ),
     ],
     ids=["ppo", "td3"],
 )

@@ -24,12 +24,14 @@ class AlgoSpec:
 CONTEXT_KEYS = ("init", "clipping", "optimizer", "regularization.l1", "regularization.l2", "regularization.l2_init")
 DQN_KEYS = ("algo.gamma", "algo.tau", "algo.target_update_period", "algo.start_e", "algo.end_e")
 DQN_KEYS += ("algo.exploration_fraction",)
+PPO_KEYS = ("algo.gamma", "algo.gae_lambda")
+TD3_KEYS = ("algo.gamma", "algo.tau")
 
 
 ALGOS: dict[str, AlgoSpec] = {
     "dqn": AlgoSpec(dqn.train, DQNConfig, ("discrete",), CONTEXT_KEYS + DQN_KEYS),
-    "ppo": AlgoSpec(ppo.train, ActorCriticConfig, ("discrete", "continuous"), CONTEXT_KEYS),
-    "a2c": AlgoSpec(ppo.train, A2CConfig, ("discrete", "continuous"), CONTEXT_KEYS),
-    "ddpg": AlgoSpec(td3.train, DDPGConfig, ("continuous",), CONTEXT_KEYS),
-    "td3": AlgoSpec(td3.train, TD3Config, ("continuous",), CONTEXT_KEYS),
+    "ppo": AlgoSpec(ppo.train, ActorCriticConfig, ("discrete", "continuous"), CONTEXT_KEYS + PPO_KEYS),
+    "a2c": AlgoSpec(ppo.train, A2CConfig, ("discrete", "continuous"), CONTEXT_KEYS + PPO_KEYS),
+    "ddpg": AlgoSpec(td3.train, DDPGConfig, ("continuous",), CONTEXT_KEYS + TD3_KEYS),
+    "td3": AlgoSpec(td3.train, TD3Config, ("continuous",), CONTEXT_KEYS + TD3_KEYS),
 }
