@@ -246,7 +246,6 @@ class GradientPipeline:
             if rows is not self.flat:
                 rows.grad = self.flat_grad[a:b]
             self.optimizers.append((a, b, make_optimizer([rows], config)))
-            self.optimizers[-1][2].base_lr = config.lr
         self.optimizer = self.optimizers[0][2] if len(self.optimizers) == 1 else None  # None: per-member groups
         self.clippers = member_runs(clipping, members)  # (a, b, config)
         self.clipping = self.clippers[0][2]

@@ -84,6 +84,7 @@ class Recorder:
         self.divergence: dict[int, dict[str, Any]] = {}  # member -> {cause, where, detail}
         self._injected = False
         self._inject_obs = cfg.debug.inject.what == "obs"  # checked every env step: one bool
+        self._inject_rows = [cfg.debug.inject.member]  # the members poisoned (a pack: that member of each cell)
         self.logs: list[MemberLog] = []
         self.wandb: WandbRuns | None = None  # the members' W&B runs, opening in the background
         self.packed_wandb: list[WandbRuns] = []  # a pack's: one per cell (open_pack)
@@ -214,7 +215,7 @@ class Recorder:
     def check_observations(self, obs: np.ndarray, step: int) -> None:
         """Mark members whose observations [P, E, obs] are non-finite (debug.inject.what=obs poisons one)."""
         if self._inject_obs and self._inject_now("obs", step):
-            obs[self.cfg.debug.inject.member] = np.nan
+            obs[self._inject_rows] = np.nan
         if np.isfinite(obs).all():  # the common case, in one pass
             return
         finite = np.isfinite(obs.reshape(self.members, -1)).all(1)
@@ -229,12 +230,14 @@ class Recorder:
         """debug.inject.what=param: poison the member's first weight at the first update at/after the step."""
         if self._inject_now("param", step):
             with torch.no_grad():
-                net.layers[0].weight[self.cfg.debug.inject.member].view(-1)[0] = float("nan")
+                for member in self._inject_rows:
+                    net.layers[0].weight[member].view(-1)[0] = float("nan")
 
     def inject_grad(self, grads: list[torch.Tensor], step: int) -> None:
         """debug.inject.what=grad (a pipeline's after_backward hook): poison the member's first gradient."""
         if self._inject_now("grad", step):
-            grads[0][self.cfg.debug.inject.member].view(-1)[0] = float("nan")
+            for member in self._inject_rows:
+                grads[0][member].view(-1)[0] = float("nan")
 
     # ------------------------------------------------------------ divergence
     def _inject_now(self, what: str, step: int) -> bool:
@@ -359,6 +362,7 @@ class Recorder:
                 self.logs.append(MemberLog(run_dir, runs.open(run_dir, self.seeds[member], j)))
                 member += 1
             runs.opened_all()
+        self._inject_rows = [k for k in range(self.members) if self.local[k] == self.cfg.debug.inject.member]
 
     def _log(self, step: int) -> None:
         now = time.perf_counter()

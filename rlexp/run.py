@@ -107,7 +107,7 @@ class RunContext:
 
     def member_values(self, key: str) -> list[Any]:
         """Each member's value of the dotted config key (``"algo.gamma"``): [P] Python values."""
-        return member_values(self.member_cfgs, key)
+        return member_values(self.member_cfgs or [self.cfg] * self.members, key)
 
     def shared(self, *keys: str) -> bool:
         """True when every member has the same value of each key (the population's scalar path)."""

@@ -82,6 +82,12 @@ def test_a_diverging_member_leaves_its_pack_mates_as_alone(tmp_path):
     assert [j["status"] for j in jobs] == ["ok", "diverged", "ok"]
 
 
+def test_fault_injection_poisons_that_member_of_each_cell_in_a_pack(tmp_path):
+    inject = ["debug.inject.what=grad", "debug.inject.member=1", "debug.inject.step=350"]
+    jobs = assert_packed_equals_alone(tmp_path, [*DQN, *inject], [["optimizer=rmsprop"], ["init=he"]])
+    assert [j["counts"]["diverged"] for j in jobs] == [1, 1]
+
+
 def test_pack_key_separates_shapes_and_loops_not_per_member_keys():
     base = compose_config(DQN)
     same = [["optimizer=rmsprop"], ["init=he", "clipping=agc"], ["seed=7", "num_seeds=3"], ["algo.gamma=0.9"]]
