@@ -178,7 +178,8 @@ class RunContext:
     def interventions(self, *subjects: Subject) -> Interventions:
         """The configured intervention (``intervention.*``) over the networks the algorithm trains; the
         recorder logs its per-member counts. Call it once per update: ``intervene(updates, x, extra)``."""
-        interventions = Interventions(self.cfg.intervention, list(subjects), self.seeds, self.recorder.health)
+        cfg = self.cfg.intervention if self.shared("intervention") else self.member_values("intervention")
+        interventions = Interventions(cfg, list(subjects), self.seeds, self.recorder.health)
         self.recorder.counts = interventions.counts
         return interventions
 

@@ -88,6 +88,15 @@ def test_fault_injection_poisons_that_member_of_each_cell_in_a_pack(tmp_path):
     assert [j["counts"]["diverged"] for j in jobs] == [1, 1]
 
 
+def test_members_differing_in_intervention_numbers_train_in_a_pack_as_alone(tmp_path):
+    # shrink_perturb only: under redo and reset a member's last bits already depend on the population's
+    # size in a job of its own (num_seeds=2 vs 4), so packs of them match alone only to rounding
+    base = [*DQN, "intervention=shrink_perturb", "intervention.every=8"]
+    variants = [["intervention.shrink=0.5"], ["intervention.perturb=0.05", "optimizer=rmsprop"]]
+    jobs = assert_packed_equals_alone(tmp_path, base, variants)
+    assert all(m["status"] == "ok" for j in jobs for m in j["members"])
+
+
 def test_pack_key_separates_shapes_and_loops_not_per_member_keys():
     base = compose_config(DQN)
     same = [["optimizer=rmsprop"], ["init=he", "clipping=agc"], ["seed=7", "num_seeds=3"], ["algo.gamma=0.9"]]

@@ -22,6 +22,7 @@ class AlgoSpec:
 
 # every algorithm that builds its networks and pipelines through the context (rlexp.run)
 CONTEXT_KEYS = ("init", "clipping", "optimizer", "regularization.l1", "regularization.l2", "regularization.l2_init")
+CONTEXT_KEYS += ("intervention.tau", "intervention.shrink", "intervention.perturb", "intervention.layers")
 DQN_KEYS = ("algo.gamma", "algo.tau", "algo.target_update_period", "algo.start_e", "algo.end_e")
 DQN_KEYS += ("algo.exploration_fraction",)
 PPO_KEYS = ("algo.gamma", "algo.gae_lambda")
