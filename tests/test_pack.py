@@ -82,12 +82,14 @@ def test_a_diverging_member_leaves_its_pack_mates_as_alone(tmp_path):
     assert [j["status"] for j in jobs] == ["ok", "diverged", "ok"]
 
 
+@pytest.mark.slow
 def test_fault_injection_poisons_that_member_of_each_cell_in_a_pack(tmp_path):
     inject = ["debug.inject.what=grad", "debug.inject.member=1", "debug.inject.step=350"]
     jobs = assert_packed_equals_alone(tmp_path, [*DQN, *inject], [["optimizer=rmsprop"], ["init=he"]])
     assert [j["counts"]["diverged"] for j in jobs] == [1, 1]
 
 
+@pytest.mark.slow
 def test_members_differing_in_intervention_numbers_train_in_a_pack_as_alone(tmp_path):
     # shrink_perturb only: under redo and reset a member's last bits already depend on the population's
     # size in a job of its own (num_seeds=2 vs 4), so packs of them match alone only to rounding
