@@ -2,7 +2,7 @@
 
 A population's members share everything that fixes the networks' shapes and the loop (algorithm,
 environment, activation, normalization, sizes, steps); they may differ in their seed and in the
-per-member keys (init, clipping, optimizer, regularization, and each algorithm's ``MEMBER_KEYS``).
+per-member keys its algorithm declares (``AlgoSpec.member_keys``: init, clipping, optimizer, ...).
 A value given as one config stands for every member; a list gives one per member. Members whose
 values agree run as one group, so a population whose members are all equal computes exactly what
 it computed with one config.

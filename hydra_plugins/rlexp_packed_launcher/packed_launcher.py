@@ -10,7 +10,6 @@ pack crashed is a failed job (the multirun exits non-zero once every pack has ru
 
 from __future__ import annotations
 
-import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,8 +21,6 @@ from hydra.core.utils import JobReturn, JobStatus, configure_log, run_job, setup
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
-
-log = logging.getLogger(__name__)
 
 
 class PackedLauncher(Launcher):
