@@ -30,6 +30,7 @@ from rlexp.config import (
     require,
     require_choice,
 )
+from rlexp.members import member_runs, require_same
 from rlexp.optim import make_optimizer
 
 CAUSES = (
@@ -213,9 +214,9 @@ class GradientPipeline:
     def __init__(
         self,
         params: list[torch.Tensor],
-        optimizer: OptimizerConfig,
-        clipping: ClippingConfig,
-        regularization: RegularizationConfig,
+        optimizer: OptimizerConfig | list[OptimizerConfig],
+        clipping: ClippingConfig | list[ClippingConfig],
+        regularization: RegularizationConfig | list[RegularizationConfig],
         weights: list[torch.Tensor],
         health: Health,
     ) -> None:
@@ -237,15 +238,36 @@ class GradientPipeline:
         self.params = params
         self.grads = [p.grad for p in params]
         self._sizes = [p[0].numel() for p in params]
-        self.optimizer = make_optimizer([self.flat], optimizer)
-        self.clipping = clipping
-        self.clip = CLIPPERS[clipping.name]
-        self._clip_grads = [self.flat_grad] if clipping.name in FLAT_CLIPPERS else self.grads
+        # members differing in their optimizer or clipping: each run of equal members' configs steps
+        # (clips) its rows [a, b) of the buffers with its own rule and numbers; one run when all agree
+        self.optimizers = []  # (a, b, optimizer over flat[a:b])
+        for a, b, config in member_runs(optimizer, members):
+            rows = self.flat if (a, b) == (0, members) else self.flat[a:b]  # a view: member rows are contiguous
+            if rows is not self.flat:
+                rows.grad = self.flat_grad[a:b]
+            self.optimizers.append((a, b, make_optimizer([rows], config)))
+        self.optimizer = self.optimizers[0][2] if len(self.optimizers) == 1 else None  # None: per-member groups
+        self.clippers = member_runs(clipping, members)  # (a, b, config)
+        self.clipping = self.clippers[0][2]
+        self.clip = CLIPPERS[self.clipping.name]
+        self.clipped = any(c.name != "none" for _, _, c in self.clippers)
+        self._clip_grads = [self.flat_grad] if self.clipping.name in FLAT_CLIPPERS else self.grads
         self.health = health
-        self.l1, self.l2, self.l2_init = regularization.l1, regularization.l2, regularization.l2_init
-        self.penalized = weights if regularization.weights_only else params
+        runs = member_runs(regularization, members)
+        if len(runs) == 1:  # plain numbers
+            self.l1, self.l2, self.l2_init = runs[0][2].l1, runs[0][2].l2, runs[0][2].l2_init
+        else:  # per member [P]
+            regs = regularization if isinstance(regularization, list) else [regularization] * members
+            self.l1, self.l2, self.l2_init = (
+                torch.tensor([getattr(r, k) for r in regs], dtype=self.flat.dtype, device=self.flat.device)
+                for k in ("l1", "l2", "l2_init")
+            )
+        require_same(regularization, "weights_only", "regularization.weights_only")
+        strengths = (self.l1, self.l2, self.l2_init)
+        self._penalties = tuple(bool((w > 0).any()) if isinstance(w, torch.Tensor) else w > 0 for w in strengths)
+        self.penalized = weights if runs[0][2].weights_only else params
         # l2_init's w_0: the penalized tensors as the pipeline finds them (the network's initial values)
-        self.initial = [w.detach().clone() for w in self.penalized] if self.l2_init > 0 else []
+        self.initial = [w.detach().clone() for w in self.penalized] if self._penalties[2] else []
         # called with (grads, env_step) between backward and the processors (fault injection)
         self.after_backward: Callable[[list[torch.Tensor], int], None] | None = None
         self._on_cpu = not self.flat.is_cuda
@@ -254,11 +276,12 @@ class GradientPipeline:
         """Penalty per member: l1 * sum|w| + l2 * sum w^2 + l2_init * sum (w - w_0)^2 over the penalized
         tensors -> [P]."""
         total = torch.zeros((), device=self.flat.device)
-        if self.l1 > 0:
+        l1_on, l2_on, l2_init_on = self._penalties
+        if l1_on:
             total = total + self.l1 * torch.stack([w.abs().flatten(1).sum(1) for w in self.penalized]).sum(0)
-        if self.l2 > 0:
+        if l2_on:
             total = total + self.l2 * torch.stack([w.square().flatten(1).sum(1) for w in self.penalized]).sum(0)
-        if self.l2_init > 0:
+        if l2_init_on:
             moved = [(w - w0).square().flatten(1).sum(1) for w, w0 in zip(self.penalized, self.initial)]
             total = total + self.l2_init * torch.stack(moved).sum(0)
         return total
@@ -269,8 +292,25 @@ class GradientPipeline:
         rmsprop_tf's mean square 1); ``param`` is one of the pipeline's tensors, the other members'
         state is untouched."""
         offset, n = self._offsets[id(param)], param[0].numel()
-        for state, initial in self.optimizer.state():
-            state[:, offset : offset + n].view(param.shape)[member][index] = initial
+        for a, b, optimizer in self.optimizers:
+            if a <= member < b:
+                for state, initial in optimizer.state():
+                    state[:, offset : offset + n].view(b - a, *param.shape[1:])[member - a][index] = initial
+
+    def scale_lr(self, factor: float) -> None:
+        """Set every member's learning rate to its configured one times ``factor`` (a schedule)."""
+        for _, _, optimizer in self.optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = optimizer.base_lr * factor
+
+    def _clip_runs(self, norm: torch.Tensor) -> None:
+        """Clip each run of members [a, b) with its own rule and bounds, on views of its rows."""
+        for a, b, config in self.clippers:
+            clipper = CLIPPERS[config.name]
+            if config.name in FLAT_CLIPPERS:
+                clipper([p[a:b] for p in self.params], [self.flat_grad[a:b]], config, norm[a:b])
+            else:
+                clipper([p[a:b] for p in self.params], [g[a:b] for g in self.grads], config, None)
 
     def _params_finite(self) -> torch.Tensor:
         """[T, P] True where every element of the tensor is finite, per member."""
@@ -280,7 +320,7 @@ class GradientPipeline:
     @property
     def has_penalty(self) -> bool:
         """True when the loss gets a penalty (whose gradient comes from backward)."""
-        return self.l1 > 0 or self.l2 > 0 or self.l2_init > 0
+        return any(self._penalties)
 
     def step(
         self, loss: torch.Tensor, env_step: int, diagnose: bool = False, grads_written: bool = False
@@ -303,10 +343,13 @@ class GradientPipeline:
             loss.sum().backward()  # members are independent: d(sum)/d(loss_k) = 1 for each k
         if self.after_backward is not None:
             self.after_backward(grads, env_step)
-        clipped = self.clipping.name != "none"
+        clipped = self.clipped
         norm_pre = torch.linalg.vector_norm(flat_grad, dim=1, dtype=torch.float64)  # [P] each member's
         tensor_pre = tensor_norms(grads) if diagnose else None  # [T, P] per tensor, for the instruments
-        self.clip(self.params, self._clip_grads, self.clipping, norm_pre)
+        if len(self.clippers) == 1:
+            self.clip(self.params, self._clip_grads, self.clipping, norm_pre)
+        else:
+            self._clip_runs(norm_pre)
         norm_post = torch.linalg.vector_norm(flat_grad, dim=1, dtype=torch.float64) if clipped else norm_pre
         stats = UpdateStats(loss.detach(), norm_pre, norm_post)
         if diagnose:
@@ -316,7 +359,8 @@ class GradientPipeline:
         with torch.no_grad():
             before = self._before  # to restore frozen or failing members
             before.copy_(flat)
-            self.optimizer.step()
+            for _, _, optimizer in self.optimizers:
+                optimizer.step()
             if diagnose:
                 stats.tensor_param = tensor_norms(self.params)
                 stats.tensor_update = tensor_norms(list((flat - before).split(self._sizes, 1)))

@@ -107,8 +107,8 @@ def scheme_gain(cfg: InitConfig, activation: ActivationConfig) -> float:
 def init_linear(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    cfg: InitConfig,
-    gain: float,
+    cfg: InitConfig | list[InitConfig],
+    gain: float | list[float],
     generators: list[torch.Generator],
     last: bool = False,
 ) -> None:
@@ -116,10 +116,15 @@ def init_linear(
 
     ``gain`` is the hidden-layer gain (see scheme_gain); for the output layer (``last``) the
     config's last-layer settings apply: ``uniform`` draws weight and bias from U(+-last_layer_scale),
-    ``same`` uses the scheme with ``last_layer_gain`` if set.
+    ``same`` uses the scheme with ``last_layer_gain`` if set. ``cfg`` and ``gain`` may be lists, one
+    per member (a population whose members differ in their init).
     """
-    fill = INITIALIZERS[cfg.name].fill
+    members = len(generators)
+    cfgs = cfg if isinstance(cfg, list) else [cfg] * members
+    gains = gain if isinstance(gain, list) else [gain] * members
     for member, g in enumerate(generators):
+        cfg, gain = cfgs[member], gains[member]
+        fill = INITIALIZERS[cfg.name].fill
         w = torch.empty(weight.shape[1:], dtype=weight.dtype)  # [out, in], filled on the CPU
         if last and cfg.last_layer == "uniform":
             w.uniform_(-cfg.last_layer_scale, cfg.last_layer_scale, generator=g)

@@ -43,6 +43,7 @@ from rlexp.config import (
 )
 from rlexp.diagnostics import dormant_scores, hidden_outputs
 from rlexp.grad import GradientPipeline, Health
+from rlexp.members import require_same
 from rlexp.nets import PopMLP
 from rlexp.streams import member_generator
 
@@ -189,7 +190,27 @@ class Interventions:
     """The configured intervention over an algorithm's trained networks: call it once per update with
     the number of updates done and the update's inputs."""
 
-    def __init__(self, cfg: InterventionConfig, subjects: list[Subject], seeds: list[int], health: Health) -> None:
+    def __init__(
+        self,
+        cfg: InterventionConfig | list[InterventionConfig],
+        subjects: list[Subject],
+        seeds: list[int],
+        health: Health,
+    ) -> None:
+        """``cfg``: the intervention, or one per member (members may differ in its numbers: tau, shrink,
+        perturb, layers; never in the option or ``every``)."""
+        require_same(cfg, "name", "intervention.name")
+        require_same(cfg, "every", "intervention.every")
+        configs = cfg if isinstance(cfg, list) else [cfg]
+        # each distinct config and the members that have it (one group when they all agree)
+        self.groups: list[tuple[InterventionConfig, set[int]]] = []
+        for k, config in enumerate(configs):
+            group = next((g for c, g in self.groups if c == config), None)
+            if group is None:
+                self.groups.append((config, set()))
+                group = self.groups[-1][1]
+            group.add(k)
+        cfg = configs[0]
         self.cfg = cfg
         self.entry = INTERVENTIONS[cfg.name]
         self.subjects = subjects
@@ -212,7 +233,13 @@ class Interventions:
         for subject, generators in zip(self.subjects, self.generators):
             fresh = subject.net.fresh(generators)  # every member draws, intervened on or not
             inputs_extra = extra if subject.net.extra_in else None
-            self.entry.apply(subject, fresh, members, self.cfg, x, inputs_extra, self.counts)
+            if len(self.groups) == 1:
+                self.entry.apply(subject, fresh, members, self.cfg, x, inputs_extra, self.counts)
+                continue
+            for config, group in self.groups:  # members with numbers of their own: each group by its config
+                chosen = [k for k in members if k in group]
+                if chosen:
+                    self.entry.apply(subject, fresh, chosen, config, x, inputs_extra, self.counts)
         self.counts["intervention/count"][members] += 1
         return True
 

@@ -58,8 +58,14 @@ class PopLinear(Component):
         self.weight = nn.Parameter(torch.empty(members, n_out, n_in))
         self.bias = nn.Parameter(torch.zeros(members, n_out))
 
-    def reset_parameters(self, init: InitConfig, gain: float, generators: list[torch.Generator], last: bool) -> None:
-        """Fill weight and bias with ``init`` (see init_linear); ``last``: the output layer."""
+    def reset_parameters(
+        self,
+        init: InitConfig | list[InitConfig],
+        gain: float | list[float],
+        generators: list[torch.Generator],
+        last: bool,
+    ) -> None:
+        """Fill weight and bias with ``init`` (see init_linear; lists: one per member); ``last``: the output layer."""
         init_linear(self.weight, self.bias, init, gain, generators, last=last)
 
     def effective_weight(self) -> torch.Tensor:
@@ -201,7 +207,13 @@ class PopSpectralNormLinear(PopLinear):
         self.power_iterations = power_iterations
         self.register_buffer("u", F.normalize(torch.ones(members, n_out), dim=-1))  # [P, out]
 
-    def reset_parameters(self, init: InitConfig, gain: float, generators: list[torch.Generator], last: bool) -> None:
+    def reset_parameters(
+        self,
+        init: InitConfig | list[InitConfig],
+        gain: float | list[float],
+        generators: list[torch.Generator],
+        last: bool,
+    ) -> None:
         super().reset_parameters(init, gain, generators, last)
         self._power_iteration(self.INIT_ITERATIONS)
 
@@ -528,7 +540,7 @@ class PopMLP(nn.Module):
         network: NetworkConfig,
         activation: ActivationConfig,
         normalization: NormalizationConfig,
-        init: InitConfig,
+        init: InitConfig | list[InitConfig],  # or one per member
         generators: list[torch.Generator],
         extra_in: int = 0,
         extra_at: int = 0,
@@ -573,7 +585,7 @@ class PopMLP(nn.Module):
         if not self.analytic_backward:
             why = f"no written backward for {', '.join(missing)}" if missing else "residual or second input"
             log.debug(f"PopMLP: {why}: gradients by autograd")
-        gain = scheme_gain(init, activation)
+        gain = [scheme_gain(c, activation) for c in init] if isinstance(init, list) else scheme_gain(init, activation)
         for i, layer in enumerate(self.layers):
             layer.reset_parameters(init, gain, generators, last=i == hidden)
         # what built it, for a fresh draw of the same network (interventions)
@@ -715,17 +727,29 @@ def weight_parameters(module: nn.Module) -> list[torch.Tensor]:
 
 
 @torch.no_grad()
-def soft_update_(target: nn.Module, online: nn.Module, tau: float) -> None:
-    """EMA target update, in place: target <- (1 - tau) * target + tau * online (buffers copied)."""
-    torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)
+def soft_update_(target: nn.Module, online: nn.Module, tau: float | list[tuple[int, int, float]]) -> None:
+    """EMA target update, in place: target <- (1 - tau) * target + tau * online (buffers copied);
+    ``tau`` a float, or runs [(a, b, tau)] of members a..b-1 sharing one (``rlexp.members.member_runs``:
+    each run the same scalar lerp as a population of its own)."""
+    targets, onlines = list(target.parameters()), list(online.parameters())
+    if isinstance(tau, list):
+        for a, b, value in tau:
+            torch._foreach_lerp_([t[a:b] for t in targets], [o[a:b] for o in onlines], value)
+    else:
+        torch._foreach_lerp_(targets, onlines, tau)
     buffers = list(target.buffers())
     if buffers:
         torch._foreach_copy_(buffers, list(online.buffers()))
 
 
 @torch.no_grad()
-def hard_update_(target: nn.Module, online: nn.Module) -> None:
-    """Hard target update, in place: target <- online (parameters and buffers)."""
-    torch._foreach_copy_(
-        list(target.parameters()) + list(target.buffers()), list(online.parameters()) + list(online.buffers())
-    )
+def hard_update_(target: nn.Module, online: nn.Module, members: torch.Tensor | None = None) -> None:
+    """Hard target update, in place: target <- online (parameters and buffers); ``members`` (indices)
+    copies only those members' rows."""
+    targets = list(target.parameters()) + list(target.buffers())
+    onlines = list(online.parameters()) + list(online.buffers())
+    if members is None:
+        torch._foreach_copy_(targets, onlines)
+        return
+    for t, o in zip(targets, onlines):
+        t.index_copy_(0, members, o.index_select(0, members))

@@ -86,7 +86,8 @@ class RewardScaler:
     return of each environment (reset at episode ends) and var(G) its running variance per member
     (gymnasium's NormalizeReward)."""
 
-    def __init__(self, cfg: RewardNormConfig, members: int, num_envs: int, gamma: float) -> None:
+    def __init__(self, cfg: RewardNormConfig, members: int, num_envs: int, gamma: float | np.ndarray) -> None:
+        """``gamma``: the discount, or one per member ([P, 1])."""
         self.enabled = cfg.enabled
         self.clip = cfg.clip
         self.gamma = gamma

@@ -33,6 +33,7 @@ class OneGroup:
     def __init__(self, params: Iterable[torch.Tensor], **hyper: object) -> None:
         self.params = list(params)
         self.param_groups = [{"params": self.params, **hyper}]
+        self.base_lr = hyper.get("lr")  # the configured learning rate (a schedule scales it)
 
     def step(self) -> None:
         raise NotImplementedError

@@ -45,8 +45,18 @@ class Recorder:
         obs_norm: ObsNormalizer,
         reward_norm: RewardScaler,
         evaluator: Evaluator,
+        gamma: float | np.ndarray | None = None,
     ) -> None:
+        """``gamma``: the discount of divergence's value bound, one per member ([P, 1]) when the
+        members differ (default ``cfg.algo.gamma``)."""
         self.cfg = cfg
+        gamma = cfg.algo.gamma if gamma is None else gamma
+        if isinstance(gamma, np.ndarray):  # [P] float32 of the float64 1 - gamma, as the scalar path rounds it
+            self._q_denominator: float | torch.Tensor = torch.tensor(
+                np.maximum(1.0 - gamma[:, 0], 1e-12), dtype=torch.float32, device=device
+            )
+        else:
+            self._q_denominator = max(1.0 - gamma, 1e-12)
         self.env = env
         self.evaluator = evaluator
         self._policy: Policy | None = None  # the algorithm's deterministic policy (evaluate_with)
@@ -74,8 +84,11 @@ class Recorder:
         self.divergence: dict[int, dict[str, Any]] = {}  # member -> {cause, where, detail}
         self._injected = False
         self._inject_obs = cfg.debug.inject.what == "obs"  # checked every env step: one bool
+        self._inject_rows = [cfg.debug.inject.member]  # the members poisoned (a pack: that member of each cell)
         self.logs: list[MemberLog] = []
         self.wandb: WandbRuns | None = None  # the members' W&B runs, opening in the background
+        self.packed_wandb: list[WandbRuns] = []  # a pack's: one per cell (open_pack)
+        self.local = list(range(self.members))  # [P] member k's index in its job (its seed_<k> dir)
         self._wandb_unclosed: list[tuple[int, bool]] = []  # (member, failed): summary written, W&B run still open
         self._stopped = False  # close() was called with an error: the job stops
         self.member_done: list[bool] = [False] * self.members
@@ -122,7 +135,8 @@ class Recorder:
         self._policy = policy
 
     def note(self, **scalars: float) -> None:
-        """Remember the latest value of job-wide scalars (epsilon, lr) for the next log record."""
+        """Remember the latest value of scalars (epsilon, lr) for the next log record: a float for
+        every member, or a [P] / [P, 1] array of one per member."""
         self._notes.update(scalars)
 
     def diagnose(self, update: int) -> bool:
@@ -192,7 +206,7 @@ class Recorder:
         """
         self._instruments = record
         scale = torch.as_tensor(reward_scale, dtype=torch.float32, device=self.device)  # [P]
-        q_bound = self.cfg.divergence.q_bound_factor * scale / max(1.0 - self.cfg.algo.gamma, 1e-12)  # [P]
+        q_bound = self.cfg.divergence.q_bound_factor * scale / self._q_denominator  # [P]
         self._check_explosions(record, step, grad_norm, q_abs_max, q_bound, output_layer)
         every = self.cfg.diagnostics.histogram_every
         if histograms is not None and every > 0 and update % every == 0:
@@ -201,7 +215,7 @@ class Recorder:
     def check_observations(self, obs: np.ndarray, step: int) -> None:
         """Mark members whose observations [P, E, obs] are non-finite (debug.inject.what=obs poisons one)."""
         if self._inject_obs and self._inject_now("obs", step):
-            obs[self.cfg.debug.inject.member] = np.nan
+            obs[self._inject_rows] = np.nan
         if np.isfinite(obs).all():  # the common case, in one pass
             return
         finite = np.isfinite(obs.reshape(self.members, -1)).all(1)
@@ -216,12 +230,14 @@ class Recorder:
         """debug.inject.what=param: poison the member's first weight at the first update at/after the step."""
         if self._inject_now("param", step):
             with torch.no_grad():
-                net.layers[0].weight[self.cfg.debug.inject.member].view(-1)[0] = float("nan")
+                for member in self._inject_rows:
+                    net.layers[0].weight[member].view(-1)[0] = float("nan")
 
     def inject_grad(self, grads: list[torch.Tensor], step: int) -> None:
         """debug.inject.what=grad (a pipeline's after_backward hook): poison the member's first gradient."""
         if self._inject_now("grad", step):
-            grads[0][self.cfg.debug.inject.member].view(-1)[0] = float("nan")
+            for member in self._inject_rows:
+                grads[0][member].view(-1)[0] = float("nan")
 
     # ------------------------------------------------------------ divergence
     def _inject_now(self, what: str, step: int) -> bool:
@@ -330,6 +346,24 @@ class Recorder:
                 self.logs[-1].resend()
         self.wandb.opened_all()
 
+    def open_pack(self, cells: list[tuple[Path, str, list[str], dict[str, Any], int]]) -> None:
+        """``open`` for a pack of cells trained as one population (``rlexp.pack``): ``cells`` in member
+        order, each (its job dir, its cell name: the W&B group, tags, config, its member count); member j
+        of a cell writes ``<job dir>/seed_<j>`` and its own W&B run, exactly as the cell's own job would."""
+        self.start_time = self._last_log_time = time.perf_counter()
+        self.progress = ConsoleProgress(self.cfg.total_steps, self.cfg.logger.progress, f"pack of {len(cells)} cells")
+        member = 0
+        for out_dir, cell, tags, config, size in cells:
+            runs = WandbRuns(self.cfg.logger, out_dir, cell, tags, config)
+            self.packed_wandb.append(runs)
+            for j in range(size):
+                run_dir = out_dir / f"seed_{j}"
+                self.local[member] = j
+                self.logs.append(MemberLog(run_dir, runs.open(run_dir, self.seeds[member], j)))
+                member += 1
+            runs.opened_all()
+        self._inject_rows = [k for k in range(self.members) if self.local[k] == self.cfg.debug.inject.member]
+
     def _log(self, step: int) -> None:
         now = time.perf_counter()
         elapsed = now - self._last_log_time
@@ -357,7 +391,8 @@ class Recorder:
             if self.member_done[k]:
                 continue
             metrics: dict[str, Any] = {"perf/steps_per_s": sps, "train/updates": self._updates_total}
-            metrics.update({f"train/{n}": v for n, v in self._notes.items()})
+            for name, value in self._notes.items():  # a float, or an array of one per member
+                metrics[f"train/{name}"] = float(value.reshape(-1)[k]) if isinstance(value, np.ndarray) else value
             metrics.update({name: values[k] for name, values in train.items()})
             if episodes[k]:
                 metrics["episode/return"] = float(np.mean([r for r, _ in episodes[k]]))
@@ -398,7 +433,7 @@ class Recorder:
         summary: dict[str, Any] = {
             "status": status,
             "seed": self.seeds[k],
-            "member": k,
+            "member": self.local[k],
             "steps": step,
             "final_return": float(np.mean(returns)) if returns else None,
             "eval_return": self.eval_returns[k],
@@ -447,11 +482,11 @@ class Recorder:
     def close_wandb(self) -> None:
         """End the W&B side after ``close``: stop the thread that opens runs (a job that stopped
         never opens the runs still queued), then end every member's run still open."""
-        if self.wandb is not None:
-            self.wandb.stop(cancel=self._stopped)
+        for runs in [self.wandb] if self.wandb is not None else self.packed_wandb:
+            runs.stop(cancel=self._stopped)
         unclosed, self._wandb_unclosed = self._wandb_unclosed, []
         for k, failed in unclosed:
             try:
                 self.logs[k].close_wandb(self.member_summaries[k], failed)
             except Exception as err:  # one run's trouble never leaves the others open
-                print(f"W&B run of seed_{k} did not close ({type(err).__name__}: {err})", file=sys.stderr)
+                print(f"W&B run of {self.logs[k].dir} did not close ({type(err).__name__}: {err})", file=sys.stderr)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
@@ -63,30 +64,63 @@ def network_groups(
 class RunContext:
     """What an algorithm sees of a job: a population of ``members`` trained together."""
 
-    cfg: Config
+    cfg: Config  # the population's shared config (member 0's; its per-member keys: see member_cfgs)
     device: torch.device
-    seeds: list[int]  # member k's seed is seeds[k] = cfg.seed + k
+    seeds: list[int]  # member k's seed: cfg.seed + k, or its cell's seed + its index in a pack
     env: PopulationEnv  # P x E environments; numpy [P, E, ...] in and out, on the host
     streams: MemberStreams  # each member's uniform numbers (actions, sampling, shuffling)
     obs_norm: ObsNormalizer  # identity unless obs_norm is on
     reward_norm: RewardScaler  # identity unless reward_norm is on
     evaluator: Evaluator  # eval.*: evaluation's environments and random stream, never training's
     recorder: Recorder  # steps, statistics, divergence, instruments, evaluations, output files
+    member_cfgs: list[Config] = field(default_factory=list)  # [P] member k's config (cfg repeated by default)
     nets_made: int = field(default=0, init=False)  # each network built takes the next generator stream
     checkpoints: Checkpoints | None = field(default=None, init=False)  # set by the job runner (checkpoint.*)
 
     @classmethod
-    def create(cls, cfg: Config, device: torch.device) -> RunContext:
+    def create(
+        cls,
+        cfg: Config,
+        device: torch.device,
+        member_cfgs: list[Config] | None = None,
+        seeds: list[int] | None = None,
+    ) -> RunContext:
         """Seed torch's global generator, then build the population's environments, streams,
-        normalizers, evaluator and recorder from ``cfg``."""
-        seeds = [cfg.seed + k for k in range(cfg.num_seeds)]
+        normalizers, evaluator and recorder from ``cfg``.
+
+        ``member_cfgs`` and ``seeds`` (a pack of cells, ``rlexp.pack``): each member's config and seed;
+        they agree with ``cfg`` but for the per-member keys (``rlexp.members``). By default member k
+        has ``cfg`` and seed ``cfg.seed + k``, for ``cfg.num_seeds`` members.
+        """
+        seeds = [cfg.seed + k for k in range(cfg.num_seeds)] if seeds is None else seeds
+        member_cfgs = [cfg] * len(seeds) if member_cfgs is None else member_cfgs
         torch.manual_seed(cfg.seed)
         env = PopulationEnv(cfg.env, seeds)
+        gamma = member_values(member_cfgs, "algo.gamma")
+        gamma = gamma[0] if len(set(gamma)) == 1 else np.array(gamma)[:, None]  # float or [P, 1]
         obs_norm = ObsNormalizer(cfg.obs_norm, len(seeds), env.obs_dim)
-        reward_norm = RewardScaler(cfg.reward_norm, len(seeds), env.num_envs, cfg.algo.gamma)
+        reward_norm = RewardScaler(cfg.reward_norm, len(seeds), env.num_envs, gamma)
         evaluator = Evaluator(cfg, seeds, obs_norm)
-        recorder = Recorder(cfg, env, seeds, device, obs_norm, reward_norm, evaluator)
-        return cls(cfg, device, seeds, env, MemberStreams(seeds), obs_norm, reward_norm, evaluator, recorder)
+        recorder = Recorder(cfg, env, seeds, device, obs_norm, reward_norm, evaluator, gamma)
+        streams = MemberStreams(seeds)
+        return cls(cfg, device, seeds, env, streams, obs_norm, reward_norm, evaluator, recorder, member_cfgs)
+
+    def member_values(self, key: str) -> list[Any]:
+        """Each member's value of the dotted config key (``"algo.gamma"``): [P] Python values."""
+        return member_values(self.member_cfgs or [self.cfg] * self.members, key)
+
+    def shared(self, *keys: str) -> bool:
+        """True when every member has the same value of each key (the population's scalar path)."""
+        return all(len({repr(v) for v in self.member_values(k)}) == 1 for k in keys)
+
+    def member_tensor(self, key: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Each member's value of a numeric key as a [P] tensor on the device (a value computed in
+        float64 first, such as 1 - gamma, is best formed from ``member_values``)."""
+        return torch.tensor(self.member_values(key), dtype=dtype, device=self.device)
+
+    def member_array(self, key: str) -> np.ndarray:
+        """Each member's value of a numeric key as a float64 [P, 1] array (host arithmetic on [P, E])."""
+        return np.array(self.member_values(key), dtype=np.float64)[:, None]
 
     @property
     def members(self) -> int:
@@ -104,6 +138,8 @@ class RunContext:
         self.nets_made += 1
         generators = [member_generator(s, purpose) for s in self.seeds]
         activation, init, normalization, network = network_groups(self.cfg, role)
+        if not self.shared("init") or (role is not None and not self.shared(f"{role}.last_layer_gain")):
+            init = [network_groups(c, role)[1] for c in self.member_cfgs]  # one per member
         extra_at = self.cfg.critic.action_layer if role == "critic" else 0
         net = PopMLP(
             self.members,
@@ -126,10 +162,14 @@ class RunContext:
         """The gradient pipeline (the configured optimizer, clipping, penalties, divergence checks)
         for one network (or a ModuleList of networks trained by one loss, such as TD3's twin
         critics); ``pipeline.optimizer`` is its optimizer."""
-        cfg = self.cfg
+        cfg, members = self.cfg, self.member_cfgs
         params = [p for p in net.parameters() if p.requires_grad]
+        optimizer, clipping, regularization = cfg.optimizer, cfg.clipping, cfg.regularization
+        if not self.shared("optimizer", "clipping", "regularization"):  # one config per member
+            optimizer, clipping = [c.optimizer for c in members], [c.clipping for c in members]
+            regularization = [c.regularization for c in members]
         pipeline = GradientPipeline(
-            params, cfg.optimizer, cfg.clipping, cfg.regularization, weight_parameters(net), self.recorder.health
+            params, optimizer, clipping, regularization, weight_parameters(net), self.recorder.health
         )
         if cfg.debug.inject.what == "grad":
             pipeline.after_backward = self.recorder.inject_grad
@@ -138,7 +178,8 @@ class RunContext:
     def interventions(self, *subjects: Subject) -> Interventions:
         """The configured intervention (``intervention.*``) over the networks the algorithm trains; the
         recorder logs its per-member counts. Call it once per update: ``intervene(updates, x, extra)``."""
-        interventions = Interventions(self.cfg.intervention, list(subjects), self.seeds, self.recorder.health)
+        cfg = self.cfg.intervention if self.shared("intervention") else self.member_values("intervention")
+        interventions = Interventions(cfg, list(subjects), self.seeds, self.recorder.health)
         self.recorder.counts = interventions.counts
         return interventions
 
@@ -166,6 +207,17 @@ class RunContext:
         if checkpoints.policy_only:
             raise PolicyLoaded
         return restored
+
+
+def member_values(member_cfgs: list[Config], key: str) -> list[Any]:
+    """Each member config's value of the dotted key (``"algo.gamma"``, ``"optimizer"``)."""
+    values = []
+    for cfg in member_cfgs:
+        value: Any = cfg
+        for part in key.split("."):
+            value = getattr(value, part)
+        values.append(value)
+    return values
 
 
 class PolicyLoaded(Exception):  # noqa: N818 (a signal, not an error)

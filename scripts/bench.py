@@ -20,6 +20,12 @@ evaluation off (eval.episodes=0: the SB3 baselines do not evaluate; every sectio
                (explosion checks off in both, so both do the same work); loop wall time.
   startup      rlexp DQN, the default config, W&B offline (its default mode): from just before the
                process is launched to its first env step (2000 steps, learning_starts 1000).
+  packing      a 24-cell slice of the stability grid (activation relu, tanh x its 12 init x clipping x
+               optimizer cells, 8 seeds each; --pack-steps env steps per member) through
+               hydra/launcher=rlexp_joblib (24 populations of 8) and hydra/launcher=rlexp_packed (2 packs
+               of 96), both with n_jobs=2, whole-process wall time; then per-member throughput vs pack
+               size: one shape's 12 cells x s seeds as one pack (P = 12 s for each of --pack-populations
+               divisible by 12; P = 1 is one cell, one seed), env steps/s per member from the loop's time.
   ppo_vs_sb3   rlexp PPO (+experiment=cleanrl_ppo algo.anneal_lr=false) vs SB3 PPO with the same
                settings (4 DummyVecEnv envs x 128 steps, 4 epochs of 128-sample minibatches, clipped
                value loss, Adam eps 1e-5); whole-process wall time of both.
@@ -32,7 +38,8 @@ SB3 alike, so that both still learn and do the same work.
 Ratios (targets): dqn_speedup_vs_sb3 = sb3 / rlexp (>= 1.8); per_seed_throughput_p16_vs_p1 = the
 population's env steps/s at P=16 over P=1's, i.e. 16 x wall(P=1) / wall(P=16) (>= 4);
 diagnostics_overhead = default / off - 1 (<= 0.10); startup_to_first_step_s (<= 2.5 s);
-ppo_speedup_vs_sb3 = sb3 / rlexp (>= 1.5).
+ppo_speedup_vs_sb3 = sb3 / rlexp (>= 1.5); packed_grid_speedup = unpacked / packed (>= 2.5: the grid's
+75 minutes to 30).
 
 Besides each case, medians_s holds dqn_rlexp_loop and ppo_rlexp_loop (rlexp's loop-only wall time,
 from summary.json) and startup_process (the start-up runs, launch to exit). Peak RSS: the largest
@@ -61,7 +68,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("dqn_vs_sb3", "population", "diagnostics", "startup", "ppo_vs_sb3")
+SECTIONS = ("dqn_vs_sb3", "population", "diagnostics", "startup", "ppo_vs_sb3", "packing")
 SB3_SECTIONS = ("dqn_vs_sb3", "ppo_vs_sb3")
 SB3_FIX = 'pip install -e ".[bench]"'
 CLEANRL_LEARNING_STARTS = 10_000  # conf/experiment/cleanrl_dqn.yaml
@@ -73,7 +80,12 @@ TARGETS = {
     "diagnostics_overhead": ("<=", 0.10),
     "startup_to_first_step_s": ("<=", 2.5),
     "ppo_speedup_vs_sb3": (">=", 1.5),
+    "packed_grid_speedup": (">=", 2.5),
 }
+# the packing section's 24-cell slice of the stability grid: 2 network shapes x its 12 init x clipping x
+# optimizer cells, each a population of 8 seeds (the grid's own settings, a shorter budget)
+GRID_SLICE = ["activation=relu,tanh", "normalization=none"]
+GRID_SHAPE = ["activation=relu", "normalization=none"]  # one shape: the pack sizes' 12 cells
 
 
 # ------------------------------------------------------------------ the SB3 runners (child processes)
@@ -202,6 +214,26 @@ def sb3_run(algo: str, steps: int, seed: int, workdir: Path, learning_starts: in
     return Sample(process_s=wall, rss_mb=rss)
 
 
+def grid_command(overrides: list[str], sweep_dir: Path) -> list[str]:
+    """The command line of a stability-grid multirun (W&B off, evaluation off, no progress display)."""
+    common = ["logger.mode=disabled", "logger.progress=off", "eval.episodes=0", f"hydra.sweep.dir={sweep_dir}"]
+    return [sys.executable, "-m", "rlexp.train", "+experiment=stability_grid", *overrides, *common]
+
+
+def grid_run(overrides: list[str], workdir: Path) -> Sample:
+    """One stability-grid multirun in a fresh process; loop_s: the longest job's loop (summary wall_s)."""
+    sweep = Path(tempfile.mkdtemp(dir=workdir))
+    _, wall, rss = run_process(grid_command(overrides, sweep), {**os.environ, "WANDB_SILENT": "true"}, workdir)
+    loops = [json.loads(p.read_text())["wall_s"] for p in sweep.glob("*/summary.json")]
+    return Sample(process_s=wall, rss_mb=rss, loop_s=max(loops))
+
+
+def grid_budget(steps: int) -> list[str]:
+    """The grid's settings at ``steps`` env steps per member (learning_starts 1000, or steps // 5)."""
+    starts = scaled_learning_starts(steps, DEFAULT_LEARNING_STARTS)
+    return [f"total_steps={steps}", f"algo.learning_starts={starts}", f"algo.buffer_size={steps}"]
+
+
 # ------------------------------------------------------------------ the cases
 def scaled_learning_starts(steps: int, default: int) -> int:
     """``default`` when ``steps`` is at least 5x it, else steps // 5 (rlexp needs it < total_steps)."""
@@ -225,7 +257,14 @@ Case = tuple[str, Callable[[Sample], float], Callable[[int], Sample]]
 
 
 def build_cases(
-    sections: list[str], steps: int, ppo_steps: int, populations: list[int], threads: int, workdir: Path
+    sections: list[str],
+    steps: int,
+    ppo_steps: int,
+    populations: list[int],
+    threads: int,
+    workdir: Path,
+    pack_steps: int = 5000,
+    pack_populations: tuple[int, ...] = (),
 ) -> tuple[list[Case], dict[str, list[str]]]:
     """The cases of the chosen sections, in the order they alternate, and each case's command."""
     whole: Callable[[Sample], float] = lambda s: s.process_s  # noqa: E731
@@ -282,6 +321,27 @@ def build_cases(
     if "ppo_vs_sb3" in sections:
         add("ppo_rlexp", whole, lambda r: rlexp_run(ppo + [f"seed={r}"], workdir), rlexp_command(ppo, "disabled"))
         add("ppo_sb3", whole, lambda r: sb3_run("ppo", ppo_steps, r, workdir), sb3_command("ppo", ppo_steps, 0))
+    if "packing" in sections:
+        budget = grid_budget(pack_steps)
+        for launcher in ("unpacked", "packed"):
+            name = "rlexp_joblib" if launcher == "unpacked" else "rlexp_packed"
+            over = [*GRID_SLICE, *budget, f"hydra/launcher={name}", "hydra.launcher.n_jobs=2"]
+            add(
+                f"grid24_{launcher}",
+                whole,
+                lambda r, over=over: grid_run(over + [f"seed={r}"], workdir),
+                grid_command(over, Path("<sweep dir>")),
+            )
+        for p in pack_populations:
+            one = ["init=xavier", "clipping=none", "optimizer=adam"] if p == 1 else []  # P = 1: one cell
+            over = [*GRID_SHAPE, *one, *budget, f"num_seeds={max(1, p // 12)}", "hydra/launcher=rlexp_packed"]
+            over += ["hydra.launcher.n_jobs=1", f"hydra.launcher.max_members={p}"]
+            add(
+                f"pack_p{p}",
+                loop,
+                lambda r, over=over: grid_run(over + [f"seed={r}"], workdir),
+                grid_command(over, Path("<sweep dir>")),
+            )
     return cases, commands
 
 
@@ -300,6 +360,7 @@ def ratios_of(medians: dict[str, float]) -> dict[str, float | None]:
         "diagnostics_overhead": None if overhead is None else overhead - 1.0,
         "startup_to_first_step_s": medians.get("startup_to_first_step"),
         "ppo_speedup_vs_sb3": div("ppo_sb3", "ppo_rlexp"),
+        "packed_grid_speedup": div("grid24_unpacked", "grid24_packed"),
     }
 
 
@@ -402,6 +463,14 @@ def main() -> int:
         default=-1,
         help="the population section's torch threads (rlexp's threads=; default -1: by population size)",
     )
+    parser.add_argument("--pack-steps", type=int, help="packing: env steps per member (default 5000; 2000 --quick)")
+    parser.add_argument(
+        "--pack-populations",
+        type=int,
+        nargs="+",
+        default=[1, 12, 24, 96, 192],
+        help="packing: pack sizes P (1, or multiples of 12: one shape's 12 cells x P/12 seeds)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench.json")
     parser.add_argument("--sb3", choices=("dqn", "ppo"), help=argparse.SUPPRESS)  # internal: one SB3 run
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -428,12 +497,17 @@ def main() -> int:
     ppo_steps = args.ppo_steps or (10_000 if args.quick else 100_000)
     repeats = args.repeats or (1 if args.quick else 5)
     populations = args.populations or ([1, 16] if args.quick else [1, 4, 16, 64])
+    pack_steps = args.pack_steps or (2000 if args.quick else 5000)
+    if any(p != 1 and (p < 12 or p % 12) for p in args.pack_populations):
+        parser.error("--pack-populations: 1 or multiples of 12")
     if steps < 10 or ppo_steps < 512 or repeats < 1 or min(populations) < 1:
         parser.error("need --steps >= 10, --ppo-steps >= 512 (one PPO rollout), --repeats >= 1, populations >= 1")
 
     load_start = load()
     with tempfile.TemporaryDirectory() as tmp:
-        cases, commands = build_cases(sections, steps, ppo_steps, populations, args.threads, Path(tmp))
+        cases, commands = build_cases(
+            sections, steps, ppo_steps, populations, args.threads, Path(tmp), pack_steps, args.pack_populations
+        )
         samples: dict[str, list[float]] = {name: [] for name, _, _ in cases}
         extra: dict[str, list[float]] = {}  # rlexp's loop-only times; the start-up run's whole process
         rss: dict[str, list[float]] = {}
@@ -445,6 +519,8 @@ def main() -> int:
                     extra.setdefault(f"{name}_loop", []).append(sample.loop_s)
                 if name == "startup_to_first_step":
                     extra.setdefault("startup_process", []).append(sample.process_s)
+                if name in ("grid24_unpacked", "grid24_packed"):
+                    extra.setdefault(f"{name}_loop", []).append(sample.loop_s)
                 if name.startswith("population_p"):
                     rss.setdefault(name[len("population_p") :], []).append(sample.rss_mb)
                 print(f"[{r + 1}/{repeats}] {name}: {samples[name][-1]:.2f} s", flush=True)
@@ -460,6 +536,9 @@ def main() -> int:
         }
         for p in peak_rss
     }
+    pack_throughput = {
+        name[len("pack_p") :]: pack_steps / medians[name] for name in medians if name.startswith("pack_p")
+    }  # env steps/s per member
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": {
@@ -479,12 +558,15 @@ def main() -> int:
             "sections": sections,
             "quick": args.quick,
             "dqn_learning_starts": scaled_learning_starts(steps, CLEANRL_LEARNING_STARTS),
+            "pack_steps": pack_steps,
+            "pack_populations": args.pack_populations,
         },
         "commands": commands,
         "medians_s": medians,
         "samples_s": samples,
         "peak_rss_mb": peak_rss,
         "throughput": throughput,
+        "pack_per_member_steps_per_s": pack_throughput,
         "ratios": ratios,  # from the medians: what the verdicts judge
         "ratios_per_round_median": paired,  # each round's figure, then the median over rounds
         "targets": {name: {"op": op, "value": value} for name, (op, value) in TARGETS.items()},

@@ -142,6 +142,7 @@ def test_resume_does_not_change_the_cell():
     "preset, target, keys",
     [
         ("rlexp_joblib", "JoblibLauncher", {"n_jobs": -1, "prefer": "processes"}),
+        ("rlexp_packed", "PackedLauncher", {"n_jobs": -1, "max_members": 96}),
         ("rlexp_submitit_local", "LocalLauncher", {"timeout_min": 60}),
         ("rlexp_slurm", "SlurmLauncher", {"partition": None, "cpus_per_task": 2, "mem_gb": 4, "array_parallelism": 64}),
         pytest.param(

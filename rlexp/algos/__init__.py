@@ -15,12 +15,24 @@ class AlgoSpec:
     train: Algorithm  # train(ctx: RunContext) -> None
     schema: type[AlgoConfig]  # the algo group's structured config
     action_spaces: tuple[str, ...]  # "discrete" and/or "continuous"
+    # config keys whose values may differ between the members of one population (rlexp.members; a pack
+    # of cells differing only in these, rlexp.pack); () = none: cells are packed only when equal
+    member_keys: tuple[str, ...] = ()
+
+
+# every algorithm that builds its networks and pipelines through the context (rlexp.run)
+CONTEXT_KEYS = ("init", "clipping", "optimizer", "regularization.l1", "regularization.l2", "regularization.l2_init")
+CONTEXT_KEYS += ("intervention.tau", "intervention.shrink", "intervention.perturb", "intervention.layers")
+DQN_KEYS = ("algo.gamma", "algo.tau", "algo.target_update_period", "algo.start_e", "algo.end_e")
+DQN_KEYS += ("algo.exploration_fraction",)
+PPO_KEYS = ("algo.gamma", "algo.gae_lambda")
+TD3_KEYS = ("algo.gamma", "algo.tau")
 
 
 ALGOS: dict[str, AlgoSpec] = {
-    "dqn": AlgoSpec(dqn.train, DQNConfig, ("discrete",)),
-    "ppo": AlgoSpec(ppo.train, ActorCriticConfig, ("discrete", "continuous")),
-    "a2c": AlgoSpec(ppo.train, A2CConfig, ("discrete", "continuous")),
-    "ddpg": AlgoSpec(td3.train, DDPGConfig, ("continuous",)),
-    "td3": AlgoSpec(td3.train, TD3Config, ("continuous",)),
+    "dqn": AlgoSpec(dqn.train, DQNConfig, ("discrete",), CONTEXT_KEYS + DQN_KEYS),
+    "ppo": AlgoSpec(ppo.train, ActorCriticConfig, ("discrete", "continuous"), CONTEXT_KEYS + PPO_KEYS),
+    "a2c": AlgoSpec(ppo.train, A2CConfig, ("discrete", "continuous"), CONTEXT_KEYS + PPO_KEYS),
+    "ddpg": AlgoSpec(td3.train, DDPGConfig, ("continuous",), CONTEXT_KEYS + TD3_KEYS),
+    "td3": AlgoSpec(td3.train, TD3Config, ("continuous",), CONTEXT_KEYS + TD3_KEYS),
 }

@@ -38,6 +38,7 @@ from rlexp.diagnostics import (
 from rlexp.evaluation import Policy
 from rlexp.grad import UpdateStats
 from rlexp.interventions import Subject
+from rlexp.members import member_runs
 from rlexp.nets import PopMLP, hard_update_, soft_update_
 from rlexp.recorder import Located
 from rlexp.run import RunContext
@@ -47,6 +48,11 @@ def epsilon(step: int, algo: DQNConfig, total_steps: int) -> float:
     """Linear decay from start_e to end_e over exploration_fraction * total_steps env steps."""
     duration = algo.exploration_fraction * total_steps
     return algo.start_e + (algo.end_e - algo.start_e) * min(1.0, step / duration)
+
+
+def member_epsilon(step: int, start: np.ndarray, end: np.ndarray, fraction: np.ndarray, total_steps: int) -> np.ndarray:
+    """``epsilon`` for members with schedules of their own: [P, 1] float64 arrays in and out."""
+    return start + (end - start) * np.minimum(1.0, step / (fraction * total_steps))
 
 
 def evaluation_policy(
@@ -88,9 +94,15 @@ def td_loss_grad(td: torch.Tensor, algo: DQNConfig) -> torch.Tensor:
 
 
 def td_target(
-    q_net: PopMLP, target_net: PopMLP | None, batch: Batch, algo: DQNConfig, r_max: torch.Tensor
+    q_net: PopMLP,
+    target_net: PopMLP | None,
+    batch: Batch,
+    algo: DQNConfig,
+    r_max: torch.Tensor,
+    gamma: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The bootstrap target y [P, B], computed without gradient."""
+    """The bootstrap target y [P, B], computed without gradient; ``gamma`` [P, 1]: each member's
+    discount (default ``algo.gamma`` for all)."""
     with torch.no_grad():
         boot_net = target_net if target_net is not None else q_net
         if q_net.uses_batch_stats:
@@ -103,7 +115,7 @@ def td_target(
             next_value = next_q.max(-1).values  # [P, B]
         rewards = batch.rewards / r_max.unsqueeze(1) if algo.rescale_r else batch.rewards
         not_done = 1.0 - batch.terminated if algo.terminal_masking else 1.0
-        return rewards + algo.gamma * not_done * next_value
+        return rewards + (algo.gamma if gamma is None else gamma) * not_done * next_value
 
 
 def dqn_loss(
@@ -113,14 +125,15 @@ def dqn_loss(
     algo: DQNConfig,
     r_max: torch.Tensor,
     write_grads: bool = False,
+    gamma: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-member DQN loss [P] and per-member statistics (Q and TD error) for one batch.
 
     ``write_grads`` (networks with ``analytic_backward`` only): no autograd graph; the gradient of
     the loss's sum is written into the online network's ``.grad`` instead, bit for bit what
-    ``loss.sum().backward()`` would give.
+    ``loss.sum().backward()`` would give. ``gamma`` [P, 1]: per-member discounts (td_target).
     """
-    target = td_target(q_net, target_net, batch, algo, r_max)  # [P, B]
+    target = td_target(q_net, target_net, batch, algo, r_max, gamma)  # [P, B]
     taken = batch.actions.unsqueeze(-1)  # [P, B, 1]
     if q_net.uses_batch_stats:
         q_net.train()  # the loss's forward normalizes with batch statistics
@@ -154,12 +167,13 @@ def instruments(
     update: UpdateStats,
     names: list[str],
     diag: DiagnosticsConfig,
+    gamma: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per-member, per-layer instrument record ([P] each) after a diagnosed update."""
     q_all, stats = activity_instruments(q_net, "q", batch.obs, diag)  # [P, B, A]
     with torch.no_grad():
         q = q_all.gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)  # [P, B]
-        td = q - td_target(q_net, target_net, batch, algo, r_max)
+        td = q - td_target(q_net, target_net, batch, algo, r_max, gamma)
         stats.update(
             {
                 "q/mean": q.mean(1),
@@ -231,6 +245,13 @@ def train(ctx: RunContext) -> None:
     buffer = ReplayBuffer(members, algo.buffer_size, env.obs_dim, device)
     r_max = np.full(members, float(algo.r_max))  # [P] largest |r| seen so far, at least algo.r_max
     updates = 0
+    # per-member hyperparameters (members that differ in them; None: every member has algo's)
+    gamma = None if ctx.shared("algo.gamma") else ctx.member_tensor("algo.gamma").unsqueeze(1)  # [P, 1]
+    schedule = ("algo.start_e", "algo.end_e", "algo.exploration_fraction")
+    eps_schedule = None if ctx.shared(*schedule) else [ctx.member_array(k) for k in schedule]  # 3 x [P, 1]
+    tau = algo.tau if ctx.shared("algo.tau") else member_runs(ctx.member_values("algo.tau"), members)
+    periods = ctx.member_values("algo.target_update_period")
+    period = None if ctx.shared("algo.target_update_period") else np.array(periods)  # [P]
 
     obs = env.reset()  # [P, E, obs] numpy, on the host (raw; obs_norm applies when the network reads it)
     ctx.obs_norm.update(obs)
@@ -249,7 +270,10 @@ def train(ctx: RunContext) -> None:
         learn_from = learn_from if cfg.checkpoint.replay else prev_step + algo.learning_starts
     for step in recorder.steps():
         # act: epsilon-greedy, each member from its own stream (decided on the host, where the envs are)
-        eps = epsilon(step, algo, cfg.total_steps)
+        if eps_schedule is None:
+            eps = epsilon(step, algo, cfg.total_steps)
+        else:
+            eps = member_epsilon(step, *eps_schedule, cfg.total_steps)  # [P, 1]
         u = ctx.streams.uniform(2 * num_envs)  # [P, 2E]
         explore = u[:, :num_envs] < eps
         actions = (u[:, num_envs:] * n_actions).astype(np.int64)  # [P, E] the random actions
@@ -277,14 +301,14 @@ def train(ctx: RunContext) -> None:
                         batch, obs=ctx.obs_norm.tensor(batch.obs), next_obs=ctx.obs_norm.tensor(batch.next_obs)
                     )
                 recorder.inject_param(q_net, step)
-                loss, stats = dqn_loss(q_net, target_net, batch, algo, r_scale, write_grads=analytic)
+                loss, stats = dqn_loss(q_net, target_net, batch, algo, r_scale, analytic, gamma)
                 update = pipeline.step(loss, step, diagnose, grads_written=analytic)
                 recorder.record_update(update, stats)
                 recorder.locate_divergence(
                     update, partial(locate, q_net, target_net, batch, names=names, update=update)
                 )
                 if diagnose:
-                    record = instruments(q_net, target_net, batch, algo, r_scale, update, names, cfg.diagnostics)
+                    record = instruments(q_net, target_net, batch, algo, r_scale, update, names, cfg.diagnostics, gamma)
                     reward_scale = torch.ones_like(r_scale) if algo.rescale_r else r_scale  # [P]
                     recorder.record_instruments(
                         record,
@@ -298,12 +322,12 @@ def train(ctx: RunContext) -> None:
                     )
                 updates += 1
                 if target_net is not None and algo.target_update == "soft":
-                    soft_update_(target_net, q_net, algo.tau)
+                    soft_update_(target_net, q_net, tau)
                 intervene(updates, batch.obs)
-        if (
-            target_net is not None
-            and algo.target_update == "hard"
-            and step // algo.target_update_period > prev_step // algo.target_update_period
-        ):
-            hard_update_(target_net, q_net)
+        if target_net is not None and algo.target_update == "hard":
+            if period is None:
+                if step // algo.target_update_period > prev_step // algo.target_update_period:
+                    hard_update_(target_net, q_net)
+            elif (due := step // period > prev_step // period).any():  # [P] the members whose period ended
+                hard_update_(target_net, q_net, torch.from_numpy(np.flatnonzero(due)).to(device))
         prev_step = step

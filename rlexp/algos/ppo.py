@@ -121,12 +121,18 @@ def gae(
     next_values: torch.Tensor,
     terminated: torch.Tensor,
     dones: torch.Tensor,
-    gamma: float,
-    lam: float,
+    gamma: float | torch.Tensor,
+    lam: float | torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized advantage estimates and returns, all [T, P, E] (see the module docstring)."""
+    """Generalized advantage estimates and returns, all [T, P, E] (see the module docstring); ``gamma``
+    and ``lam`` floats, or float64 [P, 1] one per member (rounded to float32 as a float is)."""
+    gamma_lam = gamma * lam  # in float64 either way
+    if isinstance(gamma_lam, torch.Tensor):
+        gamma_lam = gamma_lam.float()
+    if isinstance(gamma, torch.Tensor):
+        gamma = gamma.float()
     deltas = rewards + gamma * (1.0 - terminated) * next_values - values  # every step at once
-    carry = gamma * lam * (1.0 - dones)  # what A_t+1 is weighted with in A_t
+    carry = gamma_lam * (1.0 - dones)  # what A_t+1 is weighted with in A_t
     advantages = torch.zeros_like(rewards)
     last = torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
@@ -240,7 +246,11 @@ def train(ctx: RunContext) -> None:
     intervene = ctx.interventions(Subject("actor", actor.net, actor_pipe), Subject("critic", critic, critic_pipe))
     actor_names = parameter_names(actor.net, "actor") + (["actor.log_std"] if continuous else [])
     critic_names = parameter_names(critic, "critic")
-    lr = cfg.optimizer.lr
+    lr = cfg.optimizer.lr if ctx.shared("optimizer.lr") else ctx.member_array("optimizer.lr")  # float or [P, 1]
+    gamma, gae_lambda = (  # floats, or float64 [P, 1] when the members differ
+        algo_value if ctx.shared(key) else ctx.member_tensor(key, torch.float64).unsqueeze(1)
+        for key, algo_value in (("algo.gamma", algo.gamma), ("algo.gae_lambda", algo.gae_lambda))
+    )
 
     T, E = algo.num_steps, num_envs
     shape = (T, members, E)
@@ -306,8 +316,7 @@ def train(ctx: RunContext) -> None:
         rollout += 1
         if algo.anneal_lr:
             for pipe in (actor_pipe, critic_pipe):
-                for group in pipe.optimizer.param_groups:
-                    group["lr"] = lr * max(0.0, 1.0 - (rollout - 1) / num_updates)
+                pipe.scale_lr(max(0.0, 1.0 - (rollout - 1) / num_updates))  # each member's lr
             recorder.note(lr=lr * max(0.0, 1.0 - (rollout - 1) / num_updates))
         rewards, terminated, dones, valid = (
             torch.from_numpy(x).to(device)  # [T, P, E]
@@ -316,7 +325,7 @@ def train(ctx: RunContext) -> None:
         with torch.no_grad():
             last_value = value_of(torch.from_numpy(ctx.obs_norm(obs)).to(device)).squeeze(-1)  # [P, E]
             next_values = torch.cat([values[1:], last_value.unsqueeze(0)])
-            advantages, returns = gae(rewards, values, next_values, terminated, dones, algo.gamma, algo.gae_lambda)
+            advantages, returns = gae(rewards, values, next_values, terminated, dones, gamma, gae_lambda)
 
         def flat(x: torch.Tensor) -> torch.Tensor:  # [T, P, E, ...] -> [P, T*E, ...]
             return x.transpose(0, 1).reshape(members, T * E, *x.shape[3:])

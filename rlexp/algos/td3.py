@@ -40,6 +40,7 @@ from rlexp.diagnostics import (
 from rlexp.evaluation import Policy
 from rlexp.grad import UpdateStats
 from rlexp.interventions import Subject
+from rlexp.members import member_runs
 from rlexp.nets import PopMLP, soft_update_
 from rlexp.recorder import Located
 from rlexp.run import RunContext
@@ -88,8 +89,10 @@ def td3_target(
     batch: Batch,
     algo: TD3Config,
     noise: torch.Tensor,
+    gamma: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The bootstrap target y [P, B] from standard normal ``noise`` [P, B, A] (no gradient)."""
+    """The bootstrap target y [P, B] from standard normal ``noise`` [P, B, A] (no gradient); ``gamma``
+    [P, 1]: each member's discount (default ``algo.gamma`` for all)."""
     with torch.no_grad():
         next_action = squash(actor_target(batch.next_obs))  # [P, B, A]
         if algo.target_noise > 0:
@@ -97,7 +100,7 @@ def td3_target(
             low, high = squash.center - squash.half_range, squash.center + squash.half_range
             next_action = torch.minimum(torch.maximum(next_action + smoothing * squash.half_range, low), high)
         next_q = torch.stack([c(batch.next_obs, next_action).squeeze(-1) for c in critic_targets]).amin(0)  # [P, B]
-        return batch.rewards + algo.gamma * (1.0 - batch.terminated) * next_q
+        return batch.rewards + (algo.gamma if gamma is None else gamma) * (1.0 - batch.terminated) * next_q
 
 
 def locate(
@@ -148,6 +151,9 @@ def train(ctx: RunContext) -> None:
     for net in (actor, critics, actor_target, critic_targets):
         net.eval()  # acting and targets use running statistics when a network has batch norm
     actor_pipe, critic_pipe = ctx.make_pipeline(actor), ctx.make_pipeline(critics)  # an optimizer each
+    # per-member discount and target rate (members that differ in them; else algo's for all)
+    gamma = None if ctx.shared("algo.gamma") else ctx.member_tensor("algo.gamma").unsqueeze(1)  # [P, 1]
+    tau = algo.tau if ctx.shared("algo.tau") else member_runs(ctx.member_values("algo.tau"), members)
     intervene = ctx.interventions(  # intervention.*, every few critic updates
         Subject("actor", actor, actor_pipe, (actor_target,)),
         *(Subject(p, c, critic_pipe, (t,)) for p, c, t in zip(["critic", "critic2"], critics, critic_targets)),
@@ -207,7 +213,7 @@ def train(ctx: RunContext) -> None:
             noise = normal(
                 ctx.streams.uniform(algo.batch_size * action_dim), (members, algo.batch_size, action_dim), device
             )
-            target = td3_target(actor_target, list(critic_targets), squash, batch, algo, noise)  # [P, B]
+            target = td3_target(actor_target, list(critic_targets), squash, batch, algo, noise, gamma)  # [P, B]
             critics.train()
             q_pred = [c(batch.obs, batch.actions).squeeze(-1) for c in critics]  # each [P, B]
             critics.eval()
@@ -231,8 +237,8 @@ def train(ctx: RunContext) -> None:
             recorder.locate_divergence(
                 actor_update, partial(locate, [actor], ["actor"], actor_names, batch.obs, None, actor_update)
             )
-            soft_update_(actor_target, actor, algo.tau)
-            soft_update_(critic_targets, critics, algo.tau)
+            soft_update_(actor_target, actor, tau)
+            soft_update_(critic_targets, critics, tau)
             q_detached = q_pred[0].detach()
             recorder.record_update(
                 {"actor_": actor_update, "critic_": critic_update},

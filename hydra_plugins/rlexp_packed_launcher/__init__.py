@@ -1,0 +1,1 @@
+"""rlexp's packing launcher for Hydra (``hydra/launcher=rlexp_packed``)."""

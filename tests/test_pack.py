@@ -1,0 +1,210 @@
+"""Packed training: cells trained as one population write what each cell's own job writes.
+
+Every cell here is trained twice, for real (CartPole, a tiny budget): alone through the job runner, and
+packed with other cells through ``rlexp.pack.run_pack``; each member's metrics.jsonl records (every
+training statistic, instrument, episode and evaluation figure; not the wall-clock ones) and summary must
+be the same, bit for bit, in both.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from test_cli import compose_config, describe, message_lines, read_jsonl, run_cli
+from test_grid import CRASH, CRASHED, SMALL, check_crashed_job, check_finished_job, file_hashes, job_dirs, read_json
+
+from rlexp.algos import ALGOS
+from rlexp.config import ConfigError
+from rlexp.pack import Cell, pack_key, plan_packs, run_pack
+from rlexp.runner import run_population
+from rlexp.train import prepare
+
+BUDGET = ["total_steps=600", "algo.learning_starts=200", "logger.log_every=300", "logger.progress=off"]
+DQN = ["algo=dqn", "env=cartpole", "num_seeds=2", "algo.target_update_period=16", *BUDGET]
+CLOCKS = ("perf/steps_per_s",)  # wall-clock figures: the only ones that may differ
+MEMBER_CLOCKS = ("wall_s",)
+
+
+def member_keys(algo: str) -> tuple[str, ...]:
+    return ALGOS[algo].member_keys
+
+
+def cells_of(root: Path, base: list[str], variants: list[list[str]], mode: str = "disabled") -> list[Cell]:
+    return [
+        Cell(compose_config([*base, *v, f"logger.mode={mode}"]), root / str(i), ",".join(v) or "default")
+        for i, v in enumerate(variants)
+    ]
+
+
+def member_records(job_dir: Path, k: int) -> tuple[list[dict], dict]:
+    rows = [
+        {n: v for n, v in r.items() if n not in CLOCKS} for r in read_jsonl(job_dir / f"seed_{k}" / "metrics.jsonl")
+    ]
+    summary = json.loads((job_dir / f"seed_{k}" / "summary.json").read_text())
+    return rows, {n: v for n, v in summary.items() if n not in MEMBER_CLOCKS}
+
+
+def assert_packed_equals_alone(tmp_path: Path, base: list[str], variants: list[list[str]]) -> list[dict]:
+    """Train each variant alone and all of them packed; every member's records must be equal."""
+    alone = cells_of(tmp_path / "alone", base, variants)
+    packed = cells_of(tmp_path / "packed", base, variants)
+    for cell in alone:
+        run_population(cell.cfg, cell.out_dir, prepare, cell.name)
+    assert len(plan_packs(packed, member_keys, 64)) == 1  # one population
+    jobs = run_pack(packed, prepare)
+    for a, p, job in zip(alone, packed, jobs):
+        assert isinstance(job, dict), job
+        assert job["packed_with"] == len(variants)
+        for k in range(a.cfg.num_seeds):
+            rows_alone, summary_alone = member_records(a.out_dir, k)
+            rows_packed, summary_packed = member_records(p.out_dir, k)
+            assert rows_alone and rows_packed == rows_alone, (p.name, k)
+            assert summary_packed == summary_alone, (p.name, k)
+    return jobs
+
+
+def test_dqn_members_differing_in_every_per_member_key_train_in_a_pack_as_alone(tmp_path):
+    variants = [
+        [],
+        ["optimizer=rmsprop", "clipping=global_norm", "init=orthogonal", "algo.gamma=0.95"],
+        ["clipping=value", "init=he", "algo.tau=0.1", "algo.target_update=hard", "algo.target_update_period=48"],
+        ["regularization.l2=0.001", "algo.start_e=0.5", "algo.exploration_fraction=0.3", "optimizer.lr=0.01"],
+    ]
+    assert_packed_equals_alone(tmp_path, DQN, variants)
+
+
+def test_a_diverging_member_leaves_its_pack_mates_as_alone(tmp_path):
+    variants = [["clipping=global_norm"], ["optimizer=sgd", "optimizer.lr=1e30"], ["init=xavier"]]
+    jobs = assert_packed_equals_alone(tmp_path, DQN, variants)
+    assert [j["status"] for j in jobs] == ["ok", "diverged", "ok"]
+
+
+@pytest.mark.slow
+def test_fault_injection_poisons_that_member_of_each_cell_in_a_pack(tmp_path):
+    inject = ["debug.inject.what=grad", "debug.inject.member=1", "debug.inject.step=350"]
+    jobs = assert_packed_equals_alone(tmp_path, [*DQN, *inject], [["optimizer=rmsprop"], ["init=he"]])
+    assert [j["counts"]["diverged"] for j in jobs] == [1, 1]
+
+
+@pytest.mark.slow
+def test_members_differing_in_intervention_numbers_train_in_a_pack_as_alone(tmp_path):
+    # shrink_perturb only: under redo and reset a member's last bits already depend on the population's
+    # size in a job of its own (num_seeds=2 vs 4), so packs of them match alone only to rounding
+    base = [*DQN, "intervention=shrink_perturb", "intervention.every=8"]
+    variants = [["intervention.shrink=0.5"], ["intervention.perturb=0.05", "optimizer=rmsprop"]]
+    jobs = assert_packed_equals_alone(tmp_path, base, variants)
+    assert all(m["status"] == "ok" for j in jobs for m in j["members"])
+
+
+def test_pack_key_separates_shapes_and_loops_not_per_member_keys():
+    base = compose_config(DQN)
+    same = [["optimizer=rmsprop"], ["init=he", "clipping=agc"], ["seed=7", "num_seeds=3"], ["algo.gamma=0.9"]]
+    different = [["normalization=layer"], ["activation=tanh"], ["network.hidden=[32,32]"], ["total_steps=900"]]
+    key = pack_key(base, member_keys("dqn"))
+    assert all(pack_key(compose_config([*DQN, *v]), member_keys("dqn")) == key for v in same)
+    assert all(pack_key(compose_config([*DQN, *v]), member_keys("dqn")) != key for v in different)
+    # an algorithm without per-member keys packs only equal cells
+    assert pack_key(compose_config([*DQN, "init=he"]), ()) != pack_key(base, ())
+
+
+def test_plan_packs_bounds_members_and_refuses_below_one(tmp_path):
+    cells = cells_of(tmp_path, DQN, [["init=he"], ["init=xavier"], ["init=orthogonal"], ["activation=tanh"]])
+    packs = plan_packs(cells, member_keys, 4)
+    assert sorted(len(p) for p in packs) == [1, 1, 2]  # 3 relu cells of 2 members: 2 + 1; tanh alone
+    with pytest.raises(ConfigError, match="max_members"):
+        plan_packs(cells, member_keys, 0)
+
+
+PPO = ["algo=ppo", "env=cartpole", "total_steps=512", "num_seeds=2", "network.hidden=[16,16]", "algo.num_steps=16"]
+PPO += ["logger.log_every=256", "logger.progress=off"]
+TD3 = ["algo=td3", "env=pendulum", "total_steps=300", "num_seeds=2", "network.hidden=[16,16]"]
+TD3 += ["algo.learning_starts=100", "algo.batch_size=32", "logger.log_every=150", "logger.progress=off"]
+GRID = [  # the stability grid's init x clipping x optimizer options
+    [f"init={i}", f"clipping={c}", f"optimizer={o}"]
+    for i in ("xavier", "he", "orthogonal")
+    for c in ("none", "global_norm")
+    for o in ("adam", "rmsprop")
+]
+
+
+@pytest.mark.parametrize(
+    "base,variants",
+    [
+        (
+            PPO,
+            [
+                [],
+                ["optimizer=rmsprop", "clipping=none", "init=orthogonal"],
+                ["optimizer.lr=0.01", "regularization.l2=0.01", "algo.gamma=0.9", "algo.gae_lambda=0.8"],
+            ],
+        ),
+        pytest.param(
+            TD3,
+            [[], ["optimizer=rmsprop", "clipping=global_norm", "init=he"], ["algo.gamma=0.9", "algo.tau=0.05"]],
+            marks=pytest.mark.slow,
+        ),
+    ],
+    ids=["ppo", "td3"],
+)
+def test_actor_critic_members_train_in_a_pack_as_alone(tmp_path, base, variants):
+    assert_packed_equals_alone(tmp_path, base, variants)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("base", [DQN, PPO, TD3], ids=["dqn", "ppo", "td3"])
+def test_every_stability_grid_option_trains_in_a_pack_as_alone(tmp_path, base):
+    assert_packed_equals_alone(tmp_path, base, GRID)
+
+
+# ====================================================================== the launcher, for real
+PACKED = ["hydra/launcher=rlexp_packed", "hydra.launcher.n_jobs=2"]
+
+
+@pytest.fixture(scope="module")
+def packed_grid(tmp_path_factory):
+    """The small grid's relu cells by init {he, xavier}, each as is and forced to crash at env step 400:
+    two packs of two cells (a crash's cells are a pack of their own: debug.* is not per member)."""
+    base = tmp_path_factory.mktemp("packed")
+    args = [*SMALL, *PACKED, "activation=relu", "clipping=none", "init=he,xavier", "logger.mode=offline"]
+    proc = run_cli([*args, "debug.crash_at_step=-1,400", f"hydra.sweep.dir={base / 'sweep'}"], base)
+    return proc, base / "sweep", args
+
+
+def test_packed_launcher_writes_every_job_dir_and_isolates_a_crashing_pack(packed_grid):
+    proc, sweep, _ = packed_grid
+    assert proc.returncode != 0, describe(proc)  # the crashed cells are failed jobs
+    assert "4 jobs in 2 packs" in proc.stdout + proc.stderr, describe(proc)
+    jobs = {d: read_json(d / "summary.json") for d in job_dirs(sweep)}
+    assert len(jobs) == 4 and all((d / ".hydra" / "config.yaml").is_file() for d in jobs)
+    fine = [d for d, j in jobs.items() if CRASH not in j["cell"]]
+    crashed = [d for d, j in jobs.items() if CRASH in j["cell"]]
+    assert sorted(check_finished_job(d, wandb=True)["choices"]["init"] for d in fine) == ["he", "xavier"]
+    assert sorted(check_crashed_job(d, CRASHED)["choices"]["init"] for d in crashed) == ["he", "xavier"]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(str(sweep))]
+    assert sorted(ln.split(":")[0] for ln in lines) == sorted(str(d) for d in jobs)  # one line per cell
+
+
+@pytest.mark.slow
+def test_packed_launcher_resume_skips_finished_cells_and_repacks_the_rest(packed_grid, tmp_path):
+    proc, sweep, args = packed_grid
+    copy = tmp_path / "sweep"
+    shutil.copytree(sweep, copy)
+    fine = sorted(d for d in job_dirs(copy) if CRASH not in read_json(d / "summary.json")["cell"])
+    kept = file_hashes(fine[0])
+    shutil.rmtree(fine[1] / "seed_1")  # an unfinished cell
+    again = run_cli([*args, "debug.crash_at_step=-1,400", "resume=true", f"hydra.sweep.dir={copy}"], tmp_path)
+    assert f"resume: {fine[0]} is finished" in again.stdout and file_hashes(fine[0]) == kept, describe(again)
+    assert "3 jobs in 2 packs" in again.stdout + again.stderr, describe(again)  # the finished cell is not packed
+    check_finished_job(fine[1], wandb=True)
+
+
+def test_packed_launcher_refuses_max_members_below_one(tmp_path):
+    proc = run_cli([*SMALL, *PACKED, "hydra.launcher.max_members=0", f"hydra.sweep.dir={tmp_path / 's'}"], tmp_path)
+    assert proc.returncode == 2, describe(proc)
+    assert message_lines(proc) == ["config error: hydra.launcher.max_members: 0 is below 1; give a value >= 1"], (
+        describe(proc)
+    )
+    assert not list((tmp_path / "s").glob("*/summary.json"))
