@@ -5,6 +5,7 @@ and the instruments before a divergence."""
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,7 @@ def plot_learning_curves(
             ax.plot(steps, values, lw=0.8, alpha=0.85, color=RED if diverged else BLUE)
             if diverged and len(steps):
                 ax.plot(steps[-1], values[-1], "x", color=RED, ms=6)
-        ax.set_title(title, fontsize=8)
+        ax.set_title(textwrap.fill(title, 50), fontsize=8)
         ax.grid(alpha=0.3)
     for ax in axes[-1]:
         ax.set_xlabel("env steps")
@@ -193,7 +194,7 @@ def plot_divergence_windows(
 ) -> None:
     """Per diverged member: an instrument over the last log steps before its divergence (red) against a
     healthy member of the same cell over the same steps (blue); the divergence step dashed."""
-    fig, axes = _grid(len(panels), width=4.2, height=2.8)
+    fig, axes = _grid(len(panels), width=4.6, height=3.4)
     for ax, (title, metric, diverged, healthy, step) in zip(axes.flat, panels):
         ax.plot(*diverged, color=RED, lw=1.2, marker=".", label="diverged")
         if healthy is not None:
@@ -205,7 +206,7 @@ def plot_divergence_windows(
             ax.set_yscale("log")
         elif len(values) and np.abs(values).max() > 0:
             ax.set_yscale("symlog", linthresh=max(1e-12, float(np.abs(values[values != 0]).min())))
-        ax.set_title(title, fontsize=7)
+        ax.set_title(textwrap.fill(title, 60), fontsize=7)
         ax.set_ylabel(metric, fontsize=8)
         ax.set_xlabel("env steps", fontsize=8)
         ax.grid(alpha=0.3)

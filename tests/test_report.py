@@ -427,6 +427,10 @@ def test_interval_estimates_poi_matrix_and_curves_match_direct_computations(synt
                 assert p[i, j] == pytest.approx(metrics.probability_of_improvement(scores[a], scores[b]))
                 assert (p[i, j] + p[j, i], low[i, j] + high[j, i]) == pytest.approx((1.0, 1.0))
     assert report.poi[0][:2] == (cells[0], cells[1])  # best against runner-up, not best against worst
+    np.random.seed(3)  # rliable's own stratified independent bootstrap of P(cell 0 > cell 1)
+    pair = [scores[cells[0]], scores[cells[1]]]
+    _, ci = library.get_interval_estimates({"p": pair}, lambda a, b: np.array([poi_fast(a, b)]), reps=100)
+    assert (low[0, 1], high[0, 1]) == pytest.approx((ci["p"][0, 0], ci["p"][1, 0]))
 
     curve = next(c for c in report.curves if c.cell == "activation=tanh,init=he")
     assert curve.steps == [250, 500, 1000] and curve.n == [8, 8, 8]
