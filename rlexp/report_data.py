@@ -138,3 +138,32 @@ class Report:
     def normalized(self) -> bool:
         """Whether the score statistics are normalized scores (several tasks)."""
         return len(self.tasks) > 1
+
+
+CELL_COLUMNS = [
+    "cell", "n_total", "n_ran", "n_scored", "diverged", "divergence_rate", "rate_ci_low", "rate_ci_high",
+    "iqm", "iqm_ci_low", "iqm_ci_high", "median", "median_ci_low", "median_ci_high", "mean", "mean_ci_low",
+    "mean_ci_high", "optimality_gap", "optimality_gap_ci_low", "optimality_gap_ci_high", "wandb_runs",
+]  # fmt: skip
+
+
+def cell_rows(report: Report) -> list[dict[str, Any]]:
+    """One row per cell (cells.csv, the W&B statistics table): counts, rates and the interval estimates."""
+    out = []
+    for s in report.cells:
+        row: dict[str, Any] = {
+            "cell": s.cell,
+            "n_total": s.total,
+            "n_ran": s.members,
+            "n_scored": s.scored,
+            "diverged": s.diverged,
+            "divergence_rate": s.divergence_rate,
+            "rate_ci_low": s.rate_ci[0],
+            "rate_ci_high": s.rate_ci[1],
+            "wandb_runs": " ".join(s.wandb_runs),
+        }
+        for name, (point, low, high) in s.estimates.items():
+            key = name.lower().replace(" ", "_")
+            row.update({key: point, f"{key}_ci_low": low, f"{key}_ci_high": high})
+        out.append(row)
+    return out

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlexp.report_data import Report
+from rlexp.report_data import CELL_COLUMNS, Report, cell_rows
 
 
 def resolve_mode(flag: str | None) -> str:
@@ -29,8 +29,6 @@ def charts(report: Report) -> dict[str, Any]:
     """The native charts: ``report/chart/iqm`` and ``report/chart/divergence_rate`` (bars per cell) and
     ``report/chart/curve/<task>/<metric>`` (per shown cell its IQM, CI low and CI high against env steps)."""
     import wandb
-
-    from rlexp.report import cell_rows
 
     out: dict[str, Any] = {}
     rows = [r for r in cell_rows(report) if r.get("iqm") is not None and math.isfinite(r["iqm"])]
@@ -62,8 +60,6 @@ def log_to_wandb(report: Report, mode: str, timeout: float) -> Path | None:
     if mode == "disabled":
         return None
     import wandb
-
-    from rlexp.report import CELL_COLUMNS, cell_rows
 
     wandb_dir = report.root / "report_wandb"
     wandb_dir.mkdir(exist_ok=True)

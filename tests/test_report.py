@@ -132,7 +132,7 @@ def test_grid_csv_one_row_per_member(damaged, damaged_report):
 
 
 def test_divergence_rate_and_iqm_per_cell_from_the_summaries(damaged, damaged_report):
-    report = build_report(damaged, reps=200)
+    report = build_report(damaged, reps=200, draw=False)
     by_cell = {s.cell: s for s in report.cells}
     for job in job_summaries(damaged):
         if job["status"] == "crashed":
@@ -175,7 +175,7 @@ def test_wandb_summary_run_read_back(damaged, damaged_report):
         r.run for r in read_wandb_records(next(runs[0].glob("run-*.wandb"))) if r.WhichOneof("record_type") == "run"
     )
     assert run.job_type == "report"
-    report = build_report(damaged, reps=500)
+    report = build_report(damaged, reps=500, draw=False)
     for stats in report.cells:
         assert wb["summary"][f"iqm/{stats.cell}"] == pytest.approx(stats.iqm)
         assert wb["summary"][f"iqm_ci_low/{stats.cell}"] == pytest.approx(stats.ci[0])
@@ -281,7 +281,7 @@ def synthetic(tmp_path_factory) -> Path:
 
 
 def test_iqm_ci_profile_and_poi_match_rliable(synthetic):
-    report = build_report(synthetic, reps=300, seed=7)
+    report = build_report(synthetic, reps=300, seed=7, draw=False)
     by_cell = {s.cell: s for s in report.cells}
     a = by_cell["activation=relu,init=he"]  # optimizer follows init here: it names no cell of its own
     assert report.keys == ["activation", "init"] and report.varying == ["activation", "init", "optimizer"]
@@ -344,7 +344,7 @@ def test_eval_return_is_the_score_when_the_jobs_evaluated(synthetic, tmp_path):
     evals = [100.0, 200.0, 300.0, 400.0, 500.0, 600.0, 700.0, None]  # the last member never evaluated
     write_job(root, "0", {"activation": "relu"}, A, eval_returns=evals)
     write_job(root, "1", {"activation": "tanh"}, B, diverged=(0,), eval_returns=[1.0] * 8)
-    report = build_report(root, reps=50)
+    report = build_report(root, reps=50, draw=False)
     by_cell = {s.cell: s for s in report.cells}
     assert report.score_key == "eval_return"
     assert by_cell["activation=relu"].iqm == pytest.approx(trim_mean(evals[:7], 0.25))
@@ -355,7 +355,7 @@ def test_eval_return_is_the_score_when_the_jobs_evaluated(synthetic, tmp_path):
     assert "Score: <b>eval return</b>" in html and "median eval return" in html
     assert [r["eval_return"] for r in grid(root) if r["job"] == "0"] == [*(str(v) for v in evals[:7]), ""]
 
-    plain = build_report(synthetic, reps=50)
+    plain = build_report(synthetic, reps=50, draw=False)
     assert plain.score_key == "final_return"
     assert {s.cell: s.median_return for s in plain.cells}["activation=relu,init=he"] == np.median(A)
     assert "Score: <b>final return</b>" in render_html(plain)
