@@ -92,6 +92,7 @@ def damaged(multirun, tmp_path_factory) -> Path:
     with open(root / "0" / "seed_0" / "metrics.jsonl", "a") as f:
         f.write('{"step": 1000, "episode/return_last10": "nan", "train/loss": "inf"}\n{"step": 1200, "episode/ret')
     (root / "3" / "seed_2" / "summary.json").unlink()
+    (root / "0" / "seed_1" / "wandb" / "offline-run-20260101_000000-abc123").mkdir(parents=True)  # a member's run
     return root
 
 
@@ -190,6 +191,7 @@ def test_wandb_summary_run_read_back(damaged, damaged_report):
         assert row["divergence_rate"] == pytest.approx(stats.divergence_rate)
         assert (row["n_total"], row["n_ran"], row["n_scored"]) == (stats.total, stats.members, stats.scored)
     assert by_cell["activation=relu,debug.inject.what=none"]["n_total"] == 6  # job 4 crashed in this cell
+    assert by_cell["activation=relu,debug.inject.what=none"]["wandb_runs"] == "abc123"  # its members' W&B run ids
     panels = {  # native charts: W&B custom-chart panels in the run's config
         "/".join(item.nested_key[2:]): json.loads(item.value_json)["panel_config"]["panelDefId"]
         for r in read_wandb_records(next(runs[0].glob("run-*.wandb")))
