@@ -18,7 +18,7 @@ h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { margin-top: 1.6em; border-bo
 code { background: #f3f3f3; padding: 1px 4px; border-radius: 3px; }
 table { border-collapse: collapse; margin: 8px 0 16px; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; }
-th { background: #f0f3f7; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+th { background: #f0f3f7; } td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 .rule { background: #fff8e1; padding: 6px 10px; }
 tr.best td { background: #eaf7ea; } tr.worst td { background: #fbeaea; }
 .figures { display: flex; flex-wrap: wrap; gap: 16px; } img { max-width: 100%; border: 1px solid #eee; }
@@ -113,7 +113,7 @@ def render_html(report: Report) -> str:
         medians = [_num(s.median_by_task.get(t)) for t in per_task] or [_num(s.median_return)]
         rows.append(
             [
-                escape(s.cell),
+                escape(s.cell).replace(",", ",<wbr>"),
                 f"{s.members}/{s.total}",
                 f"{s.diverged}/{s.members}",
                 f"{_num(s.divergence_rate, '.2f')} [{_num(s.rate_ci[0], '.2f')}, {_num(s.rate_ci[1], '.2f')}]",

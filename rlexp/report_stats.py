@@ -122,11 +122,6 @@ def iqm_fast(scores: np.ndarray) -> float:
     return float(x[cut : x.size - cut].mean())
 
 
-def iqm(values: Sequence[float]) -> float:
-    """Interquartile mean (rliable's definition); NaN when empty."""
-    return iqm_fast(np.asarray(values, dtype=float)) if len(values) else float("nan")
-
-
 def aggregates(scores: np.ndarray, gamma: float) -> np.ndarray:
     """rliable's four aggregates of [..., runs, tasks] scores, in ESTIMATES' order (last axis): median
     (over tasks of the per-task mean), IQM, mean (of the per-task means), optimality gap at ``gamma``."""
