@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlexp.report_data import CELL_COLUMNS, Report, cell_rows
+from rlexp.report_data import CELL_COLUMNS, ESTIMATES, Report, cell_rows
 
 
 def resolve_mode(flag: str | None) -> str:
@@ -26,14 +26,17 @@ def _clean(value: Any) -> Any:
 
 
 def charts(report: Report) -> dict[str, Any]:
-    """The native charts: ``report/chart/iqm`` and ``report/chart/divergence_rate`` (bars per cell) and
+    """The native charts: ``report/chart/<estimate>`` (median, iqm, mean, optimality_gap) and
+    ``report/chart/divergence_rate`` (bars per cell) and
     ``report/chart/curve/<task>/<metric>`` (per shown cell its IQM, CI low and CI high against env steps)."""
     import wandb
 
     out: dict[str, Any] = {}
     rows = [r for r in cell_rows(report) if r.get("iqm") is not None and math.isfinite(r["iqm"])]
-    table = wandb.Table(columns=["cell", "iqm"], data=[[r["cell"], r["iqm"]] for r in rows])
-    out["report/chart/iqm"] = wandb.plot.bar(table, "cell", "iqm", title="IQM per cell")
+    for name in ESTIMATES:
+        key = name.lower().replace(" ", "_")
+        table = wandb.Table(columns=["cell", key], data=[[r["cell"], _clean(r[key])] for r in rows])
+        out[f"report/chart/{key}"] = wandb.plot.bar(table, "cell", key, title=f"{name} per cell")
     table = wandb.Table(
         columns=["cell", "divergence_rate"], data=[[s.cell, _clean(s.divergence_rate)] for s in report.cells]
     )

@@ -199,7 +199,8 @@ def test_wandb_summary_run_read_back(damaged, damaged_report):
         for item in r.config.update
         if list(item.nested_key[:2]) == ["_wandb", "visualize"]
     }
-    assert panels["report/chart/iqm"] == panels["report/chart/divergence_rate"] == "wandb/bar/v0"
+    for chart in ("median", "iqm", "mean", "optimality_gap", "divergence_rate"):
+        assert panels[f"report/chart/{chart}"] == "wandb/bar/v0"
     assert panels["report/chart/curve/CartPole-v1/eval/return"] == "wandb/lineseries/v0"
     images = {p.name.rsplit("_", 2)[0] for p in (media / "images" / "report").rglob("*.png")}
     assert {"heatmap_iqm", "interval_estimates", "aggregate_curves", "learning_curves"} <= images
