@@ -20,7 +20,7 @@ import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,34 @@ import yaml
 
 from rlexp.config import NON_CELL_KEYS
 from rlexp.loggers import WANDB_MODES
-from rlexp.report_data import SCORES, CellStats, Job, Report
+from rlexp.report_data import CELL_COLUMNS, DIVERGED_SCORES, SCORES, CellStats, Curve, Job, Report, cell_rows
 from rlexp.report_html import render_html
+from rlexp.report_plots import (
+    plot_aggregate_curves,
+    plot_divergence_windows,
+    plot_heatmap,
+    plot_interval_estimates,
+    plot_learning_curves,
+    plot_poi_matrix,
+    plot_profiles,
+)
+from rlexp.report_stats import (
+    add_scores,
+    aggregate_curve,
+    bootstrap_iqm,
+    finite,
+    interval_estimates,
+    normalizations,
+    normalize,
+    performance_profiles,
+    poi_matrix,
+    probability_of_improvement,
+    score_matrices,
+    scored,
+    to_float,
+    wilson,
+)
+from rlexp.wandb_files import run_dirs
 
 # settings that never make a cell besides NON_CELL_KEYS (the trainer's): the env, a task (a column of the
 # score matrix) rather than a cell, and Hydra's own keys
@@ -49,13 +75,21 @@ GRID_TAIL = [
     "cause",
     "where",
     "detail",
+    "first_moved",
+    "wandb_run",
 ]
 FIGURES = {
     "heatmap_divergence": "heatmap_divergence.png",
     "heatmap_iqm": "heatmap_iqm.png",
     "performance_profile": "performance_profile.png",
     "learning_curves": "learning_curves.png",
+    "aggregate_curves": "aggregate_curves.png",
+    "interval_estimates": "interval_estimates.png",
+    "poi_matrix": "poi_matrix.png",
+    "divergence_windows": "divergence_windows.png",
 }
+# a member's instruments: every metrics.jsonl key but these (for the divergence windows' fallback)
+NOT_INSTRUMENTS = ("step", "perf/", "train/updates", "train/epsilon", "episode/", "eval/", "weight_change/")
 
 
 class ReportError(Exception):
@@ -63,20 +97,6 @@ class ReportError(Exception):
 
 
 # ----------------------------------------------------------------------------- reading
-def to_float(value: Any) -> float | None:
-    """A number from the contract: floats, ints, the strings "nan"/"inf"/"-inf"; None otherwise."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
-
-
 def read_json(path: Path) -> dict[str, Any] | None:
     """The JSON object in ``path``, or None when it is missing, truncated or not an object."""
     try:
@@ -121,12 +141,14 @@ def metric_curve(records: list[dict[str, Any]], key: str) -> tuple[np.ndarray, n
     return np.asarray(steps), np.asarray(values, dtype=float)
 
 
-def learning_curve(path: Path) -> tuple[np.ndarray, np.ndarray, str]:
+def learning_curve(records: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray, str | None]:
     """(steps, returns, metric name) of one member: ``episode/return_last10`` (else
-    ``episode/return``) against ``step``; non-finite values become NaN (gaps in the plot)."""
-    records = read_metrics(path)
-    key = "episode/return_last10" if any("episode/return_last10" in r for r in records) else "episode/return"
-    return (*metric_curve(records, key), key)
+    ``episode/return``) against ``step``; non-finite values become NaN (gaps in the plot). The metric
+    is None when the member recorded neither (an empty metrics.jsonl)."""
+    for key in ("episode/return_last10", "episode/return"):
+        if any(key in r for r in records):
+            return (*metric_curve(records, key), key)
+    return np.zeros(0), np.zeros(0), None
 
 
 def parse_overrides(lines: Any) -> dict[str, str]:
@@ -282,10 +304,26 @@ def grid_rows(jobs: Sequence[Job], keys: Sequence[str]) -> list[dict[str, Any]]:
                     "cause": div.get("cause"),
                     "where": div.get("where"),
                     "detail": div.get("detail"),
+                    "first_moved": moved_text(div.get("first_moved")),
+                    "wandb_run": " ".join(
+                        p.name.rsplit("-", 1)[-1] for p in run_dirs(job.dir / f"seed_{m.get('member', k)}")
+                    ),
+                    "_first_moved": div.get("first_moved") if isinstance(div.get("first_moved"), dict) else None,
+                    "_dir": job.dir / f"seed_{m.get('member', k)}",
                 }
             )
             rows.append(row)
     return rows
+
+
+def moved_text(moved: Any) -> str | None:
+    """``first_moved`` in one line: ``grad_norm/q.0 55 -> 1.02e+03 (steps 2000-5000)``; None without one."""
+    if not isinstance(moved, dict):
+        return None
+    return (
+        f"{moved.get('instrument')} {to_float(moved.get('from')) or 0:.3g} -> {to_float(moved.get('to')) or 0:.3g} "
+        f"(steps {moved.get('since_step')}-{moved.get('step')})"
+    )
 
 
 def write_csv(rows: Sequence[dict[str, Any]], columns: Sequence[str], path: Path) -> None:
@@ -297,350 +335,77 @@ def write_csv(rows: Sequence[dict[str, Any]], columns: Sequence[str], path: Path
             writer.writerow({k: "" if row.get(k) is None else row.get(k) for k in columns})
 
 
-# ----------------------------------------------------------------------------- statistics
-def score_key(rows: Sequence[dict[str, Any]]) -> str:
-    """The score of a report (a key of SCORES): eval_return when a member that ran has one, else final_return."""
-    evaluated = any(r["status"] != "crashed" and r["eval_return"] is not None for r in rows)
-    return "eval_return" if evaluated else "final_return"
-
-
-def add_scores(rows: Sequence[dict[str, Any]], key: str) -> None:
-    """Each row's ``score``: its value of ``key`` (a key of SCORES)."""
-    for r in rows:
-        r["score"] = r[key]
-
-
-def scored(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows that enter the statistics: not crashed, with a finite score."""
-    return [r for r in rows if r["status"] != "crashed" and r["score"] is not None and math.isfinite(r["score"])]
-
-
-def score_matrices(rows: Sequence[dict[str, Any]], cells: Sequence[str], tasks: Sequence[str]) -> dict[str, np.ndarray]:
-    """rliable's score dict: cell -> [runs, tasks]. With several tasks the returns are min-max
-    normalized per task over the whole grid, and each cell keeps as many runs as its smallest task."""
-    pool = scored(rows)
-    bounds = {}
-    for task in tasks:
-        values = [r["score"] for r in pool if r["env"] == task]
-        bounds[task] = (min(values), max(values)) if values else (0.0, 1.0)
-    out: dict[str, np.ndarray] = {}
-    for cell in cells:
-        columns = []
-        for task in tasks:
-            x = np.array([r["score"] for r in pool if r["cell"] == cell and r["env"] == task], dtype=float)
-            if len(tasks) > 1:
-                lo, hi = bounds[task]
-                x = (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
-            columns.append(x)
-        n = min(len(c) for c in columns)
-        if n > 0:
-            out[cell] = np.stack([c[:n] for c in columns], axis=1)  # [runs, tasks]
-    return out
-
-
-def _seeded(seed: int, fn: Callable[[], Any]) -> Any:
-    # rliable's stratified bootstrap draws from numpy's global generator: seed it for each estimate
-    state = np.random.get_state()
-    np.random.seed(seed)
-    try:
-        return fn()
-    finally:
-        np.random.set_state(state)
-
-
-def iqm_fast(scores: np.ndarray) -> float:
-    """rliable's IQM (scipy's trim_mean(scores, 0.25, axis=None): drop floor(n/4) lowest and highest
-    of all n scores, average the rest) in plain numpy, ~20x faster inside the bootstrap."""
-    x = np.sort(np.asarray(scores, dtype=float).ravel())
-    cut = int(0.25 * x.size)
-    return float(x[cut : x.size - cut].mean())
-
-
-def iqm_estimates(
-    scores: dict[str, np.ndarray], reps: int = 2000, seed: int = 0
-) -> dict[str, tuple[float, float, float]]:
-    """cell -> (IQM, CI low, CI high): rliable's aggregate_iqm and the 95% percentile interval of
-    rliable's stratified bootstrap over runs (``get_interval_estimates``, ``reps`` resamples, numpy
-    seeded with ``seed`` for each cell; the resamples use ``iqm_fast``, the same statistic)."""
-    from rliable import library, metrics
-
-    out = {}
-    for cell, x in scores.items():
-        _, ci = _seeded(
-            seed,
-            lambda cell=cell, x=x: library.get_interval_estimates(
-                {cell: x}, lambda s: np.array([iqm_fast(s)]), reps=reps
-            ),
-        )
-        out[cell] = (float(metrics.aggregate_iqm(x)), float(ci[cell][0, 0]), float(ci[cell][1, 0]))
-    return out
-
-
-def performance_profiles(
-    scores: dict[str, np.ndarray], taus: np.ndarray, reps: int = 2000, seed: int = 0
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """rliable's score-distribution profiles: per cell the fraction of runs with score > tau [T],
-    and its 95% bootstrap band [2, T]."""
-    from rliable import library
-
-    def fraction_above(x: np.ndarray, tau_list: np.ndarray) -> np.ndarray:
-        return (x.reshape(-1, 1) > tau_list.reshape(1, -1)).mean(axis=0)  # [runs·tasks, T] -> [T]
-
-    return _seeded(
-        seed, lambda: library.create_performance_profile(scores, taus, custom_profile_func=fraction_above, reps=reps)
-    )
-
-
-def poi_fast(x: np.ndarray, y: np.ndarray) -> float:
-    """rliable's probability_of_improvement in numpy: per task P(X > Y) + ½·P(X = Y) over all pairs
-    of runs (Mann-Whitney U / (n·m)), averaged over tasks. x: [n, tasks], y: [m, tasks]."""
-    greater = (x[:, None, :] > y[None, :, :]).mean(axis=(0, 1))  # [tasks]
-    ties = (x[:, None, :] == y[None, :, :]).mean(axis=(0, 1))
-    return float(np.mean(greater + 0.5 * ties))
-
-
-def probability_of_improvement(
-    x: np.ndarray, y: np.ndarray, reps: int = 2000, seed: int = 0
-) -> tuple[float, float, float]:
-    """P(X > Y) as rliable defines it (``metrics.probability_of_improvement``) with the 95% interval
-    of its stratified independent bootstrap (``poi_fast`` in the resamples): (point, low, high)."""
-    from rliable import library, metrics
-
-    _, ci = _seeded(
-        seed, lambda: library.get_interval_estimates({"p": [x, y]}, lambda a, b: np.array([poi_fast(a, b)]), reps=reps)
-    )
-    return float(metrics.probability_of_improvement(x, y)), float(ci["p"][0, 0]), float(ci["p"][1, 0])
-
-
-def iqm(values: Sequence[float]) -> float:
-    """Interquartile mean (rliable's definition); NaN when empty."""
-    return iqm_fast(np.asarray(values, dtype=float)) if len(values) else float("nan")
-
-
+# ----------------------------------------------------------------------------- statistics per cell
 def cell_stats(
-    rows: Sequence[dict[str, Any]], cells: Sequence[str], estimates: dict[str, tuple[float, float, float]]
+    rows: Sequence[dict[str, Any]],
+    cells: Sequence[str],
+    estimates: dict[str, dict[str, tuple[float, float, float]]],
+    tasks: Sequence[str],
 ) -> list[CellStats]:
-    """The per-cell table: counts, divergence rate, IQM [CI], medians, causes."""
+    """The per-cell table: counts (total, ran, scored), divergence rate [Wilson CI], the interval
+    estimates, raw medians per task, causes and the members' W&B run ids."""
     out = []
     for cell in cells:
-        live = [r for r in rows if r["cell"] == cell and r["status"] != "crashed"]
+        mine = [r for r in rows if r["cell"] == cell]
+        live = [r for r in mine if r["status"] != "crashed"]
         diverged = [r for r in live if r["status"] == "diverged"]
-        returns = [r["score"] for r in scored(live)]
+        used = scored(live)
         steps = [r["diverged_at_step"] for r in diverged if to_float(r["diverged_at_step"]) is not None]
+        by_task = {t: [r["raw_score"] for r in used if r["env"] == t and finite(r["raw_score"])] for t in tasks}
         stats = CellStats(
             cell,
+            len(mine),
             len(live),
-            len(returns),
+            len(used),
             len(diverged),
             len(diverged) / len(live) if live else float("nan"),
-            median_return=float(np.median(returns)) if returns else float("nan"),
+            rate_ci=wilson(len(diverged), len(live)),
+            median_return=float(np.median(by_task[tasks[0]])) if len(tasks) == 1 and by_task[tasks[0]] else math.nan,
+            median_by_task={t: float(np.median(v)) for t, v in by_task.items() if v},
             median_diverged_step=float(np.median(steps)) if steps else float("nan"),
             causes=Counter(f"{r['cause'] or '?'}@{r['where'] or '?'}" for r in diverged),
+            wandb_runs=[run for r in mine for run in str(r.get("wandb_run") or "").split()],
         )
         if cell in estimates:
-            stats.iqm, low, high = estimates[cell]
+            stats.estimates = estimates[cell]
+            stats.iqm, low, high = estimates[cell]["IQM"]
             stats.ci = (low, high)
         out.append(stats)
     return out
 
 
 def heatmap_values(
-    rows: Sequence[dict[str, Any]],
-    row_key: str | None,
-    col_key: str | None,
-    row_values: Sequence[str],
-    col_values: Sequence[str],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(divergence rate, IQM of the scores, members) per [row, col], pooling the members of every
-    cell with those two values (the other swept keys are aggregated). NaN where no member ran."""
+    report: Report, row_values: Sequence[str], col_values: Sequence[str], rng: np.random.Generator
+) -> dict[str, np.ndarray]:
+    """Per [row, col], pooling the members of every cell with those two values: the divergence rate
+    with its Wilson interval, the IQM of the scores (normalized with several tasks) with its stratified
+    bootstrap interval, and the members that ran. NaN where no member ran."""
     shape = (len(row_values), len(col_values))
-    rate, iqm_grid, count = np.full(shape, np.nan), np.full(shape, np.nan), np.zeros(shape, dtype=int)
+    out = {k: np.full(shape, np.nan) for k in ("rate", "rate_low", "rate_high", "iqm", "iqm_low", "iqm_high")}
+    out["count"] = np.zeros(shape, dtype=int)
     for i, rv in enumerate(row_values):
         for j, cv in enumerate(col_values):
             live = [
                 r
-                for r in rows
+                for r in report.rows
                 if r["status"] != "crashed"
-                and (row_key is None or r.get(row_key) == rv)
-                and (col_key is None or r.get(col_key) == cv)
+                and (report.row_key is None or r.get(report.row_key) == rv)
+                and (report.col_key is None or r.get(report.col_key) == cv)
             ]
-            count[i, j] = len(live)
-            if live:
-                rate[i, j] = sum(r["status"] == "diverged" for r in live) / len(live)
-                iqm_grid[i, j] = iqm([r["score"] for r in scored(live)])
-    return rate, iqm_grid, count
+            out["count"][i, j] = len(live)
+            if not live:
+                continue
+            k = sum(r["status"] == "diverged" for r in live)
+            out["rate"][i, j] = k / len(live)
+            out["rate_low"][i, j], out["rate_high"][i, j] = wilson(k, len(live))
+            groups = [np.array([_stat_score(report, r) for r in scored(live) if r["env"] == t]) for t in report.tasks]
+            out["iqm"][i, j], out["iqm_low"][i, j], out["iqm_high"][i, j] = bootstrap_iqm(groups, report.reps, rng)
+    return out
 
 
-# ----------------------------------------------------------------------------- figures
-def _png(fig: Any, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    fig.savefig(path, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
-
-
-def plot_heatmap(
-    values: np.ndarray,
-    count: np.ndarray,
-    row_key: str | None,
-    col_key: str | None,
-    row_values: Sequence[str],
-    col_values: Sequence[str],
-    title: str,
-    fmt: str,
-    cmap: str,
-    path: Path,
-    vmin: float | None = None,
-    vmax: float | None = None,
-) -> None:
-    """One annotated heatmap PNG [rows, cols]; grey where no member ran."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(1.6 + 1.5 * len(col_values), 1.2 + 0.8 * len(row_values)))
-    colormap = plt.get_cmap(cmap).with_extremes(bad="#dddddd")
-    image = ax.imshow(np.ma.masked_invalid(values), cmap=colormap, vmin=vmin, vmax=vmax, aspect="auto")
-    fig.colorbar(image, ax=ax, fraction=0.05)
-    ax.set_xticks(range(len(col_values)), [str(v) for v in col_values], rotation=30, ha="right")
-    ax.set_yticks(range(len(row_values)), [str(v) for v in row_values])
-    ax.set_xlabel(col_key or "")
-    ax.set_ylabel(row_key or "")
-    ax.set_title(title, fontsize=10)
-    norm = image.norm
-    for i in range(values.shape[0]):
-        for j in range(values.shape[1]):
-            finite = bool(np.isfinite(values[i, j]))
-            text = format(values[i, j], fmt) if finite else "–"
-            red, green, blue, _ = colormap(norm(values[i, j])) if finite else (0.87, 0.87, 0.87, 1.0)
-            dark = 0.299 * red + 0.587 * green + 0.114 * blue < 0.5  # the background's luminance
-            ax.text(
-                j,
-                i,
-                f"{text}\nn={count[i, j]}",
-                ha="center",
-                va="center",
-                fontsize=8,
-                color="white" if dark else "black",
-            )
-    _png(fig, path)
-
-
-def plot_profiles(
-    profiles: dict[str, np.ndarray], bands: dict[str, np.ndarray], taus: np.ndarray, xlabel: str, path: Path
-) -> None:
-    """Performance profiles: fraction of runs with score > tau per cell, with 95% bands."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    colors = plt.get_cmap("tab10" if len(profiles) <= 10 else "tab20").colors
-    for k, (cell, profile) in enumerate(profiles.items()):
-        color = colors[k % len(colors)]
-        ax.plot(taus, profile, lw=1.5, color=color, ls="-" if k < len(colors) else "--", label=cell)
-        ax.fill_between(taus, bands[cell][0], bands[cell][1], color=color, alpha=0.15 if len(profiles) <= 4 else 0.06)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("fraction of runs with score > τ")
-    ax.set_ylim(-0.02, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    _png(fig, path)
-
-
-def plot_learning_curves(
-    panels: list[tuple[str, list[tuple[np.ndarray, np.ndarray, bool, Any]]]], ylabel: str, path: Path
-) -> None:
-    """Small multiples: one panel per cell, one thin line per member (red: diverged, its divergence
-    step marked ×), shared axes."""
-    import matplotlib.pyplot as plt
-
-    n = max(1, len(panels))
-    ncols = min(4, n)
-    nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.6 * nrows), sharex=True, sharey=True, squeeze=False)
-    for ax in axes.flat[len(panels) :]:
-        ax.set_visible(False)
-    for ax, (title, lines) in zip(axes.flat, panels):
-        for steps, values, diverged, _ in lines:
-            ax.plot(steps, values, lw=0.8, alpha=0.85, color="#c0392b" if diverged else "#2c6fbb")
-            if diverged and len(steps):
-                ax.plot(steps[-1], values[-1], "x", color="#c0392b", ms=6)
-        ax.set_title(title, fontsize=8)
-        ax.grid(alpha=0.3)
-    for ax in axes[-1]:
-        ax.set_xlabel("env steps")
-    for ax in axes[:, 0]:
-        ax.set_ylabel(ylabel, fontsize=8)
-    fig.tight_layout()
-    _png(fig, path)
-
-
-# ----------------------------------------------------------------------------- W&B
-def resolve_mode(flag: str | None) -> str:
-    """``--wandb-mode`` if given, else $WANDB_MODE (dryrun = offline), else offline."""
-    from rlexp.config import LoggerConfig
-    from rlexp.loggers import resolve_wandb_mode
-
-    return resolve_wandb_mode(LoggerConfig(mode=flag))
-
-
-def log_to_wandb(report: Report, mode: str, timeout: float) -> Path | None:
-    """One W&B summary run (job_type report, group report) with grid.csv as a table, the figures as
-    images and the per-cell IQM in the summary; files under ``<dir>/report_wandb``. Returns the run
-    dir, or None when disabled."""
-    if mode == "disabled":
-        return None
-    import wandb
-
-    wandb_dir = report.root / "report_wandb"
-    wandb_dir.mkdir(exist_ok=True)
-    first = report.jobs[0]
-    kwargs = dict(
-        project=first.project,
-        entity=first.entity,
-        group="report",
-        job_type="report",
-        name=f"report {report.root.name}"[:128],
-        dir=str(wandb_dir),
-        reinit="create_new",
-        config={
-            "dir": str(report.root),
-            "rows": report.row_key,
-            "cols": report.col_key,
-            "swept": report.keys,
-            "reps": report.reps,
-            "seed": report.seed,
-        },
-        settings=wandb.Settings(init_timeout=timeout, console="off", silent=True),
-    )
-    try:
-        run = wandb.init(mode=mode, **kwargs)
-    except Exception as err:  # no network or no credentials: never block, log offline
-        if mode != "online":
-            raise
-        print(f"W&B online init failed ({type(err).__name__}: {err}); logging offline instead", file=sys.stderr)
-        run = wandb.init(mode="offline", **kwargs)
-    try:
-        columns = report.columns
-        table = wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in report.rows])
-        images = {f"report/{name}": wandb.Image(str(path)) for name, path in report.figures.items()}
-        run.log({"report/grid": table, **images})
-        summary: dict[str, Any] = {
-            "jobs": len(report.jobs),
-            "members": len(report.rows),
-            **{f"members_{s}": n for s, n in report.status_counts.items()},
-        }
-        for s in report.cells:
-            summary[f"divergence_rate/{s.cell}"] = s.divergence_rate
-            if math.isfinite(s.iqm):
-                summary.update(
-                    {f"iqm/{s.cell}": s.iqm, f"iqm_ci_low/{s.cell}": s.ci[0], f"iqm_ci_high/{s.cell}": s.ci[1]}
-                )
-        if report.poi is not None:
-            a, b, (p, low, high) = report.poi
-            summary.update({"poi/a": a, "poi/b": b, "poi/p": p, "poi/ci_low": low, "poi/ci_high": high})
-        run.summary.update(summary)
-        run_dir = Path(run.dir).parent
-    finally:
-        run.finish()
-    return run_dir
+def _stat_score(report: Report, row: dict[str, Any]) -> float:
+    """A row's score as the statistics use it: normalized with several tasks, else raw."""
+    return normalize(row["score"], report.normalization[row["env"]]) if report.normalized else row["score"]
 
 
 # ----------------------------------------------------------------------------- the report
@@ -657,14 +422,23 @@ def build_report(
     root: Path,
     rows_key: str | None = None,
     cols_key: str | None = None,
-    compare: Sequence[str] | None = None,
+    compare: Sequence[Sequence[str]] | None = None,
     reps: int = 2000,
     seed: int = 0,
     curves: Sequence[str] = (),
+    diverged_score: str = "frozen",
+    top: int = 8,
+    last_n: int = 20,
+    windows: int = 8,
+    draw: bool = True,
 ) -> Report:
     """Read ``root`` (a multirun or a run dir), compute the statistics and draw the figures into it.
+    ``compare``: pairs of cells for the probability of improvement (default: the matrix over the
+    ``top`` cells, at most 6); ``top``: cells drawn in the curve, profile and interval figures;
+    ``last_n``: log steps drawn before a divergence; ``windows``: diverged members drawn; ``draw``: False
+    computes the statistics alone (no figures, no curves, no probability-of-improvement matrix).
 
-    Raises ReportError on bad input (missing dir, no job summaries, unknown --rows/--cols/--compare).
+    Raises ReportError on bad input (missing dir, no job summaries, unknown --rows/--cols/--compare/--curves).
     """
     start = time.perf_counter()
     if not root.exists():
@@ -695,24 +469,25 @@ def build_report(
     col_key = cols_key or (rest.pop(0) if rest else None)
 
     rows = grid_rows(jobs, varying)
-    score = score_key(rows)
-    add_scores(rows, score)
+    evaluated = any(r["status"] != "crashed" and r["eval_return"] is not None for r in rows)
+    score = "eval_return" if evaluated else "final_return"
+    tasks = sorted({r["env"] for r in rows if r["status"] != "crashed"}) or sorted({j.env for j in jobs})
+    norms = normalizations(rows, tasks, score)
+    add_scores(rows, score, diverged_score, norms)
     columns = ["job", "cell", *varying, *GRID_TAIL]
-    tasks = sorted({r["env"] for r in scored(rows)}) or sorted({j.env for j in jobs})
     cell_names = list(dict.fromkeys(j.cell for j in jobs))
-    scores = score_matrices(rows, cell_names, tasks)
-    for name in compare or ():
+    scores = score_matrices(rows, cell_names, tasks, norms)
+    pairs = [tuple(p) for p in compare or ()]
+    for name in (c for p in pairs for c in p):
         if name not in scores:
             raise ReportError(
                 f"--compare: unknown cell {name!r}; choose cells with scores: {', '.join(scores) or '(none)'}"
             )
-    estimates = iqm_estimates(scores, reps, seed)
-    cells = cell_stats(
-        rows, [c for c in cell_names if any(r["cell"] == c and r["status"] != "crashed" for r in rows)], estimates
-    )
+    gamma = 1.0 if len(tasks) > 1 else norms[tasks[0]].reference
+    estimates = interval_estimates(scores, gamma, reps, seed)
+    ran = [c for c in cell_names if any(r["cell"] == c and r["status"] != "crashed" for r in rows)]
+    cells = cell_stats(rows, ran, estimates, tasks)
     ranked = sorted((s for s in cells if math.isfinite(s.iqm)), key=lambda s: -s.iqm)
-
-    pair = tuple(compare) if compare else ((ranked[0].cell, ranked[-1].cell) if len(ranked) > 1 else None)
     counts = Counter(r["status"] for r in rows)
     report = Report(
         root,
@@ -729,125 +504,267 @@ def build_report(
         seed,
         {s: counts.get(s, 0) for s in ("ok", "diverged", "crashed")},
         score_key=score,
+        diverged_score=diverged_score,
+        normalization=norms,
+        gamma=gamma,
         best=ranked[0] if ranked else None,
         worst=ranked[-1] if len(ranked) > 1 else None,
+        last_n=last_n,
     )
-    if pair is not None:
-        report.poi = (pair[0], pair[1], probability_of_improvement(scores[pair[0]], scores[pair[1]], reps, seed))
-    draw_figures(report, scores, curves)
+    named = list(dict.fromkeys(c for p in pairs for c in p))
+    report.shown = list(dict.fromkeys([s.cell for s in ranked[:top]] + named))
+    report.poi_cells = named or [s.cell for s in ranked[: min(top, 6)]]
+    if not pairs and len(ranked) > 1:
+        pairs = [(ranked[0].cell, ranked[1].cell)]  # the best against the runner-up
+    report.poi = [(a, b, probability_of_improvement(scores[a], scores[b], reps, seed)) for a, b in pairs]
+    report.divergences = [r for r in rows if r["status"] == "diverged"]
+    if draw:
+        draw_figures(report, scores, curves, windows)
     report.seconds = time.perf_counter() - start
     return report
 
 
-def member_panels(report: Report) -> list[tuple[str, list[tuple[Path, Any]]]]:
-    """Per cell (and task), the metrics.jsonl paths of its non-crashed jobs' members with their summaries."""
-    panels = []
-    for stats in report.cells:
+class _Records(dict):
+    """metrics.jsonl records by path, each file read once."""
+
+    def __missing__(self, path: Path) -> list[dict[str, Any]]:
+        self[path] = records = read_metrics(path)
+        return records
+
+
+def shown_members(report: Report) -> list[tuple[str, str, list[dict[str, Any]]]]:
+    """(cell, task, its non-crashed members' grid rows) for each shown cell and task."""
+    out = []
+    for cell in report.shown:
         for task in report.tasks:
-            members = [
-                (job.dir / f"seed_{m.get('member', k)}" / "metrics.jsonl", m)
-                for job in report.jobs
-                if job.cell == stats.cell and job.env == task and job.status != "crashed"
-                for k, m in enumerate(job.members)
-            ]
+            members = [r for r in report.rows if r["cell"] == cell and r["env"] == task and r["status"] != "crashed"]
             if members:
-                panels.append((stats.cell if len(report.tasks) == 1 else f"{stats.cell} · {task}", members))
-    return panels
+                out.append((cell, task, members))
+    return out
 
 
-def instrument_panels(report: Report, curves: Sequence[str]) -> dict[str, list]:
-    """For each metric named by ``--curves``, one panel per cell with a line per member; ReportError
-    naming the metric (and close recorded names) when no member recorded it."""
-    panels = member_panels(report)
-    records = {path: read_metrics(path) for _, members in panels for path, _ in members}
-    recorded = {key for lines in records.values() for r in lines for key in r}
-    out = {}
+def check_curves(report: Report, curves: Sequence[str], records: _Records) -> None:
+    """ReportError naming a ``--curves`` metric no shown member recorded, with close recorded names."""
+    recorded = {
+        k
+        for _, _, members in shown_members(report)
+        for m in members
+        for r in records[m["_dir"] / "metrics.jsonl"]
+        for k in r
+    }
     for metric in curves:
         if metric not in recorded:
             close = difflib.get_close_matches(metric, sorted(recorded), n=3, cutoff=0.5)
             hint = f"did you mean {', '.join(close)}?" if close else "name a metric of docs/outputs.md"
             raise ReportError(f"--curves: {metric!r} is in no member's metrics.jsonl; {hint}")
-        out[metric] = [
-            (title, [(*metric_curve(records[p], metric), m.get("status") == "diverged", None) for p, m in members])
-            for title, members in panels
+
+
+def instrument_panels(report: Report, curves: Sequence[str], records: _Records | None = None) -> dict[str, list]:
+    """For each metric named by ``--curves``, one panel per shown cell (and task) with a line per member:
+    (steps, values, diverged, diverged_at_step)."""
+    records = _Records() if records is None else records
+    check_curves(report, curves, records)
+    multi = len(report.tasks) > 1
+    return {
+        metric: [
+            (
+                f"{cell} · {task}" if multi else cell,
+                [
+                    (
+                        *metric_curve(records[m["_dir"] / "metrics.jsonl"], metric),
+                        m["status"] == "diverged",
+                        m["diverged_at_step"],
+                    )
+                    for m in members
+                ],
+            )
+            for cell, task, members in shown_members(report)
         ]
+        for metric in curves
+    }
+
+
+def aggregate_curves(
+    report: Report, metric: str, records: _Records, rng: np.random.Generator, returns: bool
+) -> list[Curve]:
+    """Per shown cell and task, the IQM of ``metric`` across members at each env step with its 95%
+    stratified-bootstrap band. For a return metric (``returns``) the --diverged-score rule holds after a
+    member's divergence (frozen: its last value; zero: the random-policy return; drop: left out)."""
+    out = []
+    for cell, task, members in shown_members(report):
+        lines = []
+        for m in members:
+            steps, values = metric_curve(records[m["_dir"] / "metrics.jsonl"], metric)
+            fill = None
+            if returns and m["status"] == "diverged":
+                if report.diverged_score == "drop":
+                    continue
+                last = values[np.isfinite(values)]
+                if report.diverged_score == "zero":
+                    fill = report.normalization[task].random
+                elif len(last):
+                    fill = float(last[-1])
+            lines.append((task, steps, values, fill))
+        steps, point, low, high, n = aggregate_curve(lines, report.reps, rng)
+        if steps:
+            out.append(Curve(cell, task, metric, steps, point, low, high, n))
     return out
 
 
-def draw_figures(report: Report, scores: dict[str, np.ndarray], curves: Sequence[str] = ()) -> None:
-    """Heatmaps, performance profile, learning curves and the instrument curves ``curves`` (metric
-    names, one figure each: ``curve_<metric>.png``) as PNGs in the report's dir."""
-    import matplotlib
+def divergence_windows(report: Report, records: _Records, limit: int) -> list[tuple]:
+    """Up to ``limit`` diverged members (one per cell first): the instrument that moved first (else the
+    one that grew most) over the member's last ``report.last_n`` log records, against the first healthy
+    member of the same cell over the same steps."""
+    order = sorted(report.divergences, key=lambda r: (r["cell"], r["member"]))
+    firsts = list({r["cell"]: r for r in reversed(order)}.values())[::-1]
+    chosen = firsts + [r for r in order if r not in firsts]
+    panels = []
+    for row in chosen:
+        if len(panels) >= limit:
+            break
+        window = records[row["_dir"] / "metrics.jsonl"][-report.last_n :]
+        if not window:
+            continue
+        metric = (row["_first_moved"] or {}).get("instrument") or _grown_most(window)
+        if metric is None:
+            continue
+        steps, values = metric_curve(window, metric)
+        lo, hi = (steps[0], steps[-1]) if len(steps) else (0, 0)
+        healthy = next(
+            (r for r in report.rows if r["cell"] == row["cell"] and r["env"] == row["env"] and r["status"] == "ok"),
+            None,
+        )
+        other = None
+        if healthy is not None:
+            h_steps, h_values = metric_curve(records[healthy["_dir"] / "metrics.jsonl"], metric)
+            keep = (h_steps >= lo) & (h_steps <= hi)
+            other = (h_steps[keep], h_values[keep])
+        title = f"{row['cell']} · member {row['member']}: {row['cause']}@{row['where']}"
+        if healthy is not None:
+            title += f" (healthy: member {healthy['member']})"
+        at = to_float(row["diverged_at_step"])
+        panels.append((title, metric, (steps, values), other, hi if at is None else at))
+    return panels
 
-    matplotlib.use("Agg")
-    instruments = instrument_panels(report, curves)  # bad input before any file is written
-    root, rows = report.root, report.rows
+
+def _grown_most(window: list[dict[str, Any]]) -> str | None:
+    """The instrument whose magnitude grew most between its first and last finite value in ``window``."""
+    best, ratio = None, 0.0
+    for key in {k for r in window for k in r if not k.startswith(NOT_INSTRUMENTS)}:
+        values = [abs(v) for v in (to_float(r.get(key)) for r in window) if v is not None and math.isfinite(v)]
+        if len(values) > 1 and values[-1] / max(values[0], 1e-12) > ratio:
+            best, ratio = key, values[-1] / max(values[0], 1e-12)
+    return best
+
+
+def _safe(metric: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", metric)
+
+
+def draw_figures(report: Report, scores: dict[str, np.ndarray], curves: Sequence[str] = (), windows: int = 8) -> None:
+    """Every figure as a PNG in the report's dir (report.figures): heatmaps with intervals, interval
+    estimates, probability-of-improvement matrix, performance profile, learning curves (per member and
+    aggregate), the ``curves`` instruments (``curve_<metric>.png``, ``aggregate_<metric>.png``) and the
+    windows before divergences."""
+    records = _Records()
+    instruments = instrument_panels(report, curves, records)  # bad input before any file is written
+    root, rows, figures = report.root, report.rows, report.figures
+    rng = np.random.default_rng(report.seed)
     row_values = _values_in_order(rows, report.row_key)
     col_values = _values_in_order(rows, report.col_key)
-    rate, iqm_grid, count = heatmap_values(rows, report.row_key, report.col_key, row_values, col_values)
+    grid = heatmap_values(report, row_values, col_values, rng)
     pooled = " (other swept groups pooled)" if len(report.varying) > 2 else ""
+    axes, labels = (report.row_key, report.col_key), (row_values, col_values)
     plot_heatmap(
-        rate,
-        count,
-        report.row_key,
-        report.col_key,
-        row_values,
-        col_values,
-        f"divergence rate{pooled}",
-        ".2f",
-        "Reds",
-        root / FIGURES["heatmap_divergence"],
-        0.0,
-        1.0,
-    )
+        grid["rate"], grid["rate_low"], grid["rate_high"], grid["count"], axes, labels,
+        f"divergence rate [95% Wilson CI]{pooled}", ".2f", "Reds", root / FIGURES["heatmap_divergence"], 0.0, 1.0,
+    )  # fmt: skip
+    name = score_name(report)
     plot_heatmap(
-        iqm_grid,
-        count,
-        report.row_key,
-        report.col_key,
-        row_values,
-        col_values,
-        f"IQM {SCORES[report.score_key][0]}{pooled}",
-        ".1f",
-        "viridis",
+        grid["iqm"], grid["iqm_low"], grid["iqm_high"], grid["count"], axes, labels,
+        f"IQM {name} [95% CI]{pooled}", ".2f" if report.normalized else ".1f", "viridis",
         root / FIGURES["heatmap_iqm"],
-    )
-    report.figures = {
-        "heatmap_divergence": root / FIGURES["heatmap_divergence"],
-        "heatmap_iqm": root / FIGURES["heatmap_iqm"],
-    }
-    if scores:
-        everything = np.concatenate([x.ravel() for x in scores.values()])
+    )  # fmt: skip
+    figures["heatmap_divergence"] = root / FIGURES["heatmap_divergence"]
+    figures["heatmap_iqm"] = root / FIGURES["heatmap_iqm"]
+    shown = [s for s in report.cells if s.cell in report.shown]
+    if shown:
+        plot_interval_estimates(shown, name, root / FIGURES["interval_estimates"])
+        figures["interval_estimates"] = root / FIGURES["interval_estimates"]
+    if len(report.poi_cells) > 1:
+        report.poi_matrix = poi_matrix(scores, report.poi_cells, report.reps, report.seed)
+        plot_poi_matrix(*report.poi_matrix, report.poi_cells, root / FIGURES["poi_matrix"])
+        figures["poi_matrix"] = root / FIGURES["poi_matrix"]
+    profiled = {c: scores[c] for c in report.shown if c in scores}
+    if profiled:
+        everything = np.concatenate([x.ravel() for x in profiled.values()])
         taus = np.linspace(everything.min(), everything.max(), 101)
-        profiles, bands = performance_profiles(scores, taus, report.reps, report.seed)
-        name = SCORES[report.score_key][0]
-        xlabel = f"normalized {name} τ" if len(report.tasks) > 1 else f"{name} τ"
-        plot_profiles(profiles, bands, taus, xlabel, root / FIGURES["performance_profile"])
-        report.figures["performance_profile"] = root / FIGURES["performance_profile"]
+        profiles, bands = performance_profiles(profiled, taus, report.reps, report.seed)
+        plot_profiles(profiles, bands, taus, f"{name} τ", root / FIGURES["performance_profile"])
+        figures["performance_profile"] = root / FIGURES["performance_profile"]
 
-    panels = []
-    metric_names = set()  # the curves' metric: episode/return_last10, or episode/return in older files
-    for title, members in member_panels(report):
+    panels, metric_names = [], set()  # the curves' metric: episode/return_last10, or episode/return in older files
+    multi = len(report.tasks) > 1
+    for cell, task, members in shown_members(report):
         lines = []
-        for path, m in members:
-            steps, values, metric = learning_curve(path)
-            metric_names.add(metric)
-            lines.append((steps, values, m.get("status") == "diverged", m.get("diverged_at_step")))
-        panels.append((title, lines))
-    for metric, metric_panels in instruments.items():
-        path = root / f"curve_{re.sub(r'[^A-Za-z0-9_.-]+', '_', metric)}.png"
-        plot_learning_curves(metric_panels, metric, path)
-        report.figures[f"curve/{metric}"] = path
+        for m in members:
+            steps, values, metric = learning_curve(records[m["_dir"] / "metrics.jsonl"])
+            if metric is not None:
+                metric_names.add(metric)
+            lines.append((steps, values, m["status"] == "diverged", m["diverged_at_step"]))
+        panels.append((f"{cell} · {task}" if multi else cell, lines))
     report.curve_metric = " / ".join(sorted(metric_names)) or "episode/return_last10"
-    if panels:
+    if panels and metric_names:
         ylabel = "return (last 10 episodes)" if metric_names == {"episode/return_last10"} else report.curve_metric
         plot_learning_curves(panels, ylabel, root / FIGURES["learning_curves"])
-        report.figures["learning_curves"] = root / FIGURES["learning_curves"]
+        figures["learning_curves"] = root / FIGURES["learning_curves"]
+
+    has_eval = any(
+        "eval/return" in r
+        for _, _, ms in shown_members(report)
+        for m in ms
+        for r in records[m["_dir"] / "metrics.jsonl"]
+    )
+    report.return_metric = "eval/return" if has_eval else "episode/return_last10"
+    report.curves = aggregate_curves(report, report.return_metric, records, rng, returns=True)
+    if report.curves:
+        ylabel = "IQM eval return" if has_eval else "IQM return (last 10 episodes)"
+        plot_aggregate_curves(report.curves, ylabel, root / FIGURES["aggregate_curves"])
+        figures["aggregate_curves"] = root / FIGURES["aggregate_curves"]
+    for metric, metric_panels in instruments.items():
+        path = root / f"curve_{_safe(metric)}.png"
+        plot_learning_curves(metric_panels, metric, path)
+        figures[f"curve/{metric}"] = path
+        aggregate = aggregate_curves(report, metric, records, rng, returns=False)
+        report.curves += aggregate
+        if aggregate:
+            path = root / f"aggregate_{_safe(metric)}.png"
+            plot_aggregate_curves(aggregate, f"IQM {metric}", path)
+            figures[f"aggregate/{metric}"] = path
+    window_panels = divergence_windows(report, records, windows)
+    if window_panels:
+        plot_divergence_windows(window_panels, root / FIGURES["divergence_windows"])
+        figures["divergence_windows"] = root / FIGURES["divergence_windows"]
+
+
+def score_name(report: Report) -> str:
+    """What the statistics are of: ``eval return``, or ``normalized eval return`` with several tasks."""
+    name = SCORES[report.score_key][0]
+    return f"normalized {name}" if report.normalized else name
 
 
 def write_outputs(report: Report) -> Path:
-    """grid.csv and report.html in the report's dir; returns the HTML's path."""
+    """grid.csv, cells.csv, curves.csv and report.html in the report's dir; returns the HTML's path."""
     write_csv(report.rows, report.columns, report.root / "grid.csv")
+    write_csv(cell_rows(report), CELL_COLUMNS, report.root / "cells.csv")
+    curve_rows = [
+        {"cell": c.cell, "task": c.task, "metric": c.metric, "step": s, "iqm": v, "ci_low": lo, "ci_high": hi, "n": n}
+        for c in report.curves
+        for s, v, lo, hi, n in zip(c.steps, c.iqm, c.low, c.high, c.n)
+    ]
+    write_csv(
+        curve_rows, ["cell", "task", "metric", "step", "iqm", "ci_low", "ci_high", "n"], report.root / "curves.csv"
+    )
     path = report.root / "report.html"
     path.write_text(render_html(report))
     return path
@@ -862,7 +779,7 @@ class _Parser(argparse.ArgumentParser):
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = _Parser(
         prog="python -m rlexp.report",
-        description="Write report.html, grid.csv, heatmaps, a performance profile and a W&B summary run "
+        description="Write report.html, grid.csv, cells.csv, curves.csv, the figures and a W&B summary run "
         "into a multirun (or run) dir.",
     )
     parser.add_argument("dir", type=Path, help="a multirun dir (outputs/multirun/<date>/<time>) or a run dir")
@@ -871,15 +788,32 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--compare",
         nargs=2,
+        action="append",
         metavar=("CELL_A", "CELL_B"),
-        help="probability of improvement P(A > B) (default: best vs worst cell by IQM)",
+        help="a pair for the probability of improvement P(A > B), repeatable; the matrix then covers the cells "
+        "named (default: the matrix over the top cells by IQM, at most 6, and best vs runner-up)",
     )
     parser.add_argument(
         "--curves",
         nargs="+",
         default=[],
         metavar="METRIC",
-        help="instruments to draw against env steps, a panel per cell, a line per member (srank/q.1 dormant/q.0 ...)",
+        help="instruments to draw against env steps: per member and as the IQM across members with a 95%% band "
+        "(srank/q.1 grad_norm/q.0 ...)",
+    )
+    parser.add_argument(
+        "--diverged-score",
+        choices=tuple(DIVERGED_SCORES),
+        default="frozen",
+        help="how a diverged member is scored: frozen (its score at the divergence, default), zero (the random "
+        "policy's score), drop (left out)",
+    )
+    parser.add_argument(
+        "--top", type=int, default=8, help="cells drawn in the curves, profile and interval figure (default 8, by IQM)"
+    )
+    parser.add_argument("--last", type=int, default=20, help="log steps drawn before a divergence (default 20)")
+    parser.add_argument(
+        "--windows", type=int, default=8, help="diverged members drawn against a healthy one (default 8)"
     )
     parser.add_argument("--reps", type=int, default=2000, help="bootstrap resamples (default 2000)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
@@ -896,28 +830,35 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="seconds an online W&B run may wait for the server before going offline (default 20)",
     )
     args = parser.parse_args(argv)
-    if args.reps < 1:
-        parser.error(f"--reps: {args.reps} must be at least 1")
+    for flag, value in (("--reps", args.reps), ("--top", args.top), ("--last", args.last)):
+        if value < 1:
+            parser.error(f"{flag}: {value} must be at least 1")
+    if args.windows < 0:
+        parser.error(f"--windows: {args.windows} must be at least 0")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit code (2 on bad input, with one line on stderr)."""
+    from rlexp.report_wandb import log_to_wandb, resolve_mode
+
     args = parse_args(argv)
     try:
-        report = build_report(args.dir, args.rows, args.cols, args.compare, args.reps, args.seed, args.curves)
+        report = build_report(
+            args.dir, args.rows, args.cols, args.compare, args.reps, args.seed, args.curves,
+            args.diverged_score, args.top, args.last, args.windows,
+        )  # fmt: skip
     except ReportError as err:
         print(f"report: error: {err}", file=sys.stderr)
         return 2
     html = write_outputs(report)
-    mode = resolve_mode(args.wandb_mode)
-    run_dir = log_to_wandb(report, mode, args.wandb_timeout)
+    run_dir = log_to_wandb(report, resolve_mode(args.wandb_mode), args.wandb_timeout)
     c = report.status_counts
     print(
         f"report: {len(report.jobs)} jobs, {len(report.rows)} members (ok {c['ok']}, diverged {c['diverged']}, "
         f"crashed {c['crashed']}), {len(report.cells)} cells; {report.seconds:.1f} s"
     )
-    print(f"wrote {html}, {report.root / 'grid.csv'}" + "".join(f", {p.name}" for p in report.figures.values()))
+    print(f"wrote {html}, grid.csv, cells.csv, curves.csv" + "".join(f", {p.name}" for p in report.figures.values()))
     if run_dir is not None:
         print(f"W&B run: {run_dir}")
     return 0
