@@ -35,8 +35,11 @@ from omegaconf import DictConfig
 
 from rlexp.algos import ALGOS
 from rlexp.build import resolve_device, validate
+from rlexp.cells import cell_name, is_cell_key, job_settings, parse_overrides, sweep_cell_keys
+from rlexp.cli import check_command_line, end_of_run_lines
 from rlexp.config import ConfigError
-from rlexp.registry import register
+from rlexp.loggers import resolve_wandb_mode
+from rlexp.registry import CONF_DIR, register
 from rlexp.run import Algorithm
 from rlexp.runner import run_population
 
@@ -83,9 +86,14 @@ def run_job(
 
 
 def job_identity() -> tuple[Path, str, dict[str, str]]:
-    """The job's output dir, its config cell (overrides minus seeds etc.) and its group choices."""
+    """The job's output dir, its cell (``rlexp.cells``: in a multirun the settings its sweep varies, in a
+    single run its own overrides; seeds, machine and console keys left out) and its group choices."""
     hc = HydraConfig.get()
-    cell = hc.job.override_dirname or "default"
+    task = list(hc.overrides.task)
+    keys = sweep_cell_keys(Path(hc.sweep.dir)) if hc.mode == RunMode.MULTIRUN else None
+    if keys is None:  # a single run (or a sweep without Hydra's record): what its command line sets
+        keys = [k for k in parse_overrides(task) if is_cell_key(k)]
+    cell = cell_name(job_settings(hc.runtime.choices, task), keys)
     choices = {k: str(v) for k, v in hc.runtime.choices.items() if not k.startswith(("hydra", "schema"))}
     return Path(hc.runtime.output_dir), cell, choices
 
@@ -94,7 +102,10 @@ def job_identity() -> tuple[Path, str, dict[str, str]]:
 def main(cfg: DictConfig) -> dict[str, Any]:
     out_dir, cell, choices = job_identity()
     try:
-        return run_job(cfg, out_dir, cell, choices)
+        summary = run_job(cfg, out_dir, cell, choices)
+        if HydraConfig.get().mode != RunMode.MULTIRUN:  # a sweep ends with rlexp.cli.SweepSummary's table
+            print("\n".join(end_of_run_lines(out_dir, resolve_wandb_mode(cfg.logger))), flush=True)
+        return summary
     except ConfigError as err:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # this job fails; the sweep runs the others and exits non-zero at the end
@@ -102,5 +113,16 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         raise SystemExit(2) from None
 
 
-if __name__ == "__main__":
+def cli(argv: list[str] | None = None) -> None:
+    """``python -m rlexp.train``: every job's config checked first (``rlexp.cli.check_command_line``: a
+    refusal is one line and exit code 2, before Hydra makes any dir), then Hydra runs ``main``."""
+    try:
+        check_command_line(sys.argv[1:] if argv is None else argv, CONF_DIR)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        raise SystemExit(2) from None
     main()
+
+
+if __name__ == "__main__":
+    cli()
