@@ -20,7 +20,7 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,14 +64,10 @@ def _value_of(key: str, overrides: Sequence[str]) -> str:
     return value
 
 
-def _defaults(compose: Any, config_name: str) -> DictConfig:
-    return compose(config_name, [], return_hydra_config=True)
-
-
-def translate(err: Exception, overrides: Sequence[str], defaults: Any) -> ConfigError:
+def translate(err: Exception, overrides: Sequence[str], without: Callable[[str], DictConfig]) -> ConfigError:
     """Hydra's refusal ``err`` of the command line ``overrides`` as one ConfigError line naming the key,
-    the value and the fix; ``defaults()`` gives the config composed from no override (for the keys and
-    default values a fix names)."""
+    the value and the fix; ``without(key)`` gives the config composed from the overrides but those of
+    ``key`` (the keys and the default a fix names)."""
     if isinstance(err, MissingConfigException) and err.missing_cfg_file:
         for line in overrides:
             key, _, value = line.partition("=")
@@ -90,7 +86,7 @@ def translate(err: Exception, overrides: Sequence[str], defaults: Any) -> Config
         parent, _, name = full_key.rpartition(".")
         text = str(cause).splitlines()[0]
         if "not in" in text or type(cause).__name__ in ("ConfigAttributeError", "ConfigKeyError"):
-            node = OmegaConf.select(defaults(), parent) if parent else defaults()
+            node = OmegaConf.select(without(full_key), parent) if parent else without(full_key)
             keys = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
             if not parent:
                 keys = [k for k in keys if k != "hydra"]
@@ -98,8 +94,8 @@ def translate(err: Exception, overrides: Sequence[str], defaults: Any) -> Config
             prefix = f"{parent}." if parent else ""
             fix = _did_you_mean(name, keys, prefix + "{}=" + value).strip() or f"{where} takes: {', '.join(keys)}"
             return ConfigError(full_key, f"unknown key ({full_key}={value})", fix)
-        kind = next((name for word, name in TYPE_NAMES.items() if word in text), None)
-        default = OmegaConf.select(defaults(), full_key, default=None)
+        kind = next((kind for word, kind in TYPE_NAMES.items() if word in text), None)
+        default = OmegaConf.select(without(full_key), full_key, default=None)
         if isinstance(default, DictConfig | ListConfig):
             default = OmegaConf.to_container(default)
         need = kind or "a value of its type"
@@ -168,18 +164,19 @@ def check_command_line(argv: Sequence[str], conf_dir: Path) -> None:
         return
     config_name = args.config_name or "config"
     overrides = list(args.overrides)
-    cache: list[DictConfig] = []
-
-    def defaults() -> DictConfig:
-        if not cache:
-            cache.append(_defaults(compose, config_name))
-        return cache[0]
 
     def composed(lines: Sequence[str], hydra: bool = False) -> DictConfig:
+        def without(key: str) -> DictConfig:
+            others = [line for line in lines if line.partition("=")[0].lstrip("+~") != key]
+            try:
+                return compose(config_name, others, return_hydra_config=True)
+            except (HydraException, OmegaConfBaseException):  # another bad override: the defaults
+                return compose(config_name, [], return_hydra_config=True)
+
         try:
             return compose(config_name, list(lines), return_hydra_config=hydra)
         except (HydraException, OmegaConfBaseException) as err:
-            raise translate(err, lines, defaults) from None
+            raise translate(err, lines, without) from None
 
     def check(cfg: DictConfig) -> None:
         if "hydra" in cfg:
@@ -191,7 +188,7 @@ def check_command_line(argv: Sequence[str], conf_dir: Path) -> None:
         try:
             parsed = OverridesParser.create().parse_overrides(overrides)
         except HydraException as err:
-            raise translate(err, overrides, defaults) from None
+            raise translate(err, overrides, lambda key: compose(config_name, [], return_hydra_config=True)) from None
         fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
         base = composed(fixed, hydra=True)
         multirun = args.multirun or base.hydra.mode == RunMode.MULTIRUN
@@ -212,7 +209,7 @@ def check_command_line(argv: Sequence[str], conf_dir: Path) -> None:
         try:
             jobs = job_overrides(sweep)
         except HydraException as err:
-            raise translate(err, sweep, defaults) from None
+            raise translate(err, sweep, lambda key: base) from None
         for job in jobs:
             check(composed(job))
 

@@ -98,9 +98,10 @@ def help_text() -> str:
         "  python -m rlexp.train [group=option ...] [key=value ...]",
         "  python -m rlexp.train -m activation=relu,tanh init=xavier,he",
         "",
-        "== Groups (group=option) ==",
+        "== Groups (group=option): what each picks, then its options ==",
     ]
-    lines += [f"{group}: {', '.join(group_options(group))}" for group in SCHEMAS]
+    for group in SCHEMAS:
+        lines += [f"{group}: {field_help(Config, group)}", f"    {', '.join(group_options(group))}"]
     lines += [
         "",
         "== Presets (+experiment=name) ==",
