@@ -30,9 +30,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from rlexp.config import ConfigError
-from rlexp.registry import CONF_DIR, format_default, group_options
+from rlexp.registry import CONF_DIR, format_default, group_options, register
 
-PRODUCT_LIMIT = 64  # a sweep of at most this many jobs is checked job by job; a larger one value by value
+PRODUCT_LIMIT = 16  # a sweep of at most this many jobs is checked job by job; a larger one value by value
 TYPE_NAMES = {
     "Integer": "an integer",
     "Float": "a number",
@@ -164,6 +164,7 @@ def check_command_line(argv: Sequence[str], conf_dir: Path) -> None:
         return
     config_name = args.config_name or "config"
     overrides = list(args.overrides)
+    register()
 
     def composed(lines: Sequence[str], hydra: bool = False) -> DictConfig:
         def without(key: str) -> DictConfig:
@@ -182,7 +183,12 @@ def check_command_line(argv: Sequence[str], conf_dir: Path) -> None:
         if "hydra" in cfg:
             with open_dict(cfg):
                 del cfg["hydra"]
-        validate(cfg)
+        try:
+            validate(cfg)
+        except ConfigError:
+            raise
+        except Exception:  # not a config mistake (an env that raises while built): the job records its crash
+            pass
 
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3", job_name="train"):
         try:
@@ -270,14 +276,30 @@ def sweep_table(sweep_dir: Path) -> list[str]:
 
 class SweepSummary(Callback):
     """Hydra callback at a multirun's end, whichever launcher ran its jobs: the table across its jobs
-    (``sweep_table``), the sweep dir, and the commands to run next."""
+    (``sweep_table``), the sweep dir, and the commands to run next. Hydra skips ``on_multirun_end`` when
+    a job raised; the entry point then calls ``flush`` after Hydra's error, so a sweep with a crashed
+    job ends with its table too."""
+
+    pending: DictConfig | None = None  # the config of the multirun started in this process, until it is summed up
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        SweepSummary.pending = config
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        SweepSummary.pending = config
+        SweepSummary.flush()
+
+    @staticmethod
+    def flush() -> None:
+        """Print the summary of the multirun started in this process, once; nothing when none is pending."""
+        config, SweepSummary.pending = SweepSummary.pending, None
+        if config is None:
+            return
+        from rlexp.loggers import resolve_wandb_mode
+
         sweep_dir = Path(config.hydra.sweep.dir)
         lines = ["", f"sweep: {sweep_dir}", *sweep_table(sweep_dir), ""]
         lines.append(f"next: python -m rlexp.report {sweep_dir}")
-        from rlexp.loggers import resolve_wandb_mode
-
         if resolve_wandb_mode(config.logger) == "offline":
             lines += sync_lines(sweep_dir, "*/seed_*")
         print("\n".join(lines), flush=True)

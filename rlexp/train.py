@@ -36,7 +36,7 @@ from omegaconf import DictConfig
 from rlexp.algos import ALGOS
 from rlexp.build import resolve_device, validate
 from rlexp.cells import cell_name, is_cell_key, job_settings, parse_overrides, sweep_cell_keys
-from rlexp.cli import check_command_line, end_of_run_lines
+from rlexp.cli import SweepSummary, check_command_line, end_of_run_lines
 from rlexp.config import ConfigError
 from rlexp.loggers import resolve_wandb_mode
 from rlexp.registry import CONF_DIR, register
@@ -121,7 +121,10 @@ def cli(argv: list[str] | None = None) -> None:
     except ConfigError as err:
         print(err, file=sys.stderr)
         raise SystemExit(2) from None
-    main()
+    try:
+        main()
+    finally:  # a multirun whose job raised: Hydra skipped the callback's summary
+        SweepSummary.flush()
 
 
 if __name__ == "__main__":

@@ -512,25 +512,6 @@ def test_command_line_refusal_names_key_value_and_fix(argv):
         assert word in line, (word, line)
 
 
-def test_help_lists_groups_options_top_level_keys_and_the_docs():
-    from dataclasses import fields
-
-    from rlexp.config import Config, field_help
-    from rlexp.registry import DOC, help_text
-
-    text = help_text()
-    lines = text.splitlines()
-    for group in GROUPS:  # the group with its one line of meaning, then its options
-        i = lines.index(f"{group}: {field_help(Config, group)}")
-        assert lines[i + 1].strip().split(", ") == options(group), group
-    for f in fields(Config):
-        if f.name not in GROUPS:
-            assert any(line.startswith(f.name) and field_help(Config, f.name) in line for line in lines), f.name
-    assert DOC in text
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):  # what --help prints
-        assert compose("config", return_hydra_config=True).hydra.help.template == text
-
-
 def test_command_line_check_passes_good_sweeps_and_leaves_hydras_options():
     check_command_line(["-m", "activation=relu,tanh", "init=xavier,he"], CONF)
     check_command_line(["+experiment=stability_grid_small", "hydra/launcher=rlexp_joblib"], CONF)
