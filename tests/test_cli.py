@@ -36,7 +36,6 @@ from rlexp.cells import cell_name
 from rlexp.cli import check_command_line, job_overrides
 from rlexp.config import NON_CELL_KEYS, ConfigError, EnvConfig
 from rlexp.registry import SCHEMAS, register
-from rlexp.report import cell_keys, load_job, sweep_order, varying_keys
 from rlexp.wandb_files import read_records as read_wandb_records
 from rlexp.wandb_files import run_dirs
 
@@ -731,6 +730,8 @@ def test_multirun_sweeps_every_combination(multi_run):
     assert sorted(seen) == sorted(itertools.product(["relu", "tanh"], ["xavier", "he"]))
     assert len(cells) == 4
     # the report names the same cells
+    from rlexp.report import cell_keys, load_job, sweep_order, varying_keys
+
     report_jobs = [load_job(sweep_dir / name, sweep_dir) for name in jobs]
     keys = cell_keys(report_jobs, varying_keys(report_jobs, sweep_order(sweep_dir)))
     assert {cell_name(j.settings, keys) for j in report_jobs} == cells
