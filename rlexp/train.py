@@ -101,23 +101,25 @@ def job_identity() -> tuple[Path, str, dict[str, str]]:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> dict[str, Any]:
     out_dir, cell, choices = job_identity()
+    single = HydraConfig.get().mode != RunMode.MULTIRUN  # a sweep ends with rlexp.cli.SweepSummary's table
     try:
-        summary = run_job(cfg, out_dir, cell, choices)
-        if HydraConfig.get().mode != RunMode.MULTIRUN:  # a sweep ends with rlexp.cli.SweepSummary's table
-            print("\n".join(end_of_run_lines(out_dir, resolve_wandb_mode(cfg.logger))), flush=True)
-        return summary
+        return run_job(cfg, out_dir, cell, choices)
     except ConfigError as err:
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
+        if not single:
             raise  # this job fails; the sweep runs the others and exits non-zero at the end
+        single = False  # refused: no outputs to point to
         print(err, file=sys.stderr)  # a single run: the one line, no traceback
         raise SystemExit(2) from None
+    finally:
+        if single:  # finished or crashed: where its files are
+            print("\n".join(end_of_run_lines(out_dir, resolve_wandb_mode(cfg.logger))), flush=True)
 
 
-def cli(argv: list[str] | None = None) -> None:
+def cli() -> None:
     """``python -m rlexp.train``: every job's config checked first (``rlexp.cli.check_command_line``: a
     refusal is one line and exit code 2, before Hydra makes any dir), then Hydra runs ``main``."""
     try:
-        check_command_line(sys.argv[1:] if argv is None else argv, CONF_DIR)
+        check_command_line(sys.argv[1:], CONF_DIR)
     except ConfigError as err:
         print(err, file=sys.stderr)
         raise SystemExit(2) from None
