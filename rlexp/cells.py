@@ -50,27 +50,18 @@ def cell_name(settings: Mapping[str, str], keys: Sequence[str]) -> str:
     return ",".join(f"{k}={settings.get(k, '-')}" for k in keys) or "all"
 
 
-def _is_sweep(value: Any) -> bool:
-    """True for a sweep's value: ``a,b``, ``choice(...)``, ``range(...)``, ``interval(...)``, a list of values."""
-    if isinstance(value, (list, tuple)):
-        return len(value) > 1
-    text = str(value).strip()
-    if text.startswith(("choice(", "range(", "interval(", "glob(", "tag(")):
-        return True
-    depth = 0
-    for ch in text:  # a comma outside brackets and quotes: a,b (a list [a,b] is one value)
-        depth += ch in "[({"
-        depth -= ch in "])}"
-        if ch == "," and depth == 0:
-            return True
-    return False
-
-
 def swept_keys(task: Iterable[str], params: Mapping[str, Any] | None) -> list[str]:
     """The cell keys a sweep varies: those of its command-line overrides (``task``, in their order) whose
-    value is a sweep, then those of ``hydra.sweeper.params`` (sorted)."""
-    keys = [k for k, v in parse_overrides(list(task)).items() if _is_sweep(v)]
-    keys += sorted(str(k).lstrip("+") for k, v in (params or {}).items() if _is_sweep(v))
+    value is a sweep (``a,b``, ``choice(…)``, ``range(…)``, …, as Hydra's override grammar reads it), then
+    those of ``hydra.sweeper.params`` (sorted)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    lines = [*task, *(f"{k}={v}" for k, v in sorted((params or {}).items()))]
+    try:
+        overrides = OverridesParser.create().parse_overrides(lines)
+    except Exception:  # a record Hydra's grammar does not read: nothing is known to vary
+        return []
+    keys = [o.get_key_element().lstrip("+~") for o in overrides if o.is_sweep_override()]
     return [k for k in dict.fromkeys(keys) if is_cell_key(k)]
 
 

@@ -32,7 +32,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rlexp.algos import ALGOS
 from rlexp.build import validate
-from rlexp.cells import cell_name
+from rlexp.cells import cell_name, job_settings, swept_keys
 from rlexp.cli import check_command_line, job_overrides
 from rlexp.config import NON_CELL_KEYS, ConfigError, EnvConfig
 from rlexp.registry import SCHEMAS, register
@@ -509,6 +509,17 @@ def test_command_line_refusal_names_key_value_and_fix(argv):
     assert "\n" not in line
     for word in COMMAND_LINE_REFUSALS[argv]:
         assert word in line, (word, line)
+
+
+def test_a_cell_is_named_by_what_the_sweep_varies():
+    sweep = ["activation=relu,tanh", "total_steps=300", "+experiment=nan_hunt/tanh,nan_hunt/elu"]
+    sweep += ["network.hidden=[64,64]", "seed=0,8", "env=cartpole,acrobot"]  # seeds and the env (a task): no cell
+    keys = swept_keys(sweep, {"clipping": "none,global_norm", "init": "he"})
+    assert keys == ["activation", "experiment", "clipping"]
+    job = ["activation=tanh", "total_steps=300", "+experiment=nan_hunt/elu", "network.hidden=[64,64]", "seed=8"]
+    choices = {"activation": "tanh", "clipping": "none", "init": "he", "env": "acrobot", "hydra/launcher": "basic"}
+    assert cell_name(job_settings(choices, job), keys) == "activation=tanh,experiment=nan_hunt/elu,clipping=none"
+    assert cell_name({"activation": "tanh"}, []) == "all"
 
 
 def test_command_line_check_passes_good_sweeps_and_leaves_hydras_options():
