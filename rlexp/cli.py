@@ -235,18 +235,11 @@ def end_of_run_lines(out_dir: Path, wandb_mode: str) -> list[str]:
     return lines + (sync_lines(out_dir, "seed_*") if wandb_mode == "offline" else [])
 
 
-def _iqm(values: Sequence[float]) -> float:
-    """Interquartile mean (rliable's: drop floor(n/4) lowest and highest); NaN when empty."""
-    x = sorted(values)
-    cut = len(x) // 4
-    kept = x[cut : len(x) - cut]
-    return sum(kept) / len(kept) if kept else math.nan
-
-
 def sweep_table(sweep_dir: Path) -> list[str]:
     """One line per job of a sweep dir (its cell, status counts, IQM of the members' final evaluation
     return, wall time), read from the job dirs' ``summary.json``; a job without one is 'no summary'."""
     from rlexp.jobs import job_dirs
+    from rlexp.report import iqm
 
     rows = [("job", "cell", "ok", "div", "crash", "IQM eval", "n", "wall s")]
     for job_dir in job_dirs(sweep_dir) if sweep_dir.is_dir() else []:
@@ -265,7 +258,7 @@ def sweep_table(sweep_dir: Path) -> list[str]:
                 str(counts.get("ok", 0)),
                 str(counts.get("diverged", 0)),
                 str(counts.get("crashed", 0)),
-                f"{_iqm(scores):.1f}" if scores else "-",
+                f"{iqm(scores):.1f}" if scores else "-",
                 str(len(scores)),
                 f"{job.get('wall_s', 0):.1f}",
             )

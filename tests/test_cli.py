@@ -737,7 +737,8 @@ def test_multirun_sweeps_every_combination(multi_run):
         assert f"activation:{combo[0]}" in wb["tags"] and f"init:{combo[1]}" in wb["tags"]
         assert wb["exit_code"] == 0
         # the sweep's closing table: one row per job with its cell and status counts
-        assert re.search(rf"^{name}\s+{re.escape(job['cell'])}\s+1\s+0\s+0\s", proc.stdout, re.M), proc.stdout
+        row = f"{name}\\s+{re.escape(job['cell'])}\\s+1\\s+0\\s+0\\s+{member['eval_return']:.1f}\\s+1\\s"  # IQM of one
+        assert re.search(rf"^{row}", proc.stdout, re.M), proc.stdout
     assert sorted(seen) == sorted(itertools.product(["relu", "tanh"], ["xavier", "he"]))
     assert len(cells) == 4
     # the report names the same cells
