@@ -1,13 +1,15 @@
 """The command line around ``python -m rlexp.train``: its config checked before Hydra makes a dir, and
 what a run and a sweep say at their end.
 
-``check_command_line(argv)`` composes the config of every job the command line names (a multirun: each
-combination of its sweeps; more than ``PRODUCT_LIMIT`` combinations: each swept value once, the other
-keys at their first value) with Hydra's compose API and validates it (``rlexp.build.validate``). Hydra's
-own refusals (an unknown option or key, a wrong type, an override it cannot parse) become one
-``ConfigError`` line with the close matches (difflib). So a refused command line exits with code 2
-before Hydra makes any output dir. Options Hydra answers by itself (``--help``, ``--cfg``, ``--info``,
-a config dir of one's own: ``-cp``/``-cd``) are left to Hydra.
+A plain single run is composed once, by Hydra; ``ConfigCheck`` (a Hydra callback) validates its config
+(``rlexp.build.validate``) before Hydra makes the run dir. A multirun, or a command line that may make
+one (a sweep, a preset, ``hydra.mode``), is checked whole first: ``check_command_line(argv)`` composes
+the config of every job (each combination of its sweeps; more than ``PRODUCT_LIMIT``: each swept value
+once, the other keys at their first value) with Hydra's compose API and validates it. A mistake Hydra's
+composition refuses (an unknown option or key, a wrong type, an override it cannot parse) becomes one
+``ConfigError`` line with the close matches (difflib) — ``translate``; the entry point prints it and
+exits with code 2 before any dir is made. Options Hydra answers by itself (``--help``, ``--cfg``,
+``--info``, a config dir of one's own: ``-cp``/``-cd``) are left to Hydra.
 
 ``SweepSummary`` is the Hydra callback a multirun ends with: one table across its jobs, read from
 their ``summary.json`` whichever launcher ran them, the sweep dir and the report command.
@@ -20,6 +22,7 @@ import itertools
 import json
 import math
 import re
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -156,8 +159,6 @@ def check_command_line(argv: Sequence[str], conf_dir: Path) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.types import RunMode
 
-    from rlexp.build import validate
-
     args = get_args_parser().parse_args(list(argv))
     answered_by_hydra = ("help", "hydra_help", "version", "cfg", "info", "shell_completion", "experimental_rerun")
     if any(getattr(args, name, None) for name in (*answered_by_hydra, "config_path", "config_dir")):
@@ -179,17 +180,6 @@ def check_command_line(argv: Sequence[str], conf_dir: Path) -> None:
         except (HydraException, OmegaConfBaseException) as err:
             raise translate(err, lines, without) from None
 
-    def check(cfg: DictConfig) -> None:
-        if "hydra" in cfg:
-            with open_dict(cfg):
-                del cfg["hydra"]
-        try:
-            validate(cfg)
-        except ConfigError:
-            raise
-        except Exception:  # not a config mistake (an env that raises while built): the job records its crash
-            pass
-
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3", job_name="train"):
         try:
             parsed = OverridesParser.create().parse_overrides(overrides)
@@ -207,7 +197,7 @@ def check_command_line(argv: Sequence[str], conf_dir: Path) -> None:
                     f"{swept[0].input_line} is a sweep in a single run",
                     f"add -m to run one job per value, or write {key}=[...] for a list",
                 )
-            check(base)
+            check_config(base)
             return
         params = base.hydra.sweeper.get("params")
         params = OmegaConf.to_container(params) if isinstance(params, DictConfig) else {}
@@ -217,7 +207,54 @@ def check_command_line(argv: Sequence[str], conf_dir: Path) -> None:
         except HydraException as err:
             raise translate(err, sweep, lambda key: base) from None
         for job in jobs:
-            check(composed(job))
+            check_config(composed(job))
+
+
+def needs_whole_check(argv: Sequence[str]) -> bool:
+    """True unless ``argv`` is a plain single run: no -m, no sweep, no preset or Hydra mode that may make
+    one (those are checked job by job before Hydra starts, ``check_command_line``). A plain single run's
+    config is composed once, by Hydra, and checked by ``ConfigCheck`` before Hydra makes its dir."""
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    args = get_args_parser().parse_args(list(argv))
+    if args.multirun or args.config_name:
+        return True
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(args.overrides))
+    except HydraException:
+        return True  # check_command_line names the mistake
+    keys = [o.get_key_element().lstrip("+~") for o in parsed]
+    return any(o.is_sweep_override() for o in parsed) or any(k in ("experiment", "hydra.mode") for k in keys)
+
+
+def check_config(config: DictConfig) -> None:
+    """Validate a composed config (Hydra's keys aside): a ConfigError on a config mistake; nothing for an
+    error that is not one (an env that raises while built), which the job records as its crash."""
+    from rlexp.build import validate
+
+    if "hydra" in config:
+        config = config.copy()
+        with open_dict(config):
+            del config["hydra"]
+    try:
+        validate(config)
+    except ConfigError:
+        raise
+    except Exception:
+        pass
+
+
+class ConfigCheck(Callback):
+    """Hydra callback: a single run's config is validated before Hydra makes its dir (a refusal is one
+    line and exit code 2; ``check_command_line`` has checked a multirun's every job before Hydra started)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            check_config(config)
+        except ConfigError as err:
+            print(err, file=sys.stderr)
+            raise SystemExit(2) from None
 
 
 # ---------------------------------------------------------------- after: where the outputs went

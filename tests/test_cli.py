@@ -33,7 +33,7 @@ from omegaconf.errors import OmegaConfBaseException
 from rlexp.algos import ALGOS
 from rlexp.build import validate
 from rlexp.cells import cell_name, job_settings, swept_keys
-from rlexp.cli import check_command_line, job_overrides
+from rlexp.cli import check_command_line, job_overrides, needs_whole_check
 from rlexp.config import NON_CELL_KEYS, ConfigError, EnvConfig
 from rlexp.registry import SCHEMAS, register
 from rlexp.wandb_files import read_records as read_wandb_records
@@ -531,6 +531,10 @@ def test_command_line_check_passes_good_sweeps_and_leaves_hydras_options():
     jobs = job_overrides([f"a={','.join(str(i) for i in range(9))}", f"b={','.join(str(i) for i in range(9))}"])
     assert len(jobs) == 17 and {j[0] for j in jobs} == set(lists[0]) and {j[1] for j in jobs} == set(lists[1])
     assert len(job_overrides(["a=1,2", "b=1,2,3", "c=4"])) == 6
+    # a plain single run is composed once, by Hydra (ConfigCheck); what may be a multirun is checked whole first
+    assert not needs_whole_check(["total_steps=300", "activation=tanh", "network.hidden=[8,8]"])
+    for argv in (["-m", "seed=0"], ["activation=relu,tanh"], ["+experiment=nan_hunt"], ["hydra.mode=MULTIRUN"]):
+        assert needs_whole_check(argv), argv
 
 
 @pytest.mark.parametrize("case", sorted(BAD_VALUES))
