@@ -10,6 +10,7 @@ combinations that cannot work. Every numeric key has a domain, whichever option 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import re
@@ -65,9 +66,14 @@ def _check_known_keys(node: DictConfig, prefix: str = "") -> None:
     for key in node.keys():
         path = f"{prefix}{key}"
         if key not in known:
-            raise ConfigError(
-                path, "unknown key", f"remove it; {prefix.rstrip('.') or 'the top level'} takes: {', '.join(known)}"
+            close = difflib.get_close_matches(str(key), known, n=3, cutoff=0.6)
+            value = node._get_node(key)._value() if not isinstance(node._get_node(key), DictConfig) else "{...}"
+            fix = (
+                f"did you mean {' or '.join(f'{prefix}{c}={value}' for c in close)}?"
+                if close
+                else f"remove it; {prefix.rstrip('.') or 'the top level'} takes: {', '.join(known)}"
             )
+            raise ConfigError(path, f"unknown key ({path}={value})", fix)
         child = node._get_node(key)
         if isinstance(child, DictConfig):
             _check_known_keys(child, f"{path}.")

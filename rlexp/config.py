@@ -20,8 +20,8 @@ from hydra.errors import CompactHydraException
 from omegaconf import MISSING
 
 # Seeds make the members of a cell; the other keys pick the machine or the console. Left out of a job's cell
-# (Hydra's override_dirname, the W&B group), of the report's cells and, all but SEED_KEYS, of the config a
-# resumed job must match.
+# (rlexp.cells: the report's cell and the W&B group; Hydra's override_dirname) and, all but SEED_KEYS, of the
+# config a resumed job must match.
 SEED_KEYS = ("seed", "num_seeds")
 NON_CELL_KEYS = (*SEED_KEYS, "device", "threads", "resume", "logger.mode", "logger.progress", "checkpoint.every")
 

@@ -148,7 +148,7 @@ def log_to_wandb(
     import wandb
 
     summary = run_dir / "summary.json"
-    cell = json.loads(summary.read_text()).get("cell", "default") if summary.exists() else "default"
+    cell = json.loads(summary.read_text()).get("cell", "all") if summary.exists() else "all"
     run = wandb.init(
         mode=mode,
         project=ctx.cfg.logger.project,

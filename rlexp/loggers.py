@@ -36,6 +36,7 @@ from rlexp.config import LoggerConfig
 from rlexp.jobs import write_json
 
 WANDB_MODES = ("offline", "online", "disabled")
+STEP_METRIC = "env_step"  # every W&B record's env step per member: the x-axis of every chart
 
 
 def resolve_wandb_mode(cfg: LoggerConfig) -> str:
@@ -91,7 +92,9 @@ class MemberLog:
         return self._run
 
     def log_wandb(self, payload: dict[str, Any], step: int) -> None:
-        """Send a record to the member's W&B run (queued while the run opens); nothing when disabled."""
+        """Send a record to the member's W&B run (queued while the run opens), with ``env_step``, every
+        chart's x-axis (``define_metrics``); nothing when disabled."""
+        payload = {**payload, STEP_METRIC: step}
         run = self._wandb(wait=False)
         if run is not None:
             run.log(payload, step=step)
@@ -217,13 +220,15 @@ class WandbRuns:
             reason = probe_server(server, self.cfg.init_timeout)
             if reason is not None:
                 self._fall_back(server, reason)
+        choices = dict(tag.split(":", 1) for tag in self.tags)
         kwargs = dict(
             project=self.cfg.project,
             entity=self.cfg.entity,
             group=_fit(self.group, 128),
             name=_fit(f"{self.group}/seed={seed}", 128),
+            job_type=self.config["algo"]["name"],
             tags=[_fit(t, 64) for t in self.tags],
-            config={**self.config, "seed": seed, "member": member},
+            config={**self.config, "seed": seed, "member": member, "cell": self.group, "choices": choices},
             dir=str(run_dir),
             reinit="create_new",
             settings=wandb.Settings(init_timeout=self.cfg.init_timeout, console="off", silent=True),
@@ -232,13 +237,22 @@ class WandbRuns:
             files = run_dir / "wandb"
             before = set(files.iterdir()) if files.is_dir() else set()
             try:
-                return wandb.init(mode="online", **kwargs)
+                return define_metrics(wandb.init(mode="online", **kwargs))
             except Exception as err:  # no network, no credentials: this run and every later one offline
                 self._fall_back(wandb.setup().settings.base_url, f"{type(err).__name__}: {str(err).splitlines()[0]}")
                 for path in (set(files.iterdir()) - before) if files.is_dir() else ():
                     if path.name.startswith("run-"):  # the partial online run's dir
                         shutil.rmtree(path, ignore_errors=True)
-        return wandb.init(mode=self.mode, **kwargs)
+        return define_metrics(wandb.init(mode=self.mode, **kwargs))
+
+
+def define_metrics(run: Any) -> Any:
+    """Every chart of ``run`` against the env step per member (``env_step``); the run's summary keeps the
+    last and the best (max) evaluation return (``eval/return``). Returns ``run``."""
+    run.define_metric(STEP_METRIC)
+    run.define_metric("*", step_metric=STEP_METRIC)
+    run.define_metric("eval/return", step_metric=STEP_METRIC, summary="last,max")
+    return run
 
 
 def _fit(text: str, limit: int) -> str:

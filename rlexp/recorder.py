@@ -13,6 +13,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +97,7 @@ class Recorder:
         self.progress: ConsoleProgress | None = None
         self.start_time = self._last_log_time = time.perf_counter()
         self._last_log_step = 0  # the env step (per member) of the latest log record
-        self.first_step_time: float | None = None  # unix time of the first env step
+        self.first_step_at: str | None = None  # ISO 8601 UTC time of the first env step
         self.checkpoint: Callable[[int], None] | None = None  # writes a checkpoint at an env step (checkpoint.every)
 
     # ------------------------------------------------------------ for algorithms
@@ -112,7 +113,7 @@ class Recorder:
         crash_at = self.cfg.debug.crash_at_step
         every = self.cfg.checkpoint.every
         step = self._last_log_step
-        self.first_step_time = time.time()
+        self.first_step_at = datetime.now(timezone.utc).isoformat()
         while step < self.cfg.total_steps:
             step += per_step
             if 0 <= crash_at <= step:  # tests of failure isolation

@@ -37,6 +37,7 @@ from rlexp.nets import NORMALIZATIONS
 from rlexp.optim import OPTIMIZERS
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+_REGISTERED = False  # register() has run in this process (storing ~50 schemas again costs ~0.4 s)
 DOC = "docs/configuration.md"
 
 
@@ -64,6 +65,9 @@ def register() -> None:
     """Store the schemas in Hydra's ConfigStore and register rlexp's resolvers (idempotent):
     ``rlexp.hydra_subdir`` (hydra.output_subdir), ``rlexp.non_cell_keys`` (the keys Hydra leaves
     out of a job's override_dirname, its cell) and ``rlexp.help`` (the --help text)."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
     store = ConfigStore.instance()
     store.store(name="schema", node=Config)
     for group, options in SCHEMAS.items():
@@ -76,6 +80,7 @@ def register() -> None:
     }
     for name, resolver in resolvers.items():
         OmegaConf.register_new_resolver(name, resolver, replace=True)
+    _REGISTERED = True
 
 
 def format_default(value: Any) -> str:
@@ -98,9 +103,10 @@ def help_text() -> str:
         "  python -m rlexp.train [group=option ...] [key=value ...]",
         "  python -m rlexp.train -m activation=relu,tanh init=xavier,he",
         "",
-        "== Groups (group=option) ==",
+        "== Groups (group=option): what each picks, then its options ==",
     ]
-    lines += [f"{group}: {', '.join(group_options(group))}" for group in SCHEMAS]
+    for group in SCHEMAS:
+        lines += [f"{group}: {field_help(Config, group)}", f"    {', '.join(group_options(group))}"]
     lines += [
         "",
         "== Presets (+experiment=name) ==",

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from rlexp.config import NON_CELL_KEYS
+from rlexp.cells import cell_name, is_cell_key, job_settings, parse_overrides
 from rlexp.loggers import WANDB_MODES
 from rlexp.report_data import CELL_COLUMNS, DIVERGED_SCORES, SCORES, CellStats, Curve, Job, Report, cell_rows
 from rlexp.report_html import render_html
@@ -58,9 +58,6 @@ from rlexp.report_stats import (
 )
 from rlexp.wandb_files import run_dirs
 
-# settings that never make a cell besides NON_CELL_KEYS (the trainer's): the env, a task (a column of the
-# score matrix) rather than a cell, and Hydra's own keys
-TASK_KEYS = ("env", "env.id")
 GRID_TAIL = [
     "env",
     "seed",
@@ -151,23 +148,6 @@ def learning_curve(records: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarra
     return np.zeros(0), np.zeros(0), None
 
 
-def parse_overrides(lines: Any) -> dict[str, str]:
-    """``key=value`` overrides (``+``/``++`` prefixes dropped, deletions ``~key`` skipped) as a dict."""
-    out: dict[str, str] = {}
-    for line in lines if isinstance(lines, list) else []:
-        text = str(line)
-        if "=" not in text or text.startswith("~"):
-            continue
-        key, value = text.split("=", 1)
-        out[key.lstrip("+")] = value
-    return out
-
-
-def _cell_key(key: str) -> bool:
-    non_cell = any(key == k or key.startswith(f"{k}.") for k in NON_CELL_KEYS)
-    return not non_cell and key not in TASK_KEYS and not key.startswith("hydra")
-
-
 def _is_job_dir(path: Path) -> bool:
     return (path / "summary.json").exists() or (path / ".hydra").is_dir() or any(path.glob("seed_*"))
 
@@ -191,8 +171,7 @@ def load_job(job_dir: Path, root: Path) -> Job:
     if not isinstance(choices, dict):  # no summary: Hydra's record of the choices
         hydra_cfg = read_yaml(hydra_dir / "hydra.yaml") or {}
         choices = ((hydra_cfg.get("hydra") or {}).get("runtime") or {}).get("choices") or {}
-    settings = {str(k): str(v) for k, v in choices.items() if _cell_key(str(k)) and "/" not in str(k)}
-    settings.update({k: v for k, v in parse_overrides(read_yaml(hydra_dir / "overrides.yaml")).items() if _cell_key(k)})
+    settings = job_settings(choices, read_yaml(hydra_dir / "overrides.yaml"))
     env = str((summary or {}).get("env") or (config.get("env") or {}).get("id") or "unknown")
     logger_cfg = config.get("logger") or {}
     name = "." if job_dir == root else str(job_dir.relative_to(root))
@@ -253,7 +232,7 @@ def sweep_order(root: Path) -> list[str]:
     """Keys in the order the sweep named them (``multirun.yaml``), for rows/cols and cell labels."""
     data = read_yaml(root / "multirun.yaml") or {}
     task = (((data.get("hydra") or {}).get("overrides") or {}).get("task")) if isinstance(data, dict) else None
-    return [k for k in parse_overrides(task) if _cell_key(k)]
+    return [k for k in parse_overrides(task) if is_cell_key(k)]
 
 
 def varying_keys(jobs: Sequence[Job], order: Sequence[str]) -> list[str]:
@@ -274,11 +253,6 @@ def cell_keys(jobs: Sequence[Job], varying: Sequence[str]) -> list[str]:
         if not kept or any(len(v) > 1 for v in values.values()):
             kept.append(key)
     return kept
-
-
-def cell_label(settings: dict[str, str], keys: Sequence[str]) -> str:
-    """``k=v,k2=v2`` over the cell keys; ``all`` when nothing was swept."""
-    return ",".join(f"{k}={settings.get(k, '-')}" for k in keys) or "all"
 
 
 def grid_rows(jobs: Sequence[Job], keys: Sequence[str]) -> list[dict[str, Any]]:
@@ -457,7 +431,7 @@ def build_report(
     varying = varying_keys(jobs, sweep_order(root))
     keys = cell_keys(jobs, varying)
     for job in jobs:
-        job.cell = cell_label(job.settings, keys)
+        job.cell = cell_name(job.settings, keys)
     for flag, key in (("--rows", rows_key), ("--cols", cols_key)):
         if key is not None and key not in varying:
             swept = ", ".join(varying) or "(none: nothing was swept)"

@@ -105,7 +105,7 @@ def _run_held(
         try:
             members = recorder.close(error)  # the members' summaries, then the job's, then W&B
             job = job_summary(config, cell, choices, members, time.perf_counter() - recorder.start_time, error)
-            job["first_step_time"] = recorder.first_step_time  # unix time of the first env step (start-up benchmarks)
+            job["first_step_at"] = recorder.first_step_at  # ISO 8601 time of the first env step (start-up benchmarks)
             job["threads"] = torch.get_num_threads()  # the torch threads the job ran with
             write_json(out_dir / "summary.json", job)
         finally:

@@ -23,20 +23,26 @@ if __name__ == "__main__":
     gc.disable()  # the imports below make ~200k objects (torch, hydra) that all live on: no collections meanwhile
 
 import os
+import traceback
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import hydra
 import torch
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException, ConfigCompositionException, OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from rlexp.algos import ALGOS
 from rlexp.build import resolve_device, validate
+from rlexp.cells import cell_name, is_cell_key, job_settings, parse_overrides, sweep_cell_keys
+from rlexp.cli import SweepSummary, check_command_line, end_of_run_lines, needs_whole_check
 from rlexp.config import ConfigError
-from rlexp.registry import register
+from rlexp.loggers import resolve_wandb_mode
+from rlexp.registry import CONF_DIR, register
 from rlexp.run import Algorithm
 from rlexp.runner import run_population
 
@@ -83,9 +89,14 @@ def run_job(
 
 
 def job_identity() -> tuple[Path, str, dict[str, str]]:
-    """The job's output dir, its config cell (overrides minus seeds etc.) and its group choices."""
+    """The job's output dir, its cell (``rlexp.cells``: in a multirun the settings its sweep varies, in a
+    single run its own overrides; seeds, machine and console keys left out) and its group choices."""
     hc = HydraConfig.get()
-    cell = hc.job.override_dirname or "default"
+    task = list(hc.overrides.task)
+    keys = sweep_cell_keys(Path(hc.sweep.dir)) if hc.mode == RunMode.MULTIRUN else None
+    if keys is None:  # a single run (or a sweep without Hydra's record): what its command line sets
+        keys = [k for k in parse_overrides(task) if is_cell_key(k)]
+    cell = cell_name(job_settings(hc.runtime.choices, task), keys)
     choices = {k: str(v) for k, v in hc.runtime.choices.items() if not k.startswith(("hydra", "schema"))}
     return Path(hc.runtime.output_dir), cell, choices
 
@@ -93,14 +104,73 @@ def job_identity() -> tuple[Path, str, dict[str, str]]:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> dict[str, Any]:
     out_dir, cell, choices = job_identity()
+    single = HydraConfig.get().mode != RunMode.MULTIRUN  # a sweep ends with rlexp.cli.SweepSummary's table
     try:
         return run_job(cfg, out_dir, cell, choices)
     except ConfigError as err:
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
+        if not single:
             raise  # this job fails; the sweep runs the others and exits non-zero at the end
+        single = False  # refused: no outputs to point to
         print(err, file=sys.stderr)  # a single run: the one line, no traceback
+        raise SystemExit(2) from None
+    finally:
+        if single:  # finished or crashed: where its files are
+            print("\n".join(end_of_run_lines(out_dir, resolve_wandb_mode(cfg.logger))), flush=True)
+
+
+def cli() -> None:
+    """``python -m rlexp.train``. A multirun (or a command line that may make one) has every job's config
+    checked first (``rlexp.cli.check_command_line``); a single run's config, composed once by Hydra, is
+    checked by ``rlexp.cli.ConfigCheck`` before Hydra makes its dir, and a mistake Hydra's composition
+    refuses is named by ``check_command_line`` after it: a refusal is one line and exit code 2, no dir.
+    Any other error is reported as Hydra reports it (``HYDRA_FULL_ERROR=1``: in full)."""
+    argv = sys.argv[1:]
+    if needs_whole_check(argv):
+        refuse_or_pass(argv)
+        try:
+            main()
+        finally:  # a multirun whose job raised: Hydra skipped the callback's summary
+            SweepSummary.flush()
+        return
+    full_error = "HYDRA_FULL_ERROR" in os.environ
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing: a composition error is named here
+    try:
+        main()
+    except Exception as err:
+        if full_error:
+            raise
+        del os.environ["HYDRA_FULL_ERROR"]
+        if isinstance(err, (ConfigCompositionException, OverrideParseException)):
+            GlobalHydra.instance().clear()
+            refuse_or_pass(argv)
+        hydra_report(err)
+    finally:
+        if not full_error:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+
+
+def refuse_or_pass(argv: list[str]) -> None:
+    """``check_command_line(argv)``: a refusal is printed as its one line and the process exits with code 2."""
+    try:
+        check_command_line(argv, CONF_DIR)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
         raise SystemExit(2) from None
 
 
+def hydra_report(err: BaseException) -> NoReturn:
+    """Report ``err`` as Hydra does without ``HYDRA_FULL_ERROR``: a Hydra error's message, else the
+    traceback from the job's own frames (below Hydra's ``run_job``); exit code 1."""
+    if isinstance(err, CompactHydraException):
+        print(err, file=sys.stderr)
+    else:
+        tb = err.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_name != "run_job":
+            tb = tb.tb_next
+        traceback.print_exception(type(err), err, (tb.tb_next if tb is not None else None) or err.__traceback__)
+    print("\nSet the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.", file=sys.stderr)
+    raise SystemExit(1)
+
+
 if __name__ == "__main__":
-    main()
+    cli()

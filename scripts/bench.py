@@ -65,6 +65,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,9 +191,10 @@ def rlexp_run(overrides: list[str], workdir: Path, mode: str = "disabled") -> Sa
     command = rlexp_command(overrides, mode) + [f"hydra.run.dir={run_dir}"]
     launched, wall, rss = run_process(command, {**os.environ, "WANDB_SILENT": "true"}, workdir)
     summary = json.loads((run_dir / "summary.json").read_text())
-    if summary["status"] != "ok" or summary.get("first_step_time") is None:
+    if summary["status"] != "ok" or summary.get("first_step_at") is None:
         raise SystemExit(f"bench.py: {' '.join(overrides)} ended {summary['status']}: {summary.get('error')}")
-    return Sample(process_s=wall, rss_mb=rss, loop_s=summary["wall_s"], startup_s=summary["first_step_time"] - launched)
+    first_step = datetime.fromisoformat(summary["first_step_at"]).timestamp()
+    return Sample(process_s=wall, rss_mb=rss, loop_s=summary["wall_s"], startup_s=first_step - launched)
 
 
 def rlexp_command(overrides: list[str], mode: str) -> list[str]:

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rlexp.algos import ALGOS
 from rlexp.build import validate
+from rlexp.cells import cell_name, job_settings, swept_keys
+from rlexp.cli import check_command_line, job_overrides, needs_whole_check
 from rlexp.config import NON_CELL_KEYS, ConfigError, EnvConfig
 from rlexp.registry import SCHEMAS, register
 from rlexp.wandb_files import read_records as read_wandb_records
@@ -141,9 +144,9 @@ def describe(proc: subprocess.CompletedProcess) -> str:
 
 
 def expected_cell(overrides: Sequence[str]) -> str:
-    """Hydra's override_dirname: the sorted task overrides minus the excluded keys, or 'default'."""
-    kept = sorted(o for o in overrides if not o.startswith("hydra.") and o.split("=", 1)[0] not in NON_CELL_KEYS)
-    return ",".join(kept) or "default"
+    """A single run's cell: its overrides in their order minus NON_CELL_KEYS and Hydra's, or 'all'."""
+    kept = [o for o in overrides if not o.startswith("hydra.") and o.split("=", 1)[0] not in NON_CELL_KEYS]
+    return ",".join(kept) or "all"
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -179,14 +182,18 @@ def read_wandb_run(member_dir: Path) -> dict[str, Any]:
     """The run record (config, group, tags), history rows, merged summary and exit code of a member's run."""
     files = sorted(wandb_run_dir(member_dir).glob("run-*.wandb"))
     assert len(files) == 1, files
-    run, history, histograms, summary, exit_code = None, [], [], {}, None
+    run, history, histograms, summary, exit_code, metrics = None, [], [], {}, None, {}
     for record in read_wandb_records(files[0]):
         kind = record.WhichOneof("record_type")
         if kind == "run":
             run = record.run
+        elif kind == "metric":  # wandb.define_metric
+            metric = record.metric
+            kinds = {f.name for f, v in metric.summary.ListFields() if v} if metric.HasField("summary") else set()
+            metrics[metric.name or metric.glob_name] = (metric.step_metric, kinds)
         elif kind == "history":
             row = _items(record.history.item)
-            logged = [key for key in row if not key.startswith("_")]
+            logged = [key for key in row if not key.startswith("_") and key != "env_step"]
             # rows of W&B histograms only (hist/...) are W&B's alone: metrics.jsonl has no such rows
             (histograms if logged and all(key.startswith("hist/") for key in logged) else history).append(row)
         elif kind == "summary":
@@ -197,6 +204,9 @@ def read_wandb_run(member_dir: Path) -> dict[str, Any]:
     return {
         "config": _items(run.config.update),
         "group": run.run_group,
+        "name": run.display_name,
+        "job_type": run.job_type,
+        "metrics": metrics,
         "tags": list(run.tags),
         "project": run.project,
         "history": history,
@@ -222,10 +232,12 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 
 # ====================================================================== bad input cases
+# case -> (command line, key named first on the error line, other words the line must contain)
 HYDRA_REFUSALS = {
-    "unknown_key": (["optimizer.betaa=1"], "optimizer.betaa"),
-    "wrong_type_float": (["optimizer.lr=abc"], "optimizer.lr"),
-    "wrong_type_int": (["num_seeds=two"], "num_seeds"),
+    "misspelled_option": (["activation=rleu"], "activation", ["'rleu'", "did you mean activation=relu"]),
+    "misspelled_key": (["total_step=1000"], "total_step", ["total_step=1000", "did you mean total_steps=1000?"]),
+    "wrong_type_int": (["total_steps=abc"], "total_steps", ["'abc'", "an integer", "default 50000"]),
+    "sweep_with_a_misspelled_option": (["-m", "activation=relu,tnh"], "activation", ["did you mean activation=tanh"]),
 }
 
 # case -> (overrides, key named first on the error line, other words the line must contain)
@@ -306,7 +318,8 @@ def runs(request, tmp_path_factory):
         cases = {**{k: v[0] for k, v in HYDRA_REFUSALS.items()}, **{k: v[0] for k, v in BAD_VALUES.items()}}
         for k, args in cases.items():
             tmp = base / "bad" / k
-            bad[k] = (pool.submit(run_cli, [*args, f"hydra.run.dir={tmp / 'run'}"], tmp), tmp)
+            dirs = [f"hydra.run.dir={tmp / 'run'}", f"hydra.sweep.dir={tmp / 'run'}"]
+            bad[k] = (pool.submit(run_cli, [*args, *dirs], tmp), tmp)
     try:
         yield {**launches, "bad": bad}
     finally:
@@ -452,19 +465,76 @@ def bad_runs(runs):
 
 
 def assert_no_training(run_dir: Path) -> None:
-    assert not (run_dir / "seed_0" / "metrics.jsonl").exists()
-    assert not (run_dir / "summary.json").exists()
-    assert not (run_dir / "seed_0" / "wandb").exists()
+    """A refused command line writes nothing: not even Hydra's run dir with its .hydra/ record."""
+    assert not run_dir.exists(), sorted(str(p) for p in run_dir.rglob("*"))
 
 
 @pytest.mark.parametrize("case", sorted(HYDRA_REFUSALS))
-def test_hydra_refuses_unknown_key_and_wrong_type(bad_runs, case):
+def test_hydras_refusals_are_one_line_with_the_fix(bad_runs, case):
     proc, run_dir = bad_runs[case]
-    key = HYDRA_REFUSALS[case][1]
-    assert proc.returncode != 0, describe(proc)
-    assert key in proc.stderr, describe(proc)
+    _, key, words = HYDRA_REFUSALS[case]
+    assert proc.returncode == 2, describe(proc)
     assert "Traceback" not in proc.stdout + proc.stderr, describe(proc)
+    lines = message_lines(proc)
+    assert len(lines) == 1 and lines[0] in proc.stderr.splitlines(), describe(proc)
+    assert lines[0].startswith(f"config error: {key}: "), lines[0]
+    for word in words:
+        assert word in lines[0], (word, lines[0])
     assert_no_training(run_dir)
+
+
+# command line -> words of its one refusal line (in process: rlexp.cli.check_command_line, as the CLI runs it)
+COMMAND_LINE_REFUSALS = {
+    "+total_step=1000": ["config error: total_step: ", "did you mean total_steps=1000?"],
+    "algo.gama=0.9": ["config error: algo.gama: ", "did you mean algo.gamma=0.9?"],
+    "algo=dqnn": ["config error: algo: unknown option 'dqnn'", "did you mean algo=dqn?", "a2c, ddpg, dqn, ppo, td3"],
+    "+experiment=nan_hunt/tahn": ["config error: experiment: ", "did you mean experiment=nan_hunt/tanh"],
+    "hydra/launcher=rlexp_jobli": ["config error: hydra/launcher: ", "did you mean hydra/launcher=rlexp_joblib"],
+    "algo.double=maybe": ["config error: algo.double: 'maybe' is not true or false", "(default false)"],
+    "network.hidden=abc": ["config error: network.hidden: 'abc' is not a list", "(default [64, 64])"],
+    "optimizer.lr=abc": ["config error: optimizer.lr: 'abc' is not a number"],
+    "activation=relu)": ["config error: activation: cannot parse 'activation=relu)'"],
+    "activation=relu,tanh": ["config error: activation: ", "add -m"],
+    "total_steps=0": ["config error: total_steps: 0 is out of range"],
+    "-m activation=relu,tanh total_steps=0": ["config error: total_steps: 0 is out of range"],
+    "+experiment=stability_grid_small clipping=none,globl_norm": ["did you mean clipping=global_norm?"],
+}
+
+
+@pytest.mark.parametrize("argv", sorted(COMMAND_LINE_REFUSALS))
+def test_command_line_refusal_names_key_value_and_fix(argv):
+    with pytest.raises(ConfigError) as err:
+        check_command_line(argv.split(), CONF)
+    line = str(err.value)
+    assert "\n" not in line
+    for word in COMMAND_LINE_REFUSALS[argv]:
+        assert word in line, (word, line)
+
+
+def test_a_cell_is_named_by_what_the_sweep_varies():
+    sweep = ["activation=relu,tanh", "total_steps=300", "+experiment=nan_hunt/tanh,nan_hunt/elu"]
+    sweep += ["network.hidden=[64,64]", "seed=0,8", "env=cartpole,acrobot"]  # seeds and the env (a task): no cell
+    keys = swept_keys(sweep, {"clipping": "none,global_norm", "init": "he"})
+    assert keys == ["activation", "experiment", "clipping"]
+    job = ["activation=tanh", "total_steps=300", "+experiment=nan_hunt/elu", "network.hidden=[64,64]", "seed=8"]
+    choices = {"activation": "tanh", "clipping": "none", "init": "he", "env": "acrobot", "hydra/launcher": "basic"}
+    assert cell_name(job_settings(choices, job), keys) == "activation=tanh,experiment=nan_hunt/elu,clipping=none"
+    assert cell_name({"activation": "tanh"}, []) == "all"
+
+
+def test_command_line_check_passes_good_sweeps_and_leaves_hydras_options():
+    check_command_line(["-m", "activation=relu,tanh", "init=xavier,he"], CONF)
+    check_command_line(["+experiment=stability_grid_small", "hydra/launcher=rlexp_joblib"], CONF)
+    check_command_line(["--cfg", "job", "activation=rleu"], CONF)  # Hydra answers --cfg (and --help) itself
+    # a sweep of more than PRODUCT_LIMIT jobs is checked value by value: every value appears once
+    lists = [[f"a={i}" for i in range(9)], [f"b={i}" for i in range(9)]]
+    jobs = job_overrides([f"a={','.join(str(i) for i in range(9))}", f"b={','.join(str(i) for i in range(9))}"])
+    assert len(jobs) == 17 and {j[0] for j in jobs} == set(lists[0]) and {j[1] for j in jobs} == set(lists[1])
+    assert len(job_overrides(["a=1,2", "b=1,2,3", "c=4"])) == 6
+    # a plain single run is composed once, by Hydra (ConfigCheck); what may be a multirun is checked whole first
+    assert not needs_whole_check(["total_steps=300", "activation=tanh", "network.hidden=[8,8]"])
+    for argv in (["-m", "seed=0"], ["activation=relu,tanh"], ["+experiment=nan_hunt"], ["hydra.mode=MULTIRUN"]):
+        assert needs_whole_check(argv), argv
 
 
 @pytest.mark.parametrize("case", sorted(BAD_VALUES))
@@ -545,6 +615,15 @@ def test_run_member_files(single_run):
     assert [r.get("train/loss") for r in m0] != [r.get("train/loss") for r in m1]
 
 
+def test_run_ends_with_its_outputs_and_the_sync_command(single_run):
+    run_dir = single_run["dir"]
+    tail = single_run["proc"].stdout.splitlines()[-3:]
+    assert tail[0] == f"outputs: {run_dir}"
+    assert tail[1].endswith(f"wandb sync {run_dir}/seed_*/wandb/offline-run-*")
+    assert f"python -m rlexp.sync {run_dir}" in tail[2]
+    assert datetime.fromisoformat(single_run["job"]["first_step_at"]).tzinfo is not None  # ISO 8601, UTC
+
+
 def test_run_console_summary_table(single_run):
     stdout, job = single_run["proc"].stdout, single_run["job"]
     rows = table_rows(stdout)
@@ -569,17 +648,23 @@ def test_run_wandb_offline_runs_read_back(single_run):
         assert config["optimizer"]["lr"] == SINGLE_LR
         assert config["seed"] == member["seed"] == k
         assert config["member"] == k
-        rest = {key: v for key, v in config.items() if key not in ("seed", "member")}
+        assert config["cell"] == job["cell"] and config["choices"] == job["choices"]
+        rest = {key: v for key, v in config.items() if key not in ("seed", "member", "cell", "choices")}
         assert rest == {key: v for key, v in job["config"].items() if key != "seed"}
-        # group = the job's cell; tags = group:option per config group
-        assert wb["group"] == job["cell"]
+        # group = the job's cell, name <cell>/seed=<k>, job type the algorithm; tags = group:option per config group
+        assert wb["group"] == job["cell"] == expected_cell(single_run["overrides"])
+        assert wb["name"] == f"{job['cell']}/seed={member['seed']}"
+        assert wb["job_type"] == job["config"]["algo"]["name"] == "dqn"
         assert set(wb["tags"]) == expected_tags
+        # every chart against env_step; the summary keeps the last and the best evaluation return
+        assert wb["metrics"]["*"] == ("env_step", set())
+        assert wb["metrics"]["eval/return"] == ("env_step", {"last", "max"})
         assert wb["project"] == job["config"]["logger"]["project"]
         # history = metrics.jsonl, step for step
         rows = read_jsonl(seed_dir / "metrics.jsonl")
         assert len(wb["history"]) == len(rows)
         for hist, row in zip(wb["history"], rows):
-            assert hist["_step"] == row["step"]
+            assert hist["_step"] == hist.pop("env_step") == row["step"]
             logged = {key: v for key, v in hist.items() if not key.startswith("_")}
             assert set(logged) == set(row) - {"step"}
             for key, value in logged.items():
@@ -589,6 +674,8 @@ def test_run_wandb_offline_runs_read_back(single_run):
             if value is not None:
                 assert same_value(wb["summary"][key], value), key
         assert same_value(wb["summary"]["episode/return_last10"], rows[-1]["episode/return_last10"])
+        evals = [row["eval/return"] for row in rows if "eval/return" in row]
+        assert evals and wb["summary"]["eval/return"] == {"last": evals[-1], "max": max(evals)}
         assert wb["exit_code"] == 0
         # gradient and activation histograms went to W&B (the first update is one that records them)
         hist_keys = {key for row in wb["histograms"] for key in row if key.startswith("hist/")}
@@ -643,17 +730,30 @@ def test_multirun_sweeps_every_combination(multi_run):
         seen.append(combo)
         assert job["config"]["activation"]["name"] == combo[0]
         assert job["config"]["init"]["name"] == combo[1]
-        assert job["cell"] == expected_cell([f"activation={combo[0]}", f"init={combo[1]}", *BUDGET])
+        # the cell: the settings the sweep varies, not its constant overrides (the report's cell)
+        assert job["cell"] == f"activation={combo[0]},init={combo[1]}"
         cells.add(job["cell"])
         member = json.loads((job_dir / "seed_0" / "summary.json").read_text())
         assert member["steps"] == TOTAL_STEPS
         # each job's W&B run is its own, grouped under that job's cell
         wb = read_wandb_run(job_dir / "seed_0")
-        assert wb["group"] == job["cell"]
+        assert wb["group"] == job["cell"] and wb["name"] == f"{job['cell']}/seed=0"
         assert f"activation:{combo[0]}" in wb["tags"] and f"init:{combo[1]}" in wb["tags"]
         assert wb["exit_code"] == 0
+        # the sweep's closing table: one row per job with its cell and status counts
+        row = f"{name}\\s+{re.escape(job['cell'])}\\s+1\\s+0\\s+0\\s+{member['eval_return']:.1f}\\s+1\\s"  # IQM of one
+        assert re.search(rf"^{row}", proc.stdout, re.M), proc.stdout
     assert sorted(seen) == sorted(itertools.product(["relu", "tanh"], ["xavier", "he"]))
     assert len(cells) == 4
+    # the report names the same cells
+    from rlexp.report import cell_keys, load_job, sweep_order, varying_keys
+
+    report_jobs = [load_job(sweep_dir / name, sweep_dir) for name in jobs]
+    keys = cell_keys(report_jobs, varying_keys(report_jobs, sweep_order(sweep_dir)))
+    assert {cell_name(j.settings, keys) for j in report_jobs} == cells
+    tail = proc.stdout.splitlines()[-3:]
+    assert tail[0] == f"next: python -m rlexp.report {sweep_dir}"
+    assert tail[1].endswith(f"wandb sync {sweep_dir}/*/seed_*/wandb/offline-run-*")
 
 
 # ====================================================================== a run dir used twice

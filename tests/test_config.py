@@ -100,9 +100,9 @@ def test_help_lists_the_groups_and_keys():
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = proc.stdout
-    for group in SCHEMAS:
-        assert f"{group}: {', '.join(group_options(group))}\n" in text, group
-    assert "activation: crelu, elu, gelu, " in text
+    for group in SCHEMAS:  # what the group picks, then its options
+        assert f"\n{group}: {field_help(Config, group)}\n    {', '.join(group_options(group))}\n" in text, group
+    assert "\n    crelu, elu, gelu, " in text
     assert "nan_hunt/tanh" in text
     for f in fields(Config):
         if f.name not in SCHEMAS:

@@ -12,6 +12,7 @@ import importlib.util
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -231,6 +232,13 @@ def test_joblib_isolates_a_crashing_job(joblib_grid):
         if CRASH in read_json(d / "summary.json")["cell"]
     ]
     assert sorted(choices_of(j) for j in crashed) == [("relu", "none"), ("tanh", "none")]
+    # after Hydra's error, the table across every job (the crashed ones too) and the report command
+    rows = {ln.split()[0]: ln.split() for ln in proc.stdout.splitlines() if re.match(r"\d+\s+\S+=", ln)}
+    for d in job_dirs(sweep):
+        job = read_json(d / "summary.json")
+        counts = [str(job["counts"][s]) for s in ("ok", "diverged", "crashed")]
+        assert rows[d.name][1:5] == [job["cell"], *counts], proc.stdout
+    assert f"next: python -m rlexp.report {sweep}" in proc.stdout
 
 
 def test_submitit_local_runs_every_job(tmp_path):
