@@ -710,8 +710,12 @@ class PopMLP(nn.Module):
 
 
 def weight_parameters(module: nn.Module) -> list[torch.Tensor]:
-    """The weight matrices (or weight-norm directions v) of every population linear layer."""
-    return [m.weight for m in module.modules() if isinstance(m, PopLinear)]
+    """The weight matrices (or weight-norm directions v) of every population linear layer, and those a
+    module lists with ``weights()`` (an LSTM's input and recurrent weights)."""
+    found: list[torch.Tensor] = []
+    for m in module.modules():
+        found += m.weights() if hasattr(m, "weights") else [m.weight] if isinstance(m, PopLinear) else []
+    return found
 
 
 @torch.no_grad()
