@@ -200,3 +200,50 @@ def test_the_update_unrolls_the_rollout_as_acting_stepped_it_and_the_mc_loss_is_
         w = mb_valid[k].bool()
         direct = ((new_values[k][w] - mb_returns[k][w]) ** 2).mean()  # the seed's mean squared advantage
         torch.testing.assert_close(losses["critic_loss"][k], direct, rtol=1e-6, atol=0)
+
+
+def test_the_seed_critic_preset_builds_the_posts_critic():
+    """+experiment=seed_critic: LSTM(cell_size) -> 32 -> 32 -> 32 (linear) -> 1, the head weight-normalized
+    (g = 1, bias 0.1, v Xavier-uniform), the LSTM's weights Xavier-uniform, TF's RMSProp, per-tensor
+    clipping at 5, L1 0.005 on weights only, Monte-Carlo targets, the mean squared advantage."""
+    import math
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from rlexp.activations import PopActivation
+    from rlexp.build import validate
+    from rlexp.nets import PopWeightNormLinear
+    from rlexp.registry import register
+    from rlexp.run import RunContext
+
+    register()
+    conf = str(Path(__file__).resolve().parents[1] / "conf")
+    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+        raw = compose(config_name="config", overrides=["+experiment=seed_critic", "num_seeds=2"])
+    validate(raw)
+    cfg = OmegaConf.to_object(raw)
+    assert (cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.decay, cfg.optimizer.epsilon) == (
+        "rmsprop_tf",
+        1e-4,
+        0.99,
+        1e-6,
+    )
+    assert (cfg.clipping.name, cfg.clipping.max_norm) == ("per_tensor", 5.0)
+    assert (cfg.regularization.l1, cfg.regularization.weights_only) == (0.005, True)
+    assert (cfg.algo.name, cfg.algo.value_target, cfg.algo.vf_coef) == ("a2c", "mc", 2.0)  # 2 * 0.5 * mean (R-V)^2
+    ctx = RunContext.create(cfg, torch.device("cpu"))
+    critic = ctx.make_net(4, 1, role="critic")
+    ctx.env.close()
+    assert isinstance(critic, RecurrentNet) and not critic.encoder and critic.lstm.cell == 64
+    head = critic.layers[1:]
+    assert [layer.weight.shape[1:] for layer in head] == [(32, 64), (32, 32), (32, 32), (1, 32)]
+    assert all(isinstance(layer, PopWeightNormLinear) and layer.eps == 0.0 for layer in head)
+    assert all(torch.equal(layer.g, torch.ones_like(layer.g)) for layer in head)
+    assert all(torch.equal(layer.bias, torch.full_like(layer.bias, 0.1)) for layer in head)
+    acts = [m for m in critic.head.modules() if isinstance(m, PopActivation)]
+    assert len(acts) == 2 and all(a.cfg.name == "tanh" for a in acts)  # the third 32-unit layer is linear
+    for w in (critic.lstm.weight_hh, head[1].weight):  # Xavier-uniform bounds
+        bound = math.sqrt(6.0 / sum(w.shape[1:]))
+        assert w.abs().max() <= bound and w.abs().max() > 0.9 * bound
