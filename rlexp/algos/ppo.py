@@ -17,12 +17,13 @@ The losses, per member, over the valid samples of a minibatch (w = 1 for real tr
 GAE: delta_t = r_t + gamma (1 - terminated_t) V(s_t+1) - V(s_t);
      A_t = delta_t + gamma lambda (1 - done_t) A_t+1;  R_t = A_t + V(s_t).
 A truncated episode bootstraps from V(final observation), a terminated one from 0, and the sum
-never crosses an episode's end. ``value_target=mc``: R_t = r_t + gamma (1 - done_t) R_t+1 with no value
-after the rollout (pure Monte-Carlo, the seed critic's), A_t = R_t - V(s_t).
+never crosses an episode's end. gymnasium's NEXT_STEP autoreset makes the step after an episode's
+end a reset with no transition: it is masked out of every loss (and of the statistics).
+``value_target=mc``: R_t = r_t + gamma (1 - done_t) R_t+1 with no value after the rollout (pure
+Monte-Carlo, the seed critic's targets), A_t = R_t - V(s_t).
 With network=lstm (``rlexp.recurrent``) acting carries each network's hidden state, zeroed where an
 episode starts; the update unrolls the rollout again from its first step's states (truncated BPTT)
-and its minibatches are whole environment sequences. gymnasium's NEXT_STEP autoreset makes the step after an episode's
-end a reset with no transition: it is masked out of every loss (and of the statistics).
+in minibatches of whole environment sequences.
 """
 
 from __future__ import annotations
@@ -249,10 +250,8 @@ def minibatches(
         order = np.argsort(ctx.streams.uniform(n), axis=1) + member_rows  # [P, N] rows, shuffled per member
         for start in range(0, size * algo.num_minibatches, size):
             rows = torch.from_numpy(order[:, start : start + size].reshape(-1)).to(data.valid.device)  # [P * M]
-            yield (
-                Minibatch(*(take_rows(getattr(data, f), rows) for f in Minibatch.__dataclass_fields__)),
-                (contextlib.nullcontext()),
-            )
+            fields = (take_rows(getattr(data, f), rows) for f in Minibatch.__dataclass_fields__)
+            yield Minibatch(*fields), contextlib.nullcontext()
 
 
 def train(ctx: RunContext) -> None:
