@@ -247,3 +247,29 @@ def test_the_seed_critic_preset_builds_the_posts_critic():
     for w in (critic.lstm.weight_hh, head[1].weight):  # Xavier-uniform bounds
         bound = math.sqrt(6.0 / sum(w.shape[1:]))
         assert w.abs().max() <= bound and w.abs().max() > 0.9 * bound
+
+
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["algo=a2c", "algo.value_target=td"], "algo.value_target"),
+        (["algo=dqn", "network=lstm"], "algo"),
+        (["algo=ppo", "network=lstm", "env.num_envs=2", "algo.num_minibatches=4"], "algo.num_minibatches"),
+        (["algo=ppo", "network=lstm", "intervention=redo"], "intervention"),
+    ],
+)
+def test_bad_recurrent_settings_are_refused_naming_the_key(overrides, key):
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    from rlexp.build import validate
+    from rlexp.config import ConfigError
+    from rlexp.registry import register
+
+    register()
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert err.value.key == key
