@@ -714,7 +714,10 @@ def weight_parameters(module: nn.Module) -> list[torch.Tensor]:
     module lists with ``weights()`` (an LSTM's input and recurrent weights)."""
     found: list[torch.Tensor] = []
     for m in module.modules():
-        found += m.weights() if hasattr(m, "weights") else [m.weight] if isinstance(m, PopLinear) else []
+        if hasattr(m, "weights"):
+            found += m.weights()
+        elif isinstance(m, PopLinear):
+            found.append(m.weight)
     return found
 
 
