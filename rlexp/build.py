@@ -138,6 +138,16 @@ def validate(cfg: DictConfig) -> None:
     net = cfg.network
     _check_widths(net.hidden, "network.hidden")
     require(net.output_scale != 0, "network.output_scale", net.output_scale, "a non-zero factor")
+    require(net.cell_size >= 1, "network.cell_size", net.cell_size, "an integer >= 1")
+    require(all(h >= 1 for h in net.encoder), "network.encoder", list(net.encoder), "a list of widths >= 1 (or [])")
+    if net.name == "lstm":
+        require(cfg.algo.name in ("ppo", "a2c"), "algo", cfg.algo.name, "ppo or a2c with network=lstm")
+        require(
+            cfg.intervention.name == "none",
+            "intervention",
+            cfg.intervention.name,
+            "none with network=lstm (interventions act on MLP layers)",
+        )
 
     log = cfg.logger
     if log.mode is not None:
@@ -302,6 +312,14 @@ def _check_algo(algo: DictConfig) -> None:
 
 def _validate_actor_critic(cfg: DictConfig) -> None:
     algo = cfg.algo
+    require_choice(algo.value_target, "algo.value_target", ("gae", "mc"))
+    if cfg.network.name == "lstm" and algo.num_minibatches > cfg.env.num_envs:
+        raise ConfigError(
+            "algo.num_minibatches",
+            f"{algo.num_minibatches} exceeds env.num_envs={cfg.env.num_envs}: network=lstm takes minibatches "
+            "of whole environment sequences",
+            "lower algo.num_minibatches or raise env.num_envs",
+        )
     batch = algo.num_steps * cfg.env.num_envs
     if algo.num_minibatches > batch:
         raise ConfigError(

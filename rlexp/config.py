@@ -248,6 +248,15 @@ class NetworkConfig:
     residual: bool = knob(False, "hidden layers of equal width become x + act(norm(fc(x)))")
     output_scale: float = knob(1.0, "the output layer's result is multiplied by this")
     linear_last_hidden: bool = knob(False, "the last hidden layer has no activation (the seed critic's)")
+    encoder: list[int] = knob([], "lstm: widths of the layers before the LSTM (linear, normalization, activation)")
+    cell_size: int = knob(64, "lstm: units of the LSTM cell; hidden then gives the head's layers after it")
+
+
+@dataclass
+class LSTMNetworkConfig(NetworkConfig):
+    """lstm: encoder -> LSTM(cell_size) -> the MLP head (hidden), for ppo and a2c."""
+
+    hidden: list[int] = field(default_factory=lambda: [64])
 
 
 @dataclass
@@ -332,6 +341,9 @@ class AlgoConfig:
     vf_coef: float = knob(0.5, "ppo, a2c: value loss coefficient")
     anneal_lr: bool = knob(True, "ppo, a2c: learning rate decays linearly to 0 over anneal_steps")
     anneal_steps: int | None = knob(None, "ppo, a2c: env steps per member of the decay (null = total_steps)")
+    value_target: str = knob(
+        "gae", "ppo, a2c: gae (GAE returns, bootstrapped) | mc (discounted rewards to the episode's or rollout's end)"
+    )
     # ddpg, td3
     exploration_noise: float = knob(0.1, "ddpg, td3: Gaussian action noise std (fraction of the half range)")
     twin: bool = knob(True, "ddpg, td3: two critics, the target takes their minimum")

@@ -263,6 +263,7 @@ _STAGE_DETAILS = {
     "linear": "linear output overflows (largest |input| {largest:.3g})",
     "norm": "normalization output is non-finite",
     "activation": "activation output is non-finite",
+    "lstm": "LSTM output is non-finite (largest |input| {largest:.3g})",
     "output": "output scaling overflows",
 }
 

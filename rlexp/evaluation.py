@@ -71,6 +71,9 @@ class Evaluator:
         the other members' environments step along (the population steps as one) and are not counted."""
         assert self.env is not None, "eval.episodes=0: no evaluation environments"
         obs = self.env.reset()  # [P, N, obs] raw; every environment with its evaluation seed
+        reset = getattr(policy, "reset", None)  # a recurrent policy's state starts anew
+        if reset is not None:
+            reset()
         returns = np.zeros(obs.shape[:2])  # [P, N]
         lengths = np.zeros(obs.shape[:2], dtype=np.int64)
         running = np.repeat(members[:, None], self.episodes, axis=1)  # [P, N] first episode not over yet

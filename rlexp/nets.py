@@ -722,8 +722,15 @@ class PopMLP(nn.Module):
 
 
 def weight_parameters(module: nn.Module) -> list[torch.Tensor]:
-    """The weight matrices (or weight-norm directions v) of every population linear layer."""
-    return [m.weight for m in module.modules() if isinstance(m, PopLinear)]
+    """The weight matrices (or weight-norm directions v) of every population linear layer, and those a
+    module lists with ``weights()`` (an LSTM's input and recurrent weights)."""
+    found: list[torch.Tensor] = []
+    for m in module.modules():
+        if hasattr(m, "weights"):
+            found += m.weights()
+        elif isinstance(m, PopLinear):
+            found.append(m.weight)
+    return found
 
 
 @torch.no_grad()

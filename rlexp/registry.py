@@ -26,7 +26,6 @@ from rlexp.config import (
     Config,
     DivergenceConfig,
     EnvConfig,
-    NetworkConfig,
     field_help,
 )
 from rlexp.grad import CLIPPERS
@@ -35,6 +34,7 @@ from rlexp.interventions import INTERVENTIONS
 from rlexp.jobs import hydra_subdir
 from rlexp.nets import NORMALIZATIONS
 from rlexp.optim import OPTIMIZERS
+from rlexp.run import NETWORKS
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 _REGISTERED = False  # register() has run in this process (storing ~50 schemas again costs ~0.4 s)
@@ -53,7 +53,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "normalization": _schemas(NORMALIZATIONS),
     "clipping": _schemas(CLIPPERS),
     "optimizer": _schemas(OPTIMIZERS),
-    "network": {"mlp": NetworkConfig},
+    "network": _schemas(NETWORKS),
     "algo": _schemas(ALGOS),
     "env": {"base": EnvConfig},  # one schema for every environment: conf/env/<name>.yaml sets its id
     "divergence": {"on": DivergenceConfig, "off": DivergenceConfig},

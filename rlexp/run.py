@@ -20,7 +20,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from rlexp.checkpoint import Checkpoints, Loop, Part
-from rlexp.config import ActivationConfig, Config, InitConfig, NetworkConfig, NormalizationConfig
+from rlexp.config import ActivationConfig, Config, InitConfig, LSTMNetworkConfig, NetworkConfig, NormalizationConfig
 from rlexp.diagnostics import keep_initial
 from rlexp.envs import PopulationEnv
 from rlexp.evaluation import Evaluator
@@ -29,7 +29,23 @@ from rlexp.interventions import Interventions, Subject
 from rlexp.nets import PopMLP, weight_parameters
 from rlexp.normalize import ObsNormalizer, RewardScaler
 from rlexp.recorder import Recorder
+from rlexp.recurrent import RecurrentNet
 from rlexp.streams import MemberStreams, member_generator
+
+
+@dataclass(frozen=True)
+class Network:
+    """An option of the network group: its config class and the population network it builds."""
+
+    schema: type
+    build: type
+
+
+# network=<option> -> what make_net builds (the network group's registry)
+NETWORKS: dict[str, Network] = {
+    "mlp": Network(NetworkConfig, PopMLP),
+    "lstm": Network(LSTMNetworkConfig, RecurrentNet),
+}
 
 
 def option_schema(group: str, option: str) -> type:
@@ -128,8 +144,8 @@ class RunContext:
         return len(self.seeds)
 
     def make_net(self, n_in: int, n_out: int, role: str | None = None, extra_in: int = 0) -> PopMLP:
-        """A population MLP [P, B, n_in] -> [P, B, n_out] from the config groups; each member's
-        weights from its own generator.
+        """A population network [P, B, n_in] -> [P, B, n_out] (``network``'s option: NETWORKS) from the
+        config groups; each member's weights from its own generator.
 
         ``role`` "actor" or "critic" applies that network's overrides (``actor.activation=...``);
         a critic takes ``extra_in`` action inputs at layer ``critic.action_layer``.
@@ -141,7 +157,7 @@ class RunContext:
         if not self.shared("init") or (role is not None and not self.shared(f"{role}.last_layer_gain")):
             init = [network_groups(c, role)[1] for c in self.member_cfgs]  # one per member
         extra_at = self.cfg.critic.action_layer if role == "critic" else 0
-        net = PopMLP(
+        net = NETWORKS[network.name].build(
             self.members,
             n_in,
             n_out,

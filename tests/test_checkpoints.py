@@ -72,6 +72,23 @@ RUNS = {  # (overrides, crash step, checkpoint step continued from)
         150,
         96,
     ),
+    "ppo_lstm": (  # the hidden states (acting's, the rollout's first) and start flags reach the checkpoint
+        [
+            "algo=ppo",
+            "network=lstm",
+            "total_steps=256",
+            "num_seeds=2",
+            "network.cell_size=8",
+            "network.hidden=[8]",
+            "algo.num_steps=16",
+            "logger.log_every=32",
+            "checkpoint.every=96",
+            "eval.every=128",
+            "eval.episodes=2",
+        ],
+        150,
+        96,
+    ),
     "td3": (
         [
             "algo=td3",

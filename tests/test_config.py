@@ -143,6 +143,8 @@ OUT_OF_DOMAIN: dict[str, str] = {
     "optimizer.momentum": "1",
     "network.hidden": "[]",
     "network.output_scale": "0",
+    "network.cell_size": "0",
+    "network.encoder": "[0]",
     "algo.gamma": "1.5",
     "algo.buffer_size": "0",
     "algo.batch_size": "0",

@@ -19,12 +19,18 @@ GAE: delta_t = r_t + gamma (1 - terminated_t) V(s_t+1) - V(s_t);
 A truncated episode bootstraps from V(final observation), a terminated one from 0, and the sum
 never crosses an episode's end. gymnasium's NEXT_STEP autoreset makes the step after an episode's
 end a reset with no transition: it is masked out of every loss (and of the statistics).
+``value_target=mc``: R_t = r_t + gamma (1 - done_t) R_t+1 with no value after the rollout (pure
+Monte-Carlo, the seed critic's targets), A_t = R_t - V(s_t).
+With network=lstm (``rlexp.recurrent``) acting carries each network's hidden state, zeroed where an
+episode starts; the update unrolls the rollout again from its first step's states (truncated BPTT)
+in minibatches of whole environment sequences.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 
@@ -48,6 +54,7 @@ from rlexp.grad import UpdateStats
 from rlexp.interventions import Subject
 from rlexp.nets import PopMLP
 from rlexp.recorder import Located
+from rlexp.recurrent import RecurrentNet, RolloutMemory, mc_returns, recurrent_policy, take_sequences
 from rlexp.run import RunContext
 
 LOG_2PI = math.log(2 * math.pi)
@@ -112,6 +119,7 @@ def evaluation_policy(
             return out.argmax(-1).cpu().numpy()
         return np.clip(out.cpu().numpy(), *bounds)
 
+    act.reset = getattr(policy_out, "reset", None)  # type: ignore[attr-defined] # a recurrent policy's state
     return act
 
 
@@ -226,6 +234,32 @@ def locate(
     return found or locate_in_update(cause, names, list(net.parameters()), member, update)
 
 
+def minibatches(
+    data: Minibatch, ctx: RunContext, algo: ActorCriticConfig, steps: int, memory: RolloutMemory | None
+) -> Iterator[tuple[Minibatch, contextlib.AbstractContextManager]]:
+    """``update_epochs`` passes of ``num_minibatches`` minibatches over the rollout ``data`` ([P, T * E, ...]
+    time-major), each member shuffling with its own stream: of samples, or with a recurrent ``memory``
+    of whole environment sequences, which the networks unroll within the minibatch's context."""
+    members, n = data.valid.shape
+    if memory is not None:
+        size = n // steps // algo.num_minibatches  # environments per minibatch
+        for _ in range(algo.update_epochs):
+            order = np.argsort(ctx.streams.uniform(n // steps), axis=1)  # [P, E] environments, shuffled
+            for start in range(0, size * algo.num_minibatches, size):
+                envs = torch.from_numpy(order[:, start : start + size]).to(data.valid.device)  # [P, n]
+                fields = (take_sequences(getattr(data, f), envs, steps) for f in Minibatch.__dataclass_fields__)
+                yield Minibatch(*fields), memory.unroll(envs)
+        return
+    size = n // algo.num_minibatches
+    member_rows = np.arange(members)[:, None] * n  # [P, 1] member k's samples are rows k*N ... of [P*N]
+    for _ in range(algo.update_epochs):
+        order = np.argsort(ctx.streams.uniform(n), axis=1) + member_rows  # [P, N] rows, shuffled per member
+        for start in range(0, size * algo.num_minibatches, size):
+            rows = torch.from_numpy(order[:, start : start + size].reshape(-1)).to(data.valid.device)  # [P * M]
+            fields = (take_rows(getattr(data, f), rows) for f in Minibatch.__dataclass_fields__)
+            yield Minibatch(*fields), contextlib.nullcontext()
+
+
 def train(ctx: RunContext) -> None:
     """Train a PPO (or A2C) population (see the module docstring)."""
     cfg, env, device, recorder = ctx.cfg, ctx.env, ctx.device, ctx.recorder
@@ -240,8 +274,15 @@ def train(ctx: RunContext) -> None:
     critic = ctx.make_net(obs_dim, 1, role="critic")
     actor.eval(), critic.eval()  # acting uses running statistics when a network has batch norm
     batch_stats = actor.net.uses_batch_stats or critic.uses_batch_stats  # the update then trains with batch ones
-    policy_out, value_of = actor.net.inference(), critic.inference()  # acting: no gradient, less overhead
-    recorder.evaluate_with(evaluation_policy(policy_out, device, (low, high) if continuous else None))
+    recurrent = isinstance(critic, RecurrentNet)  # network=lstm: states carried, rollouts unrolled again
+    if recurrent:
+        memory = RolloutMemory({"actor": actor.net, "critic": critic}, algo.num_steps, num_envs)
+        policy_out, value_of = memory.stepper("actor"), memory.stepper("critic")
+        evaluated = recurrent_policy(actor.net)
+    else:
+        policy_out, value_of = actor.net.inference(), critic.inference()  # acting: no gradient, less overhead
+        evaluated = policy_out
+    recorder.evaluate_with(evaluation_policy(evaluated, device, (low, high) if continuous else None))
     actor_pipe, critic_pipe = ctx.make_pipeline(actor), ctx.make_pipeline(critic)  # an optimizer each
     intervene = ctx.interventions(Subject("actor", actor.net, actor_pipe), Subject("critic", critic, critic_pipe))
     actor_names = parameter_names(actor.net, "actor") + (["actor.log_std"] if continuous else [])
@@ -282,6 +323,7 @@ def train(ctx: RunContext) -> None:
         lambda: (
             {f"rollout_{i}": x.swapaxes(0, 1) for i, x in enumerate(collected)}  # [P, T, ...] views
             | dict(obs=obs, r_max=r_max, t=t, rollout=rollout, updates=updates)
+            | (memory.checkpoint() if recurrent else {})
         ),
     )
     if loop:  # continued from a checkpoint
@@ -291,6 +333,8 @@ def train(ctx: RunContext) -> None:
         obs_in = ctx.obs_norm(obs)  # [P, E, obs]
         obs_t = torch.from_numpy(obs_in).to(device)
         u = torch.from_numpy(ctx.streams.uniform(E * action_dim).reshape(members, E, action_dim)).float()
+        if recurrent:
+            memory.begin(t)  # states zeroed where an episode starts
         with torch.no_grad():
             out = policy_out(obs_t)  # [P, E, A]
             action = actor.sample(out, u.to(device))
@@ -302,6 +346,8 @@ def train(ctx: RunContext) -> None:
         recorder.check_observations(result.obs, step)
         ctx.obs_norm.update(result.obs)
         done = result.terminated | result.truncated
+        if recurrent:
+            memory.end(done, result.valid)
         reward = ctx.reward_norm(result.reward, done, result.valid)
         r_max = np.maximum(r_max, np.where(result.valid, np.abs(reward), 0.0).max(1))
         obs_np[t], actions_np[t], log_probs[t], values[t] = obs_in, action_np, log_prob, value
@@ -323,9 +369,13 @@ def train(ctx: RunContext) -> None:
             for x in (rewards_np, terminated_np, dones_np, valid_np)
         )
         with torch.no_grad():
-            last_value = value_of(torch.from_numpy(ctx.obs_norm(obs)).to(device)).squeeze(-1)  # [P, E]
+            last_obs = torch.from_numpy(ctx.obs_norm(obs)).to(device)
+            last_value = (memory.peek("critic", last_obs) if recurrent else value_of(last_obs)).squeeze(-1)  # [P, E]
             next_values = torch.cat([values[1:], last_value.unsqueeze(0)])
             advantages, returns = gae(rewards, values, next_values, terminated, dones, gamma, gae_lambda)
+            if algo.value_target == "mc":  # Monte-Carlo: no value bootstraps the returns
+                returns = mc_returns(rewards, dones, gamma)
+                advantages = returns - values
 
         def flat(x: torch.Tensor) -> torch.Tensor:  # [T, P, E, ...] -> [P, T*E, ...]
             return x.transpose(0, 1).reshape(members, T * E, *x.shape[3:])
@@ -340,14 +390,8 @@ def train(ctx: RunContext) -> None:
             flat(valid),
         )
         rollout_stats = {"explained_variance": explained_variance(data.values, data.returns, data.valid)}
-        n = T * E
-        size = n // algo.num_minibatches
-        member_rows = np.arange(members)[:, None] * n  # [P, 1] member k's samples are rows k*N ... of [P*N]
-        for _ in range(algo.update_epochs):
-            order = np.argsort(ctx.streams.uniform(n), axis=1) + member_rows  # [P, N] rows, shuffled per member
-            for start in range(0, size * algo.num_minibatches, size):
-                rows = torch.from_numpy(order[:, start : start + size].reshape(-1)).to(device)  # [P * M]
-                mb = Minibatch(*(take_rows(getattr(data, f), rows) for f in Minibatch.__dataclass_fields__))
+        for mb, unrolled in minibatches(data, ctx, algo, T, memory if recurrent else None):
+            with unrolled:
                 diagnose = recorder.diagnose(updates)
                 recorder.inject_param(critic, step)  # debug.inject.what=param poisons the critic
                 if batch_stats:
