@@ -165,7 +165,7 @@ def _train(
             own = members[first_member : first_member + size]
             first_member += size
             job = job_summary(config, cell.name, cell.choices, own, wall, error)
-            job["first_step_time"] = recorder.first_step_time
+            job["first_step_at"] = recorder.first_step_at
             job["threads"] = torch.get_num_threads()
             job["packed_with"] = len(todo)  # cells trained in this population
             write_json(cell.out_dir / "summary.json", job)

@@ -129,6 +129,10 @@ def cli() -> None:
         refuse_or_pass(argv)
         try:
             main()
+        except SystemExit as stop:
+            if stop.code == 2:  # refused (one line, e.g. by a launcher): nothing ran, nothing to summarize
+                SweepSummary.pending = None
+            raise
         finally:  # a multirun whose job raised: Hydra skipped the callback's summary
             SweepSummary.flush()
         return
