@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlexp.algos import dqn, ppo, td3
-from rlexp.config import A2CConfig, ActorCriticConfig, AlgoConfig, DDPGConfig, DQNConfig, TD3Config
+from rlexp.algos import dqn, ppo, sac, td3
+from rlexp.config import A2CConfig, ActorCriticConfig, AlgoConfig, DDPGConfig, DQNConfig, SACConfig, TD3Config
 from rlexp.run import Algorithm
 
 
@@ -23,4 +23,5 @@ ALGOS: dict[str, AlgoSpec] = {
     "a2c": AlgoSpec(ppo.train, A2CConfig, ("discrete", "continuous")),
     "ddpg": AlgoSpec(td3.train, DDPGConfig, ("continuous",)),
     "td3": AlgoSpec(td3.train, TD3Config, ("continuous",)),
+    "sac": AlgoSpec(sac.train, SACConfig, ("continuous",)),
 }
