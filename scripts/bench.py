@@ -24,6 +24,13 @@ evaluation off (eval.episodes=0: the SB3 baselines do not evaluate; every sectio
                settings (4 DummyVecEnv envs x 128 steps, 4 epochs of 128-sample minibatches, clipped
                value loss, Adam eps 1e-5); whole-process wall time of both.
 
+Optional sections, only with --only (they need the mujoco extra and take minutes a round):
+
+  sac_mujoco_vs_sb3  rlexp SAC (population of 1) vs SB3 SAC on Hopper-v5 with rl-baselines3-zoo's
+               settings (SB3's defaults: Adam 3e-4, batch 256, 256-256 ReLU, tau 0.005, alpha tuned;
+               learning_starts 10000, scaled as DQN's below), --mujoco-steps env steps (default 5k);
+               whole-process wall time of both.
+
 Defaults: DQN 50k steps, PPO 100k steps, populations 1 4 16 64, 5 repeats. --quick: DQN 10k steps,
 PPO 10k steps, populations 1 16, 1 repeat. When DQN's steps are under 5x learning_starts (10000 for
 the CleanRL settings, 1000 for the default config) learning_starts becomes steps // 5, for rlexp and
@@ -32,7 +39,7 @@ SB3 alike, so that both still learn and do the same work.
 Ratios (targets): dqn_speedup_vs_sb3 = sb3 / rlexp (>= 1.8); per_seed_throughput_p16_vs_p1 = the
 population's env steps/s at P=16 over P=1's, i.e. 16 x wall(P=1) / wall(P=16) (>= 4);
 diagnostics_overhead = default / off - 1 (<= 0.10); startup_to_first_step_s (<= 2.5 s);
-ppo_speedup_vs_sb3 = sb3 / rlexp (>= 1.5).
+ppo_speedup_vs_sb3 = sb3 / rlexp (>= 1.5); sac_mujoco_speedup_vs_sb3 = sb3 / rlexp (>= 1.0).
 
 Besides each case, medians_s holds dqn_rlexp_loop and ppo_rlexp_loop (rlexp's loop-only wall time,
 from summary.json) and startup_process (the start-up runs, launch to exit). Peak RSS: the largest
@@ -62,10 +69,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("dqn_vs_sb3", "population", "diagnostics", "startup", "ppo_vs_sb3")
-SB3_SECTIONS = ("dqn_vs_sb3", "ppo_vs_sb3")
+OPTIONAL_SECTIONS = ("sac_mujoco_vs_sb3",)  # measured only when --only names them
+SB3_SECTIONS = ("dqn_vs_sb3", "ppo_vs_sb3", "sac_mujoco_vs_sb3")
 SB3_FIX = 'pip install -e ".[bench]"'
 CLEANRL_LEARNING_STARTS = 10_000  # conf/experiment/cleanrl_dqn.yaml
 DEFAULT_LEARNING_STARTS = 1_000  # conf/algo/dqn.yaml
+ZOO_MUJOCO_LEARNING_STARTS = 10_000  # rl-baselines3-zoo's sac.yml, its MuJoCo entries
 # name -> (comparison, target); PASS when the figure compares true against the target
 TARGETS = {
     "dqn_speedup_vs_sb3": (">=", 1.8),
@@ -73,6 +82,7 @@ TARGETS = {
     "diagnostics_overhead": ("<=", 0.10),
     "startup_to_first_step_s": ("<=", 2.5),
     "ppo_speedup_vs_sb3": (">=", 1.5),
+    "sac_mujoco_speedup_vs_sb3": (">=", 1.0),
 }
 
 
@@ -144,6 +154,18 @@ def sb3_ppo(steps: int, seed: int) -> None:
     model.learn(total_timesteps=steps)
 
 
+def sb3_sac_hopper(steps: int, seed: int, learning_starts: int) -> None:
+    """SB3 SAC on Hopper-v5 with rl-baselines3-zoo's entry: SB3's defaults but learning_starts."""
+    import torch
+
+    torch.set_num_threads(1)
+    import gymnasium as gym
+    from stable_baselines3 import SAC
+
+    model = SAC("MlpPolicy", gym.make("Hopper-v5"), learning_starts=learning_starts, seed=seed, device="cpu")
+    model.learn(total_timesteps=steps)
+
+
 # ------------------------------------------------------------------ measuring one process
 @dataclass
 class Sample:
@@ -193,7 +215,7 @@ def rlexp_command(overrides: list[str], mode: str) -> list[str]:
 def sb3_command(algo: str, steps: int, seed: int, learning_starts: int = 0) -> list[str]:
     """The command line of an SB3 run: this script's internal --sb3 sub-command."""
     command = [sys.executable, str(Path(__file__).resolve()), "--sb3", algo, "--steps", str(steps), "--seed", str(seed)]
-    return command + (["--learning-starts", str(learning_starts)] if algo == "dqn" else [])
+    return command + (["--learning-starts", str(learning_starts)] if algo in ("dqn", "sac_hopper") else [])
 
 
 def sb3_run(algo: str, steps: int, seed: int, workdir: Path, learning_starts: int = 0) -> Sample:
@@ -224,8 +246,31 @@ def dqn_overrides(steps: int) -> list[str]:
 Case = tuple[str, Callable[[Sample], float], Callable[[int], Sample]]
 
 
+def sac_mujoco_overrides(steps: int) -> list[str]:
+    """rlexp's SAC with the settings of ``sb3_sac_hopper``."""
+    return [
+        "algo=sac",
+        "env=hopper",
+        "activation=relu",
+        "init=default",
+        "normalization=none",
+        "clipping=none",
+        "optimizer=adam",
+        "optimizer.lr=3e-4",
+        "network.hidden=[256,256]",
+        f"total_steps={steps}",
+        f"algo.learning_starts={scaled_learning_starts(steps, ZOO_MUJOCO_LEARNING_STARTS)}",
+    ]
+
+
 def build_cases(
-    sections: list[str], steps: int, ppo_steps: int, populations: list[int], threads: int, workdir: Path
+    sections: list[str],
+    steps: int,
+    ppo_steps: int,
+    populations: list[int],
+    threads: int,
+    workdir: Path,
+    mujoco_steps: int = 5_000,
 ) -> tuple[list[Case], dict[str, list[str]]]:
     """The cases of the chosen sections, in the order they alternate, and each case's command."""
     whole: Callable[[Sample], float] = lambda s: s.process_s  # noqa: E731
@@ -282,6 +327,18 @@ def build_cases(
     if "ppo_vs_sb3" in sections:
         add("ppo_rlexp", whole, lambda r: rlexp_run(ppo + [f"seed={r}"], workdir), rlexp_command(ppo, "disabled"))
         add("ppo_sb3", whole, lambda r: sb3_run("ppo", ppo_steps, r, workdir), sb3_command("ppo", ppo_steps, 0))
+    if "sac_mujoco_vs_sb3" in sections:
+        sac = sac_mujoco_overrides(mujoco_steps)
+        starts = scaled_learning_starts(mujoco_steps, ZOO_MUJOCO_LEARNING_STARTS)
+        add(
+            "sac_mujoco_rlexp", whole, lambda r: rlexp_run(sac + [f"seed={r}"], workdir), rlexp_command(sac, "disabled")
+        )
+        add(
+            "sac_mujoco_sb3",
+            whole,
+            lambda r: sb3_run("sac_hopper", mujoco_steps, r, workdir, starts),
+            sb3_command("sac_hopper", mujoco_steps, 0, starts),
+        )
     return cases, commands
 
 
@@ -300,6 +357,7 @@ def ratios_of(medians: dict[str, float]) -> dict[str, float | None]:
         "diagnostics_overhead": None if overhead is None else overhead - 1.0,
         "startup_to_first_step_s": medians.get("startup_to_first_step"),
         "ppo_speedup_vs_sb3": div("ppo_sb3", "ppo_rlexp"),
+        "sac_mujoco_speedup_vs_sb3": div("sac_mujoco_sb3", "sac_mujoco_rlexp"),
     }
 
 
@@ -327,6 +385,7 @@ def versions() -> dict[str, str | None]:
         ("gymnasium", "gymnasium"),
         ("wandb", "wandb"),
         ("stable_baselines3", "stable-baselines3"),
+        ("mujoco", "mujoco"),
     ):
         found[key] = version(dist)
     return found
@@ -382,6 +441,7 @@ def main() -> int:
     )
     parser.add_argument("--steps", type=int, help="DQN env steps per run (default 50k; 10k with --quick)")
     parser.add_argument("--ppo-steps", type=int, help="PPO env steps per run (default 100k; 10k with --quick)")
+    parser.add_argument("--mujoco-steps", type=int, default=5_000, help="sac_mujoco_vs_sb3's env steps (default 5k)")
     parser.add_argument("--repeats", type=int, help="rounds of every case (default 5; 1 with --quick)")
     parser.add_argument(
         "--populations",
@@ -392,9 +452,9 @@ def main() -> int:
     parser.add_argument(
         "--only",
         nargs="+",
-        choices=SECTIONS,
+        choices=SECTIONS + OPTIONAL_SECTIONS,
         metavar="SECTION",
-        help=f"measure only these sections: {' '.join(SECTIONS)}",
+        help=f"measure only these sections: {' '.join(SECTIONS + OPTIONAL_SECTIONS)}",
     )
     parser.add_argument(
         "--threads",
@@ -403,7 +463,7 @@ def main() -> int:
         help="the population section's torch threads (rlexp's threads=; default -1: by population size)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench.json")
-    parser.add_argument("--sb3", choices=("dqn", "ppo"), help=argparse.SUPPRESS)  # internal: one SB3 run
+    parser.add_argument("--sb3", choices=("dqn", "ppo", "sac_hopper"), help=argparse.SUPPRESS)  # internal: one SB3 run
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--learning-starts", type=int, default=CLEANRL_LEARNING_STARTS, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -420,6 +480,8 @@ def main() -> int:
     if args.sb3:
         if args.sb3 == "dqn":
             sb3_dqn(args.steps, args.seed, args.learning_starts)
+        elif args.sb3 == "sac_hopper":
+            sb3_sac_hopper(args.steps, args.seed, args.learning_starts)
         else:
             sb3_ppo(args.steps, args.seed)
         return 0
@@ -428,12 +490,17 @@ def main() -> int:
     ppo_steps = args.ppo_steps or (10_000 if args.quick else 100_000)
     repeats = args.repeats or (1 if args.quick else 5)
     populations = args.populations or ([1, 16] if args.quick else [1, 4, 16, 64])
-    if steps < 10 or ppo_steps < 512 or repeats < 1 or min(populations) < 1:
-        parser.error("need --steps >= 10, --ppo-steps >= 512 (one PPO rollout), --repeats >= 1, populations >= 1")
+    if steps < 10 or args.mujoco_steps < 10 or ppo_steps < 512 or repeats < 1 or min(populations) < 1:
+        parser.error(
+            "need --steps >= 10, --mujoco-steps >= 10, --ppo-steps >= 512 (one PPO rollout), --repeats >= 1, "
+            "populations >= 1"
+        )
 
     load_start = load()
     with tempfile.TemporaryDirectory() as tmp:
-        cases, commands = build_cases(sections, steps, ppo_steps, populations, args.threads, Path(tmp))
+        cases, commands = build_cases(
+            sections, steps, ppo_steps, populations, args.threads, Path(tmp), args.mujoco_steps
+        )
         samples: dict[str, list[float]] = {name: [] for name, _, _ in cases}
         extra: dict[str, list[float]] = {}  # rlexp's loop-only times; the start-up run's whole process
         rss: dict[str, list[float]] = {}
@@ -441,7 +508,7 @@ def main() -> int:
             for name, figure, run in cases:
                 sample = run(r)
                 samples[name].append(figure(sample))
-                if name in ("dqn_rlexp", "ppo_rlexp"):
+                if name in ("dqn_rlexp", "ppo_rlexp", "sac_mujoco_rlexp"):
                     extra.setdefault(f"{name}_loop", []).append(sample.loop_s)
                 if name == "startup_to_first_step":
                     extra.setdefault("startup_process", []).append(sample.process_s)
@@ -479,6 +546,7 @@ def main() -> int:
             "sections": sections,
             "quick": args.quick,
             "dqn_learning_starts": scaled_learning_starts(steps, CLEANRL_LEARNING_STARTS),
+            "mujoco_steps": args.mujoco_steps,
         },
         "commands": commands,
         "medians_s": medians,
