@@ -20,9 +20,7 @@ from rlexp.config import ConfigError
 from rlexp.envs import make_env
 from rlexp.train import run_job
 
-# algo -> (env preset, its gymnasium id, the algorithm's tiny budget); not Ant-v5, whose model makes
-# MuJoCo 4 write a deprecation warning to MUJOCO_LOG.TXT in the working directory
-SMOKE = {
+SMOKE = {  # algo -> (env preset, its gymnasium id, the algorithm's tiny budget)
     "td3": ("halfcheetah", "HalfCheetah-v5", ["total_steps=120", "algo.learning_starts=60", "algo.batch_size=16"]),
     "ddpg": ("hopper", "Hopper-v5", ["total_steps=120", "algo.learning_starts=60", "algo.batch_size=16"]),
     "sac": ("walker2d", "Walker2d-v5", ["total_steps=120", "algo.learning_starts=60", "algo.batch_size=16"]),
@@ -31,8 +29,9 @@ SMOKE = {
 
 
 @pytest.mark.parametrize("algo", sorted(SMOKE))
-def test_each_algorithm_family_runs_on_a_mujoco_preset(algo, tmp_path):
+def test_each_algorithm_family_runs_on_a_mujoco_preset(algo, tmp_path, monkeypatch):
     pytest.importorskip("mujoco", reason="pip install -e '.[mujoco]'")
+    monkeypatch.chdir(tmp_path)  # MuJoCo 4 writes HalfCheetah's deprecation warnings to ./MUJOCO_LOG.TXT
     preset, env_id, budget = SMOKE[algo]
     overrides = [f"algo={algo}", f"env={preset}", *budget, "num_seeds=2", "network.hidden=[16,16]"]
     cfg = compose_config([*overrides, "logger.log_every=60", "eval.episodes=0", *QUIET])
