@@ -211,6 +211,7 @@ def validate(cfg: DictConfig) -> None:
         "a2c": _validate_actor_critic,
         "ddpg": _validate_replay,
         "td3": _validate_replay,
+        "sac": _validate_sac,
     }[cfg.algo.name](cfg)
     obs_dim, action_dim = _validate_action_space(cfg)
     check_resources(cfg, obs_dim, action_dim)
@@ -301,6 +302,10 @@ ALGO_DOMAINS: dict[str, Domain] = {
     "policy_delay": COUNT,
     "target_noise": (lambda v: v >= 0, "a value >= 0 (0 = off)"),
     "target_noise_clip": NON_NEGATIVE,
+    "alpha": POSITIVE,
+    "target_entropy": (lambda v: v is None or math.isfinite(v), "a finite value [nats] (or null for -|A|)"),
+    "log_std_min": (lambda v: math.isfinite(v), "a finite value"),
+    "log_std_max": (lambda v: math.isfinite(v), "a finite value > algo.log_std_min"),
 }
 
 
@@ -354,6 +359,17 @@ def _validate_replay(cfg: DictConfig) -> None:
         )
 
 
+def _validate_sac(cfg: DictConfig) -> None:
+    _validate_replay(cfg)
+    algo = cfg.algo
+    if algo.log_std_max <= algo.log_std_min:
+        raise ConfigError(
+            "algo.log_std_max",
+            f"{algo.log_std_max} <= algo.log_std_min={algo.log_std_min}",
+            "raise algo.log_std_max above algo.log_std_min",
+        )
+
+
 def _validate_dqn(cfg: DictConfig) -> None:
     _validate_replay(cfg)
     require_choice(cfg.algo.target_update, "algo.target_update", ("hard", "soft"))
@@ -398,7 +414,7 @@ def _validate_action_space(cfg: DictConfig) -> tuple[int, int]:
 FILES_RESERVED = 64  # descriptors a job holds besides its members' (Python, torch, W&B's service, Hydra's log)
 FLOAT = 4  # bytes of a float32
 ENV_BYTES = 64 * 1024  # one environment's state (a CartPole or a Box2D world), generously
-NETWORKS = {"dqn": 1, "ppo": 2, "a2c": 2, "ddpg": 2, "td3": 3}  # networks trained per member
+NETWORKS = {"dqn": 1, "ppo": 2, "a2c": 2, "ddpg": 2, "td3": 3, "sac": 3}  # networks trained per member
 COPIES = 5  # per parameter: itself, its gradient, two optimizer moments, a target network's copy
 
 
@@ -421,7 +437,7 @@ def memory_per_member(cfg: DictConfig, obs_dim: int, action_dim: int) -> tuple[i
     widest = max(hidden, key=sum)
     nets = NETWORKS.get(algo.name, 3) * _mlp_params([obs_dim + action_dim, *widest, action_dim + 1])
     replay = 0
-    if algo.name in ("dqn", "ddpg", "td3"):
+    if algo.name in ("dqn", "ddpg", "td3", "sac"):
         row = 2 * obs_dim + (1 if algo.name == "dqn" else action_dim) + 2  # obs | next_obs | action | reward | done
         replay = (algo.buffer_size + 1) * row * FLOAT
         batch = algo.batch_size

@@ -306,15 +306,15 @@ class AlgoConfig:
 
     name: str = knob(MISSING, NAME_HELP)
     gamma: float = knob(0.99, "discount factor")
-    # replay: dqn, ddpg, td3
-    buffer_size: int = knob(100_000, "dqn, ddpg, td3: replay transitions per member")
-    batch_size: int = knob(128, "dqn, ddpg, td3: transitions per update")
+    # replay: dqn, ddpg, td3, sac
+    buffer_size: int = knob(100_000, "dqn, ddpg, td3, sac: replay transitions per member")
+    batch_size: int = knob(128, "dqn, ddpg, td3, sac: transitions per update")
     learning_starts: int = knob(
-        1_000, "dqn, ddpg, td3: env steps before the first update (ddpg, td3: of uniform random actions)"
+        1_000, "dqn, ddpg, td3, sac: env steps before the first update (ddpg, td3, sac: of uniform random actions)"
     )
-    train_frequency: int = knob(16, "dqn, ddpg, td3: env steps between update phases")
-    gradient_steps: int = knob(4, "dqn, ddpg, td3: (critic) updates per phase")
-    tau: float = knob(0.005, "dqn (soft), ddpg, td3: target <- (1 - tau) target + tau online")
+    train_frequency: int = knob(16, "dqn, ddpg, td3, sac: env steps between update phases")
+    gradient_steps: int = knob(4, "dqn, ddpg, td3, sac: (critic) updates per phase")
+    tau: float = knob(0.005, "dqn (soft), ddpg, td3, sac: target <- (1 - tau) target + tau online")
     # dqn
     start_e: float = knob(1.0, "dqn: initial epsilon")
     end_e: float = knob(0.04, "dqn: final epsilon")
@@ -350,6 +350,12 @@ class AlgoConfig:
     policy_delay: int = knob(2, "ddpg, td3: actor and target updates every policy_delay critic updates")
     target_noise: float = knob(0.2, "ddpg, td3: target policy smoothing std (fraction of the half range); 0 = off")
     target_noise_clip: float = knob(0.5, "ddpg, td3: ... clipped to +- this (fraction of the half range)")
+    # sac
+    alpha: float = knob(1.0, "sac: the entropy coefficient's initial value (its fixed value with autotune=false)")
+    autotune: bool = knob(True, "sac: tune alpha towards target_entropy (one log alpha per member, Adam)")
+    target_entropy: float | None = knob(None, "sac: the entropy alpha's tuning aims at [nats] (null = -|A|)")
+    log_std_min: float = knob(-20.0, "sac: the actor's log standard deviation is clamped to [min, max]")
+    log_std_max: float = knob(2.0, "sac: ... its upper end")
 
 
 @dataclass
@@ -397,6 +403,17 @@ class DDPGConfig(TD3Config):
     target_noise: float = 0.0
 
 
+@dataclass
+class SACConfig(AlgoConfig):
+    """sac: Stable-Baselines3's SAC defaults (rl-baselines3-zoo's Pendulum-v1 entry sets only lr 1e-3)."""
+
+    buffer_size: int = 1_000_000
+    batch_size: int = 256
+    learning_starts: int = 100
+    train_frequency: int = 1
+    gradient_steps: int = 1
+
+
 # ---------------------------------------------------------------- actor, critic, normalizers, env
 @dataclass
 class NetOverrideConfig:
@@ -412,7 +429,7 @@ class NetOverrideConfig:
 
 @dataclass
 class CriticConfig(NetOverrideConfig):
-    action_layer: int = knob(0, "ddpg, td3: the action joins the input (0) or the k-th hidden layer's output (k)")
+    action_layer: int = knob(0, "ddpg, td3, sac: the action joins the input (0) or the k-th hidden layer's output (k)")
 
 
 @dataclass

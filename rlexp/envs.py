@@ -29,7 +29,7 @@ from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker, TimeLimit
 
 from rlexp.config import ConfigError, EnvConfig
 
-EXTRAS = {"box2d": "box2d"}  # gymnasium dependency name -> rlexp extra that installs it
+EXTRAS = {"box2d": "box2d", "mujoco": "mujoco"}  # gymnasium dependency name -> rlexp extra that installs it
 
 
 def check_env_id(env_id: str) -> None:

@@ -30,6 +30,13 @@ evaluation off (eval.episodes=0: the SB3 baselines do not evaluate; every sectio
                settings (4 DummyVecEnv envs x 128 steps, 4 epochs of 128-sample minibatches, clipped
                value loss, Adam eps 1e-5); whole-process wall time of both.
 
+Optional sections, only with --only (they need the mujoco extra and take minutes a round):
+
+  sac_mujoco_vs_sb3  rlexp SAC (population of 1) vs SB3 SAC on Hopper-v5 with rl-baselines3-zoo's
+               settings (SB3's defaults: Adam 3e-4, batch 256, 256-256 ReLU, tau 0.005, alpha tuned;
+               learning_starts 10000, scaled as DQN's below), --mujoco-steps env steps (default 5k);
+               whole-process wall time of both.
+
 Defaults: DQN 50k steps, PPO 100k steps, populations 1 4 16 64, 5 repeats. --quick: DQN 10k steps,
 PPO 10k steps, populations 1 16, 1 repeat. When DQN's steps are under 5x learning_starts (10000 for
 the CleanRL settings, 1000 for the default config) learning_starts becomes steps // 5, for rlexp and
@@ -39,7 +46,7 @@ Ratios (targets): dqn_speedup_vs_sb3 = sb3 / rlexp (>= 1.8); per_seed_throughput
 population's env steps/s at P=16 over P=1's, i.e. 16 x wall(P=1) / wall(P=16) (>= 4);
 diagnostics_overhead = default / off - 1 (<= 0.10); startup_to_first_step_s (<= 2.5 s);
 ppo_speedup_vs_sb3 = sb3 / rlexp (>= 1.5); packed_grid_speedup = unpacked / packed (>= 2.5: the grid's
-75 minutes to 30).
+75 minutes to 30); sac_mujoco_speedup_vs_sb3 = sb3 / rlexp (>= 1.0).
 
 Besides each case, medians_s holds dqn_rlexp_loop and ppo_rlexp_loop (rlexp's loop-only wall time,
 from summary.json) and startup_process (the start-up runs, launch to exit). Peak RSS: the largest
@@ -70,10 +77,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("dqn_vs_sb3", "population", "diagnostics", "startup", "ppo_vs_sb3", "packing")
-SB3_SECTIONS = ("dqn_vs_sb3", "ppo_vs_sb3")
+OPTIONAL_SECTIONS = ("sac_mujoco_vs_sb3",)  # measured only when --only names them
+SB3_SECTIONS = ("dqn_vs_sb3", "ppo_vs_sb3", "sac_mujoco_vs_sb3")
 SB3_FIX = 'pip install -e ".[bench]"'
 CLEANRL_LEARNING_STARTS = 10_000  # conf/experiment/cleanrl_dqn.yaml
 DEFAULT_LEARNING_STARTS = 1_000  # conf/algo/dqn.yaml
+ZOO_MUJOCO_LEARNING_STARTS = 10_000  # rl-baselines3-zoo's sac.yml, its MuJoCo entries
 # name -> (comparison, target); PASS when the figure compares true against the target
 TARGETS = {
     "dqn_speedup_vs_sb3": (">=", 1.8),
@@ -82,6 +91,7 @@ TARGETS = {
     "startup_to_first_step_s": ("<=", 2.5),
     "ppo_speedup_vs_sb3": (">=", 1.5),
     "packed_grid_speedup": (">=", 2.5),
+    "sac_mujoco_speedup_vs_sb3": (">=", 1.0),
 }
 # the packing section's 24-cell slice of the stability grid: 2 network shapes x its 12 init x clipping x
 # optimizer cells, each a population of 8 seeds (the grid's own settings, a shorter budget)
@@ -157,6 +167,18 @@ def sb3_ppo(steps: int, seed: int) -> None:
     model.learn(total_timesteps=steps)
 
 
+def sb3_sac_hopper(steps: int, seed: int, learning_starts: int) -> None:
+    """SB3 SAC on Hopper-v5 with rl-baselines3-zoo's entry: SB3's defaults but learning_starts."""
+    import torch
+
+    torch.set_num_threads(1)
+    import gymnasium as gym
+    from stable_baselines3 import SAC
+
+    model = SAC("MlpPolicy", gym.make("Hopper-v5"), learning_starts=learning_starts, seed=seed, device="cpu")
+    model.learn(total_timesteps=steps)
+
+
 # ------------------------------------------------------------------ measuring one process
 @dataclass
 class Sample:
@@ -207,7 +229,7 @@ def rlexp_command(overrides: list[str], mode: str) -> list[str]:
 def sb3_command(algo: str, steps: int, seed: int, learning_starts: int = 0) -> list[str]:
     """The command line of an SB3 run: this script's internal --sb3 sub-command."""
     command = [sys.executable, str(Path(__file__).resolve()), "--sb3", algo, "--steps", str(steps), "--seed", str(seed)]
-    return command + (["--learning-starts", str(learning_starts)] if algo == "dqn" else [])
+    return command + (["--learning-starts", str(learning_starts)] if algo in ("dqn", "sac_hopper") else [])
 
 
 def sb3_run(algo: str, steps: int, seed: int, workdir: Path, learning_starts: int = 0) -> Sample:
@@ -258,6 +280,23 @@ def dqn_overrides(steps: int) -> list[str]:
 Case = tuple[str, Callable[[Sample], float], Callable[[int], Sample]]
 
 
+def sac_mujoco_overrides(steps: int) -> list[str]:
+    """rlexp's SAC with the settings of ``sb3_sac_hopper``."""
+    return [
+        "algo=sac",
+        "env=hopper",
+        "activation=relu",
+        "init=default",
+        "normalization=none",
+        "clipping=none",
+        "optimizer=adam",
+        "optimizer.lr=3e-4",
+        "network.hidden=[256,256]",
+        f"total_steps={steps}",
+        f"algo.learning_starts={scaled_learning_starts(steps, ZOO_MUJOCO_LEARNING_STARTS)}",
+    ]
+
+
 def build_cases(
     sections: list[str],
     steps: int,
@@ -267,6 +306,7 @@ def build_cases(
     workdir: Path,
     pack_steps: int = 5000,
     pack_populations: tuple[int, ...] = (),
+    mujoco_steps: int = 5_000,
 ) -> tuple[list[Case], dict[str, list[str]]]:
     """The cases of the chosen sections, in the order they alternate, and each case's command."""
     whole: Callable[[Sample], float] = lambda s: s.process_s  # noqa: E731
@@ -344,6 +384,18 @@ def build_cases(
                 lambda r, over=over: grid_run(over + [f"seed={r}"], workdir),
                 grid_command(over, Path("<sweep dir>")),
             )
+    if "sac_mujoco_vs_sb3" in sections:
+        sac = sac_mujoco_overrides(mujoco_steps)
+        starts = scaled_learning_starts(mujoco_steps, ZOO_MUJOCO_LEARNING_STARTS)
+        add(
+            "sac_mujoco_rlexp", whole, lambda r: rlexp_run(sac + [f"seed={r}"], workdir), rlexp_command(sac, "disabled")
+        )
+        add(
+            "sac_mujoco_sb3",
+            whole,
+            lambda r: sb3_run("sac_hopper", mujoco_steps, r, workdir, starts),
+            sb3_command("sac_hopper", mujoco_steps, 0, starts),
+        )
     return cases, commands
 
 
@@ -363,6 +415,7 @@ def ratios_of(medians: dict[str, float]) -> dict[str, float | None]:
         "startup_to_first_step_s": medians.get("startup_to_first_step"),
         "ppo_speedup_vs_sb3": div("ppo_sb3", "ppo_rlexp"),
         "packed_grid_speedup": div("grid24_unpacked", "grid24_packed"),
+        "sac_mujoco_speedup_vs_sb3": div("sac_mujoco_sb3", "sac_mujoco_rlexp"),
     }
 
 
@@ -390,6 +443,7 @@ def versions() -> dict[str, str | None]:
         ("gymnasium", "gymnasium"),
         ("wandb", "wandb"),
         ("stable_baselines3", "stable-baselines3"),
+        ("mujoco", "mujoco"),
     ):
         found[key] = version(dist)
     return found
@@ -445,6 +499,7 @@ def main() -> int:
     )
     parser.add_argument("--steps", type=int, help="DQN env steps per run (default 50k; 10k with --quick)")
     parser.add_argument("--ppo-steps", type=int, help="PPO env steps per run (default 100k; 10k with --quick)")
+    parser.add_argument("--mujoco-steps", type=int, default=5_000, help="sac_mujoco_vs_sb3's env steps (default 5k)")
     parser.add_argument("--repeats", type=int, help="rounds of every case (default 5; 1 with --quick)")
     parser.add_argument(
         "--populations",
@@ -455,9 +510,9 @@ def main() -> int:
     parser.add_argument(
         "--only",
         nargs="+",
-        choices=SECTIONS,
+        choices=SECTIONS + OPTIONAL_SECTIONS,
         metavar="SECTION",
-        help=f"measure only these sections: {' '.join(SECTIONS)}",
+        help=f"measure only these sections: {' '.join(SECTIONS + OPTIONAL_SECTIONS)}",
     )
     parser.add_argument(
         "--threads",
@@ -474,7 +529,7 @@ def main() -> int:
         help="packing: pack sizes P (1, or multiples of 12: one shape's 12 cells x P/12 seeds)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench.json")
-    parser.add_argument("--sb3", choices=("dqn", "ppo"), help=argparse.SUPPRESS)  # internal: one SB3 run
+    parser.add_argument("--sb3", choices=("dqn", "ppo", "sac_hopper"), help=argparse.SUPPRESS)  # internal: one SB3 run
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--learning-starts", type=int, default=CLEANRL_LEARNING_STARTS, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -491,6 +546,8 @@ def main() -> int:
     if args.sb3:
         if args.sb3 == "dqn":
             sb3_dqn(args.steps, args.seed, args.learning_starts)
+        elif args.sb3 == "sac_hopper":
+            sb3_sac_hopper(args.steps, args.seed, args.learning_starts)
         else:
             sb3_ppo(args.steps, args.seed)
         return 0
@@ -502,13 +559,24 @@ def main() -> int:
     pack_steps = args.pack_steps or (2000 if args.quick else 5000)
     if any(p != 1 and (p < 12 or p % 12) for p in args.pack_populations):
         parser.error("--pack-populations: 1 or multiples of 12")
-    if steps < 10 or ppo_steps < 512 or repeats < 1 or min(populations) < 1:
-        parser.error("need --steps >= 10, --ppo-steps >= 512 (one PPO rollout), --repeats >= 1, populations >= 1")
+    if steps < 10 or args.mujoco_steps < 10 or ppo_steps < 512 or repeats < 1 or min(populations) < 1:
+        parser.error(
+            "need --steps >= 10, --mujoco-steps >= 10, --ppo-steps >= 512 (one PPO rollout), --repeats >= 1, "
+            "populations >= 1"
+        )
 
     load_start = load()
     with tempfile.TemporaryDirectory() as tmp:
         cases, commands = build_cases(
-            sections, steps, ppo_steps, populations, args.threads, Path(tmp), pack_steps, args.pack_populations
+            sections,
+            steps,
+            ppo_steps,
+            populations,
+            args.threads,
+            Path(tmp),
+            pack_steps,
+            args.pack_populations,
+            args.mujoco_steps,
         )
         samples: dict[str, list[float]] = {name: [] for name, _, _ in cases}
         extra: dict[str, list[float]] = {}  # rlexp's loop-only times; the start-up run's whole process
@@ -517,7 +585,7 @@ def main() -> int:
             for name, figure, run in cases:
                 sample = run(r)
                 samples[name].append(figure(sample))
-                if name in ("dqn_rlexp", "ppo_rlexp"):
+                if name in ("dqn_rlexp", "ppo_rlexp", "sac_mujoco_rlexp"):
                     extra.setdefault(f"{name}_loop", []).append(sample.loop_s)
                 if name == "startup_to_first_step":
                     extra.setdefault("startup_process", []).append(sample.process_s)
@@ -562,6 +630,7 @@ def main() -> int:
             "dqn_learning_starts": scaled_learning_starts(steps, CLEANRL_LEARNING_STARTS),
             "pack_steps": pack_steps,
             "pack_populations": args.pack_populations,
+            "mujoco_steps": args.mujoco_steps,
         },
         "commands": commands,
         "medians_s": medians,

@@ -478,6 +478,14 @@ RUNS = {
         "algo.batch_size=32",
         "network.hidden=[16,16]",
     ],
+    "sac": [
+        "algo=sac",
+        "env=pendulum",
+        "total_steps=800",
+        "algo.learning_starts=300",
+        "algo.batch_size=32",
+        "network.hidden=[16,16]",
+    ],
 }
 
 

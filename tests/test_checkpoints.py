@@ -105,6 +105,23 @@ RUNS = {  # (overrides, crash step, checkpoint step continued from)
         250,
         150,
     ),
+    "sac": (
+        [
+            "algo=sac",
+            "env=pendulum",
+            "total_steps=300",
+            "num_seeds=2",
+            "network.hidden=[16,16]",
+            "algo.learning_starts=100",
+            "algo.batch_size=32",
+            "logger.log_every=50",
+            "checkpoint.every=150",
+            "eval.every=150",
+            "eval.episodes=2",
+        ],
+        250,
+        150,
+    ),
 }
 
 

@@ -1,4 +1,4 @@
-"""Learning checks (slow): populations of 10 seeds must learn CartPole-v1 (DQN, PPO) and Pendulum-v1 (TD3).
+"""Learning checks (slow): populations of 10 seeds must learn CartPole-v1 (DQN, PPO) and Pendulum-v1 (TD3, SAC).
 
 Run with ``python -m pytest -m slow``; each test drives scripts/learning_check.py, which exits
 non-zero when fewer than 8 of 10 members pass.
@@ -50,3 +50,9 @@ def test_ppo_reaches_475_within_100k_steps(tmp_path):
 def test_td3_pendulum_ends_above_minus_250_within_20k_steps(tmp_path):
     result = _check(tmp_path, "td3_pendulum")
     assert result["passed_final"] >= 8
+
+
+@pytest.mark.slow
+def test_sac_pendulum_evaluates_above_minus_250_within_20k_steps(tmp_path):
+    result = _check(tmp_path, "sac_pendulum")
+    assert result["passed_eval"] >= 8

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlexp.algos import dqn, ppo, td3
-from rlexp.config import A2CConfig, ActorCriticConfig, AlgoConfig, DDPGConfig, DQNConfig, TD3Config
+from rlexp.algos import dqn, ppo, sac, td3
+from rlexp.config import A2CConfig, ActorCriticConfig, AlgoConfig, DDPGConfig, DQNConfig, SACConfig, TD3Config
 from rlexp.run import Algorithm
 
 
@@ -35,4 +35,5 @@ ALGOS: dict[str, AlgoSpec] = {
     "a2c": AlgoSpec(ppo.train, A2CConfig, ("discrete", "continuous"), CONTEXT_KEYS + PPO_KEYS),
     "ddpg": AlgoSpec(td3.train, DDPGConfig, ("continuous",), CONTEXT_KEYS + TD3_KEYS),
     "td3": AlgoSpec(td3.train, TD3Config, ("continuous",), CONTEXT_KEYS + TD3_KEYS),
+    "sac": AlgoSpec(sac.train, SACConfig, ("continuous",)),
 }
