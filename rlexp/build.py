@@ -195,6 +195,7 @@ def validate(cfg: DictConfig) -> None:
         "a2c": _validate_actor_critic,
         "ddpg": _validate_replay,
         "td3": _validate_replay,
+        "muzero_lite": _validate_muzero_lite,
     }[cfg.algo.name](cfg)
     obs_dim, action_dim = _validate_action_space(cfg)
     check_resources(cfg, obs_dim, action_dim)
@@ -285,6 +286,13 @@ ALGO_DOMAINS: dict[str, Domain] = {
     "policy_delay": COUNT,
     "target_noise": (lambda v: v >= 0, "a value >= 0 (0 = off)"),
     "target_noise_clip": NON_NEGATIVE,
+    "unroll_steps": COUNT,
+    "td_steps": COUNT,
+    "dynamics_grad_scale": UNIT,
+    "state_dim": COUNT,
+    "value_coef": NON_NEGATIVE,
+    "policy_coef": NON_NEGATIVE,
+    "policy_temperature": POSITIVE,
 }
 
 
@@ -336,6 +344,16 @@ def _validate_dqn(cfg: DictConfig) -> None:
     require_choice(cfg.algo.loss, "algo.loss", ("mse", "huber"))
 
 
+def _validate_muzero_lite(cfg: DictConfig) -> None:
+    _validate_replay(cfg)
+    if cfg.intervention.name == "redo":
+        raise ConfigError(
+            "intervention",
+            "redo reads each network's own inputs, which muzero_lite's dynamics and prediction take from the unroll",
+            "use intervention=shrink_perturb, reset or none with algo=muzero_lite",
+        )
+
+
 def action_kind(space: gym.Space) -> str:
     """'discrete' for Discrete, 'continuous' for Box, else the space's class name."""
     if isinstance(space, gym.spaces.Discrete):
@@ -374,7 +392,7 @@ def _validate_action_space(cfg: DictConfig) -> tuple[int, int]:
 FILES_RESERVED = 64  # descriptors a job holds besides its members' (Python, torch, W&B's service, Hydra's log)
 FLOAT = 4  # bytes of a float32
 ENV_BYTES = 64 * 1024  # one environment's state (a CartPole or a Box2D world), generously
-NETWORKS = {"dqn": 1, "ppo": 2, "a2c": 2, "ddpg": 2, "td3": 3}  # networks trained per member
+NETWORKS = {"dqn": 1, "ppo": 2, "a2c": 2, "ddpg": 2, "td3": 3, "muzero_lite": 3}  # networks trained per member
 COPIES = 5  # per parameter: itself, its gradient, two optimizer moments, a target network's copy
 
 
@@ -397,8 +415,9 @@ def memory_per_member(cfg: DictConfig, obs_dim: int, action_dim: int) -> tuple[i
     widest = max(hidden, key=sum)
     nets = NETWORKS.get(algo.name, 3) * _mlp_params([obs_dim + action_dim, *widest, action_dim + 1])
     replay = 0
-    if algo.name in ("dqn", "ddpg", "td3"):
-        row = 2 * obs_dim + (1 if algo.name == "dqn" else action_dim) + 2  # obs | next_obs | action | reward | done
+    if algo.name in ("dqn", "ddpg", "td3", "muzero_lite"):
+        row = 2 * obs_dim + (action_dim if algo.name in ("ddpg", "td3") else 1) + 2  # obs | next_obs | a | r | done
+        row += 2 if algo.name == "muzero_lite" else 0  # | episode end | step count
         replay = (algo.buffer_size + 1) * row * FLOAT
         batch = algo.batch_size
     else:

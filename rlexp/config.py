@@ -298,18 +298,18 @@ class AlgoConfig:
     name: str = knob(MISSING, NAME_HELP)
     gamma: float = knob(0.99, "discount factor")
     # replay: dqn, ddpg, td3
-    buffer_size: int = knob(100_000, "dqn, ddpg, td3: replay transitions per member")
-    batch_size: int = knob(128, "dqn, ddpg, td3: transitions per update")
+    buffer_size: int = knob(100_000, "dqn, ddpg, td3, muzero_lite: replay transitions per member")
+    batch_size: int = knob(128, "dqn, ddpg, td3, muzero_lite: transitions per update")
     learning_starts: int = knob(
-        1_000, "dqn, ddpg, td3: env steps before the first update (ddpg, td3: of uniform random actions)"
+        1_000, "dqn, ddpg, td3, muzero_lite: env steps before the first update (ddpg, td3: of uniform random actions)"
     )
-    train_frequency: int = knob(16, "dqn, ddpg, td3: env steps between update phases")
-    gradient_steps: int = knob(4, "dqn, ddpg, td3: (critic) updates per phase")
-    tau: float = knob(0.005, "dqn (soft), ddpg, td3: target <- (1 - tau) target + tau online")
+    train_frequency: int = knob(16, "dqn, ddpg, td3, muzero_lite: env steps between update phases")
+    gradient_steps: int = knob(4, "dqn, ddpg, td3, muzero_lite: (critic) updates per phase")
+    tau: float = knob(0.005, "dqn (soft), ddpg, td3, muzero_lite: target <- (1 - tau) target + tau online")
     # dqn
-    start_e: float = knob(1.0, "dqn: initial epsilon")
-    end_e: float = knob(0.04, "dqn: final epsilon")
-    exploration_fraction: float = knob(0.16, "dqn: fraction of total_steps of the linear epsilon decay")
+    start_e: float = knob(1.0, "dqn, muzero_lite: initial epsilon")
+    end_e: float = knob(0.04, "dqn, muzero_lite: final epsilon")
+    exploration_fraction: float = knob(0.16, "dqn, muzero_lite: fraction of total_steps of the linear epsilon decay")
     target_network: bool = knob(True, "dqn: false bootstraps from the online network")
     target_update: str = knob("hard", "dqn: hard | soft")
     target_update_period: int = knob(100, "dqn: env steps between hard copies")
@@ -338,6 +338,18 @@ class AlgoConfig:
     policy_delay: int = knob(2, "ddpg, td3: actor and target updates every policy_delay critic updates")
     target_noise: float = knob(0.2, "ddpg, td3: target policy smoothing std (fraction of the half range); 0 = off")
     target_noise_clip: float = knob(0.5, "ddpg, td3: ... clipped to +- this (fraction of the half range)")
+    # muzero_lite
+    unroll_steps: int = knob(5, "muzero_lite: K, dynamics steps unrolled from each replayed state")
+    td_steps: int = knob(10, "muzero_lite: n of the n-step value targets (bootstrapped from the target model)")
+    dynamics_grad_scale: float = knob(
+        0.5, "muzero_lite: scale_gradient on the hidden state after each dynamics step (MuZero: 0.5)"
+    )
+    state_dim: int = knob(64, "muzero_lite: width of the hidden state s = h(o)")
+    value_coef: float = knob(0.25, "muzero_lite: weight of the value loss (MuZero: 0.25)")
+    policy_coef: float = knob(1.0, "muzero_lite: weight of the policy loss")
+    policy_temperature: float = knob(
+        1.0, "muzero_lite: policy target softmax((r_hat + gamma v_hat) / temperature) over the actions"
+    )
 
 
 @dataclass
@@ -383,6 +395,20 @@ class DDPGConfig(TD3Config):
     twin: bool = False
     policy_delay: int = 1
     target_noise: float = 0.0
+
+
+@dataclass
+class MuZeroLiteConfig(AlgoConfig):
+    """muzero_lite: a value-equivalent model trained on K-step unrolls; a CartPole setting."""
+
+    buffer_size: int = 50_000
+    batch_size: int = 128
+    learning_starts: int = 1_000
+    train_frequency: int = 4
+    gradient_steps: int = 1
+    tau: float = 0.01
+    end_e: float = 0.01
+    exploration_fraction: float = 0.2
 
 
 # ---------------------------------------------------------------- actor, critic, normalizers, env

@@ -5,8 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlexp.algos import dqn, ppo, td3
-from rlexp.config import A2CConfig, ActorCriticConfig, AlgoConfig, DDPGConfig, DQNConfig, TD3Config
+from rlexp.algos import dqn, muzero_lite, ppo, td3
+from rlexp.config import (
+    A2CConfig,
+    ActorCriticConfig,
+    AlgoConfig,
+    DDPGConfig,
+    DQNConfig,
+    MuZeroLiteConfig,
+    TD3Config,
+)
 from rlexp.run import Algorithm
 
 
@@ -23,4 +31,5 @@ ALGOS: dict[str, AlgoSpec] = {
     "a2c": AlgoSpec(ppo.train, A2CConfig, ("discrete", "continuous")),
     "ddpg": AlgoSpec(td3.train, DDPGConfig, ("continuous",)),
     "td3": AlgoSpec(td3.train, TD3Config, ("continuous",)),
+    "muzero_lite": AlgoSpec(muzero_lite.train, MuZeroLiteConfig, ("discrete",)),
 }
