@@ -6,6 +6,7 @@
     python scripts/learning_check.py --preset zoo_dqn      # rl-baselines3-zoo's settings, 50k steps
     python scripts/learning_check.py --preset cleanrl_ppo  # PPO, CleanRL's settings, 100k steps
     python scripts/learning_check.py --preset td3_pendulum # TD3 on Pendulum-v1, 20k steps, >= -250
+    python scripts/learning_check.py --preset muzero_lite  # MuZero-lite CartPole, 50k steps, eval >= 475
     python scripts/learning_check.py --overrides activation=tanh init=he
 
 Three criteria, all reported: "reach" — the mean return of the member's last 10 training episodes
@@ -34,6 +35,7 @@ PRESETS = {  # name -> (overrides, deciding criterion, threshold)
     "cleanrl_ppo": (["+experiment=cleanrl_ppo"], "reach", 475.0),
     "zoo_ppo": (["+experiment=zoo_ppo"], "reach", 475.0),
     "td3_pendulum": (["+experiment=td3_pendulum"], "final", -250.0),
+    "muzero_lite": (["algo=muzero_lite", "total_steps=50000"], "eval", 475.0),
 }
 
 

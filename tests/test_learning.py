@@ -50,3 +50,9 @@ def test_ppo_reaches_475_within_100k_steps(tmp_path):
 def test_td3_pendulum_ends_above_minus_250_within_20k_steps(tmp_path):
     result = _check(tmp_path, "td3_pendulum")
     assert result["passed_final"] >= 8
+
+
+@pytest.mark.slow
+def test_muzero_lite_final_evaluation_reaches_475_within_50k_steps(tmp_path):
+    result = _check(tmp_path, "muzero_lite")
+    assert result["passed_eval"] >= 8
