@@ -249,3 +249,13 @@ def test_bad_muzero_values_name_the_key(overrides, key):
     with pytest.raises(ConfigError) as err:
         validate(compose_config(overrides))
     assert err.value.key == key
+
+
+def test_seed_muzero_preset_is_six_valid_cells_of_grad_scale_and_clipping():
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        hydra_cfg = compose(config_name="config", overrides=["+experiment=seed_muzero"], return_hydra_config=True)
+    params = hydra_cfg.hydra.sweeper.params
+    assert params["algo.dynamics_grad_scale"] == "1.0,0.5,0.25" and params["clipping"] == "none,global_norm"
+    cfg = compose_config(["+experiment=seed_muzero", "algo.dynamics_grad_scale=0.25", "clipping=global_norm"])
+    validate(cfg)
+    assert cfg.algo.name == "muzero_lite" and cfg.algo.dynamics_grad_scale == 0.25
