@@ -42,7 +42,8 @@ def main() -> None:
     parser.add_argument("grid", type=Path, help="the grid's sweep dir (outputs/grids/seed_muzero)")
     args = parser.parse_args()
     rows = []
-    for job in sorted((p for p in args.grid.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
+    jobs = [p for p in args.grid.iterdir() if p.name.isdigit() and (p / "summary.json").exists()]  # finished
+    for job in sorted(jobs, key=lambda p: int(p.name)):
         cfg = OmegaConf.load(job / ".hydra" / "config.yaml")
         unroll = cfg.algo.unroll_steps
         members = [member_figures(d, unroll) for d in sorted(job.glob("seed_*"))]
