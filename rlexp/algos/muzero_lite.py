@@ -18,7 +18,7 @@ The update, per member, on B windows of L = K + n consecutive steps j = 0 .. L-1
 Step j of a window is live when it is a stored step of the window's episode. Targets (no gradient):
     z_k = sum_{m=0}^{b-k} gamma^m r_{k+m} + gamma^{b-k+1} (1 - terminated_b) v_target(o'_b)   for live k,
         b the last live step in k .. k+n-1 (the n-step return, cut at the episode's end or the newest step;
-        bootstrapped from the target model: EMA copies of h and f, tau = algo.tau)
+        bootstrapped from the target model: EMA copies of h, g and f, tau = algo.tau)
     z_k = 0 after a termination (an absorbing state), u_k = r_{k-1} or 0 after a termination,
     pi_k = softmax(q_target(o_k, .) / policy_temperature), the target model's one-step lookahead (live k)
     Weights w are 1 where the target is known (live, or after a termination; the policy: live) and 0 past
