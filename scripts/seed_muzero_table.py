@@ -60,7 +60,7 @@ def main() -> None:
     print("|" + "---|" * len(head))
     for scale, clipping, _, _, m in rows:
         cells = [f"{scale}", clipping] + [f"{m[f'unroll_{k}']:.3g}" for k in range(unroll + 1)]
-        cells.append(f"{m[f'unroll_{unroll}'] / m['unroll_1']:.3f}")
+        cells.append(f"{m[f'unroll_{unroll}'] / m['unroll_1']:.3g}")
         print("| " + " | ".join(cells) + " |")
     print()
     head = ["grad scale", "clipping", "seeds", "diverged", "‖g‖ mean", "‖g‖ after clipping", "‖g‖ max"]
