@@ -128,14 +128,12 @@ class SequenceReplay(ReplayBuffer):
         self.num_envs, self.obs_dim, self.device = num_envs, obs_dim, device
         self.capacity = self.ring * num_envs
         self.rows = self.capacity
-        self.action_dim, self._action_width = 0, 1
         self._reward_col = 2 * obs_dim + 1
         self.data = torch.zeros(members, self.rows, self._reward_col + 4, device=device)  # [P, E * ring, F]
         self.ptr = np.zeros((members, num_envs), dtype=np.int64)
         self.size = np.zeros((members, num_envs), dtype=np.int64)
-        self._filling = True
+        self._filling = True  # kept for the checkpoint's buffer state
         self._row_base = np.arange(members)[:, None] * self.rows  # [P, 1]
-        self._member_np = np.arange(members)[:, None]  # [P, 1]
         self._env_base = np.arange(num_envs)[None, :] * self.ring  # [1, E]
 
     def add(  # type: ignore[override]
