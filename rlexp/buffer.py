@@ -97,3 +97,97 @@ class ReplayBuffer:
         o, a = self.obs_dim, self._reward_col
         actions = rows[..., 2 * o : a] if self.action_dim else rows[..., 2 * o].long()
         return Batch(rows[..., :o], actions, rows[..., a], rows[..., o : 2 * o], rows[..., a + 1])
+
+
+@dataclass
+class SequenceBatch:
+    """Windows of ``L`` consecutive steps of one environment, per member; index j = 0 .. L-1 of a window."""
+
+    obs: torch.Tensor  # [P, B, L, obs]
+    actions: torch.Tensor  # [P, B, L] long
+    rewards: torch.Tensor  # [P, B, L]
+    next_obs: torch.Tensor  # [P, B, L, obs]
+    terminated: torch.Tensor  # [P, B, L] 1.0 where the episode ended by termination at this step
+    done: torch.Tensor  # [P, B, L] 1.0 where it ended (terminated or truncated)
+    stored: torch.Tensor  # [P, B, L] bool: step j is the environment's j-th step after the window's first
+
+
+class SequenceReplay(ReplayBuffer):
+    """Replay of trajectories: each member keeps, per environment, a ring of ``capacity // E`` steps in
+    the order they happened, so a window of consecutive steps is one gather (unrolled models).
+
+    A row packs obs | next_obs | action | reward | terminated | done | n (the environment's count of
+    stored steps at this one). Autoreset steps (``valid`` False) are not stored, so consecutive rows
+    of a ring are consecutive steps. ``ptr`` [P, E] counts the steps stored per environment (the
+    ring's write position is ptr % capacity), ``size`` [P, E] the rows held; the checkpoint saves
+    them with ``data``, as for the transition replay.
+    """
+
+    def __init__(self, members: int, capacity: int, num_envs: int, obs_dim: int, device: torch.device) -> None:
+        self.ring = max(capacity // num_envs, 1)  # steps per environment
+        self.num_envs, self.obs_dim, self.device = num_envs, obs_dim, device
+        self.capacity = self.ring * num_envs
+        self.rows = self.capacity
+        self._reward_col = 2 * obs_dim + 1
+        self.data = torch.zeros(members, self.rows, self._reward_col + 4, device=device)  # [P, E * ring, F]
+        self.ptr = np.zeros((members, num_envs), dtype=np.int64)
+        self.size = np.zeros((members, num_envs), dtype=np.int64)
+        self._filling = True  # kept for the checkpoint's buffer state
+        self._row_base = np.arange(members)[:, None] * self.rows  # [P, 1]
+        self._env_base = np.arange(num_envs)[None, :] * self.ring  # [1, E]
+
+    def add(  # type: ignore[override]
+        self,
+        obs: np.ndarray,
+        actions: np.ndarray,
+        rewards: np.ndarray,
+        next_obs: np.ndarray,
+        terminated: np.ndarray,
+        done: np.ndarray,
+        valid: np.ndarray,
+    ) -> None:
+        """Store one step of E environments per member (host arrays: obs [P, E, obs], the others [P, E]);
+        rows where ``valid`` is False (autoreset steps) are skipped."""
+        valid = np.asarray(valid, dtype=bool)
+        members, num_envs = valid.shape
+        rows = np.empty((members, num_envs, self.data.shape[-1]), dtype=np.float32)  # [P, E, F]
+        o, a = self.obs_dim, self._reward_col
+        rows[..., :o] = obs
+        rows[..., o : 2 * o] = next_obs
+        rows[..., 2 * o] = actions
+        rows[..., a] = rewards
+        rows[..., a + 1] = terminated
+        rows[..., a + 2] = done
+        rows[..., a + 3] = self.ptr
+        member, env = np.nonzero(valid)
+        pos = self._env_base[0, env] + self.ptr[member, env] % self.ring
+        flat = torch.from_numpy(self._row_base[member, 0] + pos).to(self.device)
+        values = torch.from_numpy(rows[member, env]).to(self.device)
+        self.data.view(-1, self.data.shape[-1]).index_copy_(0, flat, values)
+        self.ptr += valid
+        self.size = np.minimum(self.ptr, self.ring)
+
+    def sample_windows(self, uniform: np.ndarray, length: int) -> SequenceBatch:
+        """Windows of ``length`` steps per member from uniform numbers [P, 2B] in [0, 1): the first B
+        pick the environment, the last B the window's first step among the rows it holds. A window
+        may run past the newest step or into the next episode: ``stored`` and ``done`` say where."""
+        batch = uniform.shape[1] // 2
+        env = (uniform[:, :batch] * self.num_envs).astype(np.int64)  # [P, B]
+        held = np.maximum(np.take_along_axis(self.size, env, 1), 1)
+        oldest = np.take_along_axis(self.ptr, env, 1) - held  # count of the oldest row held
+        start = oldest + (uniform[:, batch:] * held).astype(np.int64)  # [P, B] counts
+        counts = start[..., None] + np.arange(length)  # [P, B, L]
+        pos = self._env_base[0, env][..., None] + counts % self.ring
+        flat = torch.from_numpy((self._row_base[:, :, None] + pos).reshape(-1)).to(self.device)
+        rows = take_rows(self.data, flat).view(uniform.shape[0], batch, length, -1)  # [P, B, L, F]
+        o, a = self.obs_dim, self._reward_col
+        expected = torch.from_numpy(counts).to(self.device, torch.float32)
+        return SequenceBatch(
+            obs=rows[..., :o],
+            actions=rows[..., 2 * o].long(),
+            rewards=rows[..., a],
+            next_obs=rows[..., o : 2 * o],
+            terminated=rows[..., a + 1],
+            done=rows[..., a + 2],
+            stored=rows[..., a + 3] == expected,
+        )

@@ -212,6 +212,7 @@ def validate(cfg: DictConfig) -> None:
         "ddpg": _validate_replay,
         "td3": _validate_replay,
         "sac": _validate_sac,
+        "muzero_lite": _validate_muzero_lite,
     }[cfg.algo.name](cfg)
     obs_dim, action_dim = _validate_action_space(cfg)
     check_resources(cfg, obs_dim, action_dim)
@@ -306,6 +307,13 @@ ALGO_DOMAINS: dict[str, Domain] = {
     "target_entropy": (lambda v: v is None or math.isfinite(v), "a finite value [nats] (or null for -|A|)"),
     "log_std_min": (lambda v: math.isfinite(v), "a finite value"),
     "log_std_max": (lambda v: math.isfinite(v), "a finite value > algo.log_std_min"),
+    "unroll_steps": COUNT,
+    "td_steps": COUNT,
+    "dynamics_grad_scale": UNIT,
+    "state_dim": COUNT,
+    "value_coef": NON_NEGATIVE,
+    "policy_coef": NON_NEGATIVE,
+    "policy_temperature": POSITIVE,
 }
 
 
@@ -376,6 +384,16 @@ def _validate_dqn(cfg: DictConfig) -> None:
     require_choice(cfg.algo.loss, "algo.loss", ("mse", "huber"))
 
 
+def _validate_muzero_lite(cfg: DictConfig) -> None:
+    _validate_replay(cfg)
+    if cfg.intervention.name == "redo":
+        raise ConfigError(
+            "intervention",
+            "redo reads each network's own inputs, which muzero_lite's dynamics and prediction take from the unroll",
+            "use intervention=shrink_perturb, reset or none with algo=muzero_lite",
+        )
+
+
 def action_kind(space: gym.Space) -> str:
     """'discrete' for Discrete, 'continuous' for Box, else the space's class name."""
     if isinstance(space, gym.spaces.Discrete):
@@ -414,7 +432,15 @@ def _validate_action_space(cfg: DictConfig) -> tuple[int, int]:
 FILES_RESERVED = 64  # descriptors a job holds besides its members' (Python, torch, W&B's service, Hydra's log)
 FLOAT = 4  # bytes of a float32
 ENV_BYTES = 64 * 1024  # one environment's state (a CartPole or a Box2D world), generously
-NETWORKS = {"dqn": 1, "ppo": 2, "a2c": 2, "ddpg": 2, "td3": 3, "sac": 3}  # networks trained per member
+NETWORKS = {
+    "dqn": 1,
+    "ppo": 2,
+    "a2c": 2,
+    "ddpg": 2,
+    "td3": 3,
+    "sac": 3,
+    "muzero_lite": 3,
+}  # networks trained per member
 COPIES = 5  # per parameter: itself, its gradient, two optimizer moments, a target network's copy
 
 
@@ -437,8 +463,11 @@ def memory_per_member(cfg: DictConfig, obs_dim: int, action_dim: int) -> tuple[i
     widest = max(hidden, key=sum)
     nets = NETWORKS.get(algo.name, 3) * _mlp_params([obs_dim + action_dim, *widest, action_dim + 1])
     replay = 0
-    if algo.name in ("dqn", "ddpg", "td3", "sac"):
-        row = 2 * obs_dim + (1 if algo.name == "dqn" else action_dim) + 2  # obs | next_obs | action | reward | done
+    if algo.name in ("dqn", "ddpg", "td3", "sac", "muzero_lite"):
+        row = (
+            2 * obs_dim + (1 if algo.name in ("dqn", "muzero_lite") else action_dim) + 2
+        )  # obs | next_obs | a | r | done
+        row += 2 if algo.name == "muzero_lite" else 0  # | episode end | step count
         replay = (algo.buffer_size + 1) * row * FLOAT
         batch = algo.batch_size
     else:

@@ -306,19 +306,20 @@ class AlgoConfig:
 
     name: str = knob(MISSING, NAME_HELP)
     gamma: float = knob(0.99, "discount factor")
-    # replay: dqn, ddpg, td3, sac
-    buffer_size: int = knob(100_000, "dqn, ddpg, td3, sac: replay transitions per member")
-    batch_size: int = knob(128, "dqn, ddpg, td3, sac: transitions per update")
+    # replay: dqn, ddpg, td3, sac, muzero_lite
+    buffer_size: int = knob(100_000, "dqn, ddpg, td3, sac, muzero_lite: replay transitions per member")
+    batch_size: int = knob(128, "dqn, ddpg, td3, sac, muzero_lite: transitions per update")
     learning_starts: int = knob(
-        1_000, "dqn, ddpg, td3, sac: env steps before the first update (ddpg, td3, sac: of uniform random actions)"
+        1_000,
+        "dqn, ddpg, td3, sac, muzero_lite: env steps before the first update (ddpg, td3, sac: uniform random actions)",
     )
-    train_frequency: int = knob(16, "dqn, ddpg, td3, sac: env steps between update phases")
-    gradient_steps: int = knob(4, "dqn, ddpg, td3, sac: (critic) updates per phase")
-    tau: float = knob(0.005, "dqn (soft), ddpg, td3, sac: target <- (1 - tau) target + tau online")
+    train_frequency: int = knob(16, "dqn, ddpg, td3, sac, muzero_lite: env steps between update phases")
+    gradient_steps: int = knob(4, "dqn, ddpg, td3, sac, muzero_lite: (critic) updates per phase")
+    tau: float = knob(0.005, "dqn (soft), ddpg, td3, sac, muzero_lite: target <- (1 - tau) target + tau online")
     # dqn
-    start_e: float = knob(1.0, "dqn: initial epsilon")
-    end_e: float = knob(0.04, "dqn: final epsilon")
-    exploration_fraction: float = knob(0.16, "dqn: fraction of total_steps of the linear epsilon decay")
+    start_e: float = knob(1.0, "dqn, muzero_lite: initial epsilon")
+    end_e: float = knob(0.04, "dqn, muzero_lite: final epsilon")
+    exploration_fraction: float = knob(0.16, "dqn, muzero_lite: fraction of total_steps of the linear epsilon decay")
     target_network: bool = knob(True, "dqn: false bootstraps from the online network")
     target_update: str = knob("hard", "dqn: hard | soft")
     target_update_period: int = knob(100, "dqn: env steps between hard copies")
@@ -356,6 +357,18 @@ class AlgoConfig:
     target_entropy: float | None = knob(None, "sac: the entropy alpha's tuning aims at [nats] (null = -|A|)")
     log_std_min: float = knob(-20.0, "sac: the actor's log standard deviation is clamped to [min, max]")
     log_std_max: float = knob(2.0, "sac: ... its upper end")
+    # muzero_lite
+    unroll_steps: int = knob(5, "muzero_lite: K, dynamics steps unrolled from each replayed state")
+    td_steps: int = knob(10, "muzero_lite: n of the n-step value targets (bootstrapped from the target model)")
+    dynamics_grad_scale: float = knob(
+        0.5, "muzero_lite: scale_gradient on the hidden state after each dynamics step (MuZero: 0.5)"
+    )
+    state_dim: int = knob(64, "muzero_lite: width of the hidden state s = h(o)")
+    value_coef: float = knob(0.25, "muzero_lite: weight of the value loss (MuZero: 0.25)")
+    policy_coef: float = knob(1.0, "muzero_lite: weight of the policy loss")
+    policy_temperature: float = knob(
+        1.0, "muzero_lite: policy target softmax((r_hat + gamma v_hat) / temperature) over the actions"
+    )
 
 
 @dataclass
@@ -412,6 +425,20 @@ class SACConfig(AlgoConfig):
     learning_starts: int = 100
     train_frequency: int = 1
     gradient_steps: int = 1
+
+
+@dataclass
+class MuZeroLiteConfig(AlgoConfig):
+    """muzero_lite: a value-equivalent model trained on K-step unrolls; a CartPole setting."""
+
+    buffer_size: int = 50_000
+    batch_size: int = 128
+    learning_starts: int = 1_000
+    train_frequency: int = 4
+    gradient_steps: int = 1
+    tau: float = 0.01
+    end_e: float = 0.01
+    exploration_fraction: float = 0.2
 
 
 # ---------------------------------------------------------------- actor, critic, normalizers, env

@@ -7,6 +7,7 @@
     python scripts/learning_check.py --preset cleanrl_ppo  # PPO, CleanRL's settings, 100k steps
     python scripts/learning_check.py --preset td3_pendulum # TD3 on Pendulum-v1, 20k steps, >= -250
     python scripts/learning_check.py --preset sac_pendulum # SAC on Pendulum-v1, 20k steps, eval >= -250
+    python scripts/learning_check.py --preset muzero_lite  # MuZero-lite CartPole, 50k steps, eval >= 475
     python scripts/learning_check.py --overrides activation=tanh init=he
 
 Three criteria, all reported: "reach" — the mean return of the member's last 10 training episodes
@@ -36,6 +37,7 @@ PRESETS = {  # name -> (overrides, deciding criterion, threshold)
     "zoo_ppo": (["+experiment=zoo_ppo"], "reach", 475.0),
     "td3_pendulum": (["+experiment=td3_pendulum"], "final", -250.0),
     "sac_pendulum": (["+experiment=sac_pendulum"], "eval", -250.0),
+    "muzero_lite": (["algo=muzero_lite", "total_steps=50000"], "eval", 475.0),
 }
 
 

@@ -122,6 +122,22 @@ RUNS = {  # (overrides, crash step, checkpoint step continued from)
         250,
         150,
     ),
+    "muzero_lite": (
+        [
+            "algo=muzero_lite",
+            "total_steps=500",
+            "num_seeds=2",
+            "network.hidden=[16]",
+            "algo.state_dim=8",
+            "algo.learning_starts=100",
+            "algo.batch_size=16",
+            "logger.log_every=100",
+            "checkpoint.every=200",
+            "eval.episodes=2",
+        ],
+        350,
+        200,
+    ),
 }
 
 

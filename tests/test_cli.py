@@ -250,6 +250,7 @@ BAD_VALUES = {
     "network_without_hidden_layers": (["network.hidden=[]"], "network.hidden", ["needs at least one hidden layer"]),
     "tau_zero": (["algo.tau=0"], "algo.tau", []),
     "tau_above_one": (["algo.tau=1.5"], "algo.tau", ["1.5"]),
+    "muzero_lite_continuous_actions": (["algo=muzero_lite", "env=pendulum"], "algo", ["continuous action space"]),
     "env_id_typo": (["env.id=CartPole-v9"], "env.id", ["CartPole-v9", "CartPole-v1"]),
     "continuous_env_with_dqn": (["env.id=Pendulum-v1", "algo=dqn"], "algo", ["dqn", "cannot handle", "continuous"]),
     "batch_above_buffer": (["algo.batch_size=2000", "algo.buffer_size=1000"], "algo.batch_size", ["algo.buffer_size"]),

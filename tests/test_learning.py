@@ -56,3 +56,9 @@ def test_td3_pendulum_ends_above_minus_250_within_20k_steps(tmp_path):
 def test_sac_pendulum_evaluates_above_minus_250_within_20k_steps(tmp_path):
     result = _check(tmp_path, "sac_pendulum")
     assert result["passed_eval"] >= 8
+
+
+@pytest.mark.slow
+def test_muzero_lite_final_evaluation_reaches_475_within_50k_steps(tmp_path):
+    result = _check(tmp_path, "muzero_lite")
+    assert result["passed_eval"] >= 8

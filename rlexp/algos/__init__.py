@@ -5,8 +5,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlexp.algos import dqn, ppo, sac, td3
-from rlexp.config import A2CConfig, ActorCriticConfig, AlgoConfig, DDPGConfig, DQNConfig, SACConfig, TD3Config
+from rlexp.algos import dqn, muzero_lite, ppo, sac, td3
+from rlexp.config import (
+    A2CConfig,
+    ActorCriticConfig,
+    AlgoConfig,
+    DDPGConfig,
+    DQNConfig,
+    MuZeroLiteConfig,
+    SACConfig,
+    TD3Config,
+)
 from rlexp.run import Algorithm
 
 
@@ -36,4 +45,5 @@ ALGOS: dict[str, AlgoSpec] = {
     "ddpg": AlgoSpec(td3.train, DDPGConfig, ("continuous",), CONTEXT_KEYS + TD3_KEYS),
     "td3": AlgoSpec(td3.train, TD3Config, ("continuous",), CONTEXT_KEYS + TD3_KEYS),
     "sac": AlgoSpec(sac.train, SACConfig, ("continuous",)),
+    "muzero_lite": AlgoSpec(muzero_lite.train, MuZeroLiteConfig, ("discrete",)),
 }
