@@ -248,6 +248,25 @@ class NetworkConfig:
     residual: bool = knob(False, "hidden layers of equal width become x + act(norm(fc(x)))")
     output_scale: float = knob(1.0, "the output layer's result is multiplied by this")
     linear_last_hidden: bool = knob(False, "the last hidden layer has no activation (the seed critic's)")
+    conv: list[list[int]] = knob(
+        [], "cnn, nature_cnn: convolutional layers before the hidden ones, each [channels, kernel, stride] (no padding)"
+    )
+
+
+@dataclass
+class CNNConfig(NetworkConfig):
+    """cnn: MinAtar's torso (Young & Tian 2019): a 3x3 convolution of 16 channels, then 128 units."""
+
+    conv: list[list[int]] = field(default_factory=lambda: [[16, 3, 1]])
+    hidden: list[int] = field(default_factory=lambda: [128])
+
+
+@dataclass
+class NatureCNNConfig(NetworkConfig):
+    """nature_cnn: Nature DQN's torso for 84x84 frames (Mnih et al. 2015): 32 8x8/4, 64 4x4/2, 64 3x3/1, 512."""
+
+    conv: list[list[int]] = field(default_factory=lambda: [[32, 8, 4], [64, 4, 2], [64, 3, 1]])
+    hidden: list[int] = field(default_factory=lambda: [512])
 
 
 @dataclass
@@ -423,6 +442,8 @@ class EnvConfig:
     num_envs: int = knob(1, "environments per member (ppo, a2c set their own: conf/algo)")
     max_episode_steps: int | None = knob(None, "episode step limit (null = the env's own)")
     kwargs: dict[str, Any] = knob({}, "keyword arguments of gymnasium.make")
+    clip_reward: bool = knob(True, "atari (ALE/ ids): rewards clipped to their sign")
+    episodic_life: bool = knob(True, "atari (ALE/ ids): a lost life ends the training episode (the game goes on)")
 
 
 # ---------------------------------------------------------------- evaluation

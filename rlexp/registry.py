@@ -23,9 +23,11 @@ from rlexp.activations import ACTIVATIONS
 from rlexp.algos import ALGOS
 from rlexp.config import (
     NON_CELL_KEYS,
+    CNNConfig,
     Config,
     DivergenceConfig,
     EnvConfig,
+    NatureCNNConfig,
     NetworkConfig,
     field_help,
 )
@@ -52,7 +54,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "normalization": _schemas(NORMALIZATIONS),
     "clipping": _schemas(CLIPPERS),
     "optimizer": _schemas(OPTIMIZERS),
-    "network": {"mlp": NetworkConfig},
+    "network": {"mlp": NetworkConfig, "cnn": CNNConfig, "nature_cnn": NatureCNNConfig},  # rlexp.run.NETWORKS
     "algo": _schemas(ALGOS),
     "env": {"base": EnvConfig},  # one schema for every environment: conf/env/<name>.yaml sets its id
     "divergence": {"on": DivergenceConfig, "off": DivergenceConfig},

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 
 from rlexp.checkpoint import Checkpoints, Loop, Part
 from rlexp.config import ActivationConfig, Config, InitConfig, NetworkConfig, NormalizationConfig
+from rlexp.conv import PopCNN
 from rlexp.diagnostics import keep_initial
 from rlexp.envs import PopulationEnv
 from rlexp.evaluation import Evaluator
@@ -29,6 +30,10 @@ from rlexp.nets import PopMLP, weight_parameters
 from rlexp.normalize import ObsNormalizer, RewardScaler
 from rlexp.recorder import Recorder
 from rlexp.streams import MemberStreams, member_generator
+
+
+# network.name -> the network class (PopMLP's arguments); a new torso is a PopMLP subclass and one line here
+NETWORKS: dict[str, type[PopMLP]] = {"mlp": PopMLP, "cnn": PopCNN, "nature_cnn": PopCNN}
 
 
 def option_schema(group: str, option: str) -> type:
@@ -94,8 +99,8 @@ class RunContext:
         return len(self.seeds)
 
     def make_net(self, n_in: int, n_out: int, role: str | None = None, extra_in: int = 0) -> PopMLP:
-        """A population MLP [P, B, n_in] -> [P, B, n_out] from the config groups; each member's
-        weights from its own generator.
+        """A population network [P, B, n_in] -> [P, B, n_out] from the config groups (``network.name``
+        picks its class in ``NETWORKS``); each member's weights from its own generator.
 
         ``role`` "actor" or "critic" applies that network's overrides (``actor.activation=...``);
         a critic takes ``extra_in`` action inputs at layer ``critic.action_layer``.
@@ -105,7 +110,7 @@ class RunContext:
         generators = [member_generator(s, purpose) for s in self.seeds]
         activation, init, normalization, network = network_groups(self.cfg, role)
         extra_at = self.cfg.critic.action_layer if role == "critic" else 0
-        net = PopMLP(
+        net = NETWORKS[network.name](
             self.members,
             n_in,
             n_out,
@@ -116,6 +121,7 @@ class RunContext:
             generators,
             extra_in=extra_in,
             extra_at=extra_at,
+            observation_space=self.env.observation_space,
         )
         net = net.to(self.device)
         if self.cfg.diagnostics.every > 0:

@@ -1,0 +1,245 @@
+"""Convolutional torsos: population convolutions before ``PopMLP``'s head (``network=cnn``, ``nature_cnn``).
+
+A convolution is a population linear layer applied to every patch of its input: the kernel of output
+channel o is row o of the layer's weight [P, out, kernel * kernel * in] (patch order: row, column,
+channel), so everything that treats a linear layer treats a convolution the same way — init draws
+each member's [out, k*k*in] matrix (fan-in in_channels * kh * kw, as torch.nn.Conv2d's), weight norm
+normalizes each filter, spectral norm divides by the largest singular value of the [out, k*k*in]
+matrix (torch's spectral_norm on a convolution), redo recycles an output channel's row, its bias and
+its columns in the next layer, and the optimizer sees the parameters in the flat buffer as any other.
+
+Feature maps run channels-last, flat: [P, B, H * W * C] (the observation's [C, H, W] is read once by
+the first convolution), so member k's maps are rows k of every tensor and nothing mixes members.
+Patches come from ``Tensor.unfold`` and one batched matmul per layer: [P, B * Ho * Wo, k*k*C] x
+[P, k*k*C, out]. Per convolution, a norm over the batch (``normalization=batch``) takes channel
+statistics over the batch and the positions (BatchNorm2d's), the others (layer, rms) normalize each
+sample's whole map (LayerNorm over [C, H, W]); the activation is elementwise (crelu doubles the
+channels). Observers see a convolution's hidden output as [P, B, H * W, C]: the instruments' dormant
+units are channels (score over the batch and the positions, Sokar et al. 2023's convention), the
+feature ranks those of the flattened maps [P, B, H * W * C].
+
+Convolutions have neither a written backward nor a numpy form: a network with one trains through
+autograd and acts through torch (``PopMLP`` falls back by itself).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rlexp.activations import ACTIVATIONS, Activation, PopActivation
+from rlexp.component import Component
+from rlexp.config import ActivationConfig, ConfigError, NetworkConfig, NormalizationConfig
+from rlexp.nets import (
+    NORMALIZATIONS,
+    PopBatchNorm,
+    PopLinear,
+    PopMLP,
+    PopSpectralNormLinear,
+    PopWeightNormLinear,
+)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """A convolution's input map and kernel: height x width x channels, square kernel, stride, no padding."""
+
+    height: int
+    width: int
+    channels: int
+    kernel: int
+    stride: int
+    channels_first: bool = False  # the input is the observation [C, H, W], not a previous layer's [H, W, C]
+    scale: float = 1.0  # the input is multiplied by it (1/255 for 0-255 frames)
+
+    @property
+    def out_height(self) -> int:
+        return (self.height - self.kernel) // self.stride + 1
+
+    @property
+    def out_width(self) -> int:
+        return (self.width - self.kernel) // self.stride + 1
+
+    @property
+    def patch(self) -> int:
+        """Values per patch: kernel * kernel * channels (the fan-in)."""
+        return self.kernel * self.kernel * self.channels
+
+
+def patches(x: torch.Tensor, g: Geometry) -> torch.Tensor:
+    """Every patch of each map x [P, B, H * W * C] (or [P, B, C * H * W] channels-first) ->
+    [P, B * Ho * Wo, k * k * C], a patch's values in the order row, column, channel."""
+    members, batch = x.shape[:2]
+    k, s = g.kernel, g.stride
+    if g.channels_first:
+        maps = x.reshape(members * batch, g.channels, g.height, g.width).unfold(2, k, s).unfold(3, k, s)
+        maps = maps.permute(0, 2, 3, 4, 5, 1)  # [N, Ho, Wo, k, k, C]
+    else:
+        maps = x.reshape(members * batch, g.height, g.width, g.channels).unfold(1, k, s).unfold(2, k, s)
+        maps = maps.permute(0, 1, 2, 4, 5, 3)  # [N, Ho, Wo, k, k, C]
+    return maps.reshape(members, batch * g.out_height * g.out_width, g.patch)
+
+
+class _Convolution:
+    """Mixin making a population linear layer (plain, weight-normalized or spectral) a convolution over
+    its input's patches: [P, B, H * W * C] -> [P, B, Ho * Wo * out]."""
+
+    stage = "linear"
+    written_backward = False
+    geometry: Geometry
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        members, batch = x.shape[:2]
+        if self.geometry.scale != 1.0:
+            x = x * self.geometry.scale
+        return super().forward(patches(x, self.geometry)).view(members, batch, -1)  # type: ignore[misc]
+
+    def fast_forward(self):  # noqa: ANN201
+        return self.forward
+
+    def host_forward(self) -> None:
+        return None
+
+
+class PopConv(_Convolution, PopLinear):
+    """A population convolution (weight [P, out, k*k*in], bias [P, out])."""
+
+
+class PopWeightNormConv(_Convolution, PopWeightNormLinear):
+    """A weight-normalized population convolution: each filter w_o = g_o v_o / ||v_o||."""
+
+
+class PopSpectralNormConv(_Convolution, PopSpectralNormLinear):
+    """A spectrally normalized population convolution: W / sigma([out, k*k*in])."""
+
+
+CONVOLUTIONS: dict[type, type] = {
+    PopLinear: PopConv,
+    PopWeightNormLinear: PopWeightNormConv,
+    PopSpectralNormLinear: PopSpectralNormConv,
+}
+
+
+def conv_layer(normalization: NormalizationConfig, members: int, g: Geometry, out_channels: int) -> PopLinear:
+    """The normalization's linear layer over a patch (a hidden layer's), as a convolution."""
+    layer = NORMALIZATIONS[normalization.name].linear(normalization, members, g.patch, out_channels, False)
+    layer.__class__ = CONVOLUTIONS[type(layer)]  # the same parameters and buffers, applied to every patch
+    layer.geometry = g
+    return layer
+
+
+class PopBatchNorm2d(PopBatchNorm):
+    """BatchNorm over each member's batch and positions, per channel: torch.nn.BatchNorm2d per member
+    on maps [P, B, H * W * C] (the [P, B * H * W, C] view through ``PopBatchNorm``)."""
+
+    written_backward = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        members, batch = x.shape[:2]
+        return super().forward(x.reshape(members, -1, self.weight.shape[1])).reshape(members, batch, -1)
+
+    def host_forward(self) -> None:
+        return None
+
+
+class ChannelActivation(PopActivation):
+    """An activation on maps [P, B, H * W * C]: elementwise; crelu concatenates per position, doubling
+    the channels."""
+
+    written_backward = False
+
+    def __init__(self, entry: Activation, cfg: ActivationConfig, channels: int) -> None:
+        super().__init__(entry, cfg)
+        self.written_backward = False
+        self.channels = channels
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.width == 1:
+            return self.function(h)
+        members, batch = h.shape[:2]
+        return self.function(h.reshape(members, -1, self.channels)).reshape(members, batch, -1)
+
+    def fast_forward(self):  # noqa: ANN201
+        return self.forward
+
+    def host_forward(self) -> None:
+        return None
+
+
+def image_shape(observation_space: object) -> tuple[int, int, int] | None:
+    """(C, H, W) of an image observation space (3 dimensions), else None."""
+    shape = tuple(getattr(observation_space, "shape", None) or ())
+    return shape if len(shape) == 3 else None  # type: ignore[return-value]
+
+
+def check_conv(network: NetworkConfig, shape: tuple[int, ...], env_id: str) -> None:
+    """Refuse layers that are not [channels, kernel, stride] of positive integers, and kernels larger than
+    their input map (ConfigError at network.conv); ``shape`` is the observation's (C, H, W)."""
+    height, width = shape[1], shape[2]
+    for i, spec in enumerate(network.conv):
+        if len(spec) != 3 or min(spec) < 1:
+            raise ConfigError(f"network.conv[{i}]", f"{list(spec)} is not a layer", "write [channels, kernel, stride]")
+        _, kernel, stride = spec
+        if kernel > min(height, width):
+            raise ConfigError(
+                f"network.conv[{i}]",
+                f"a {kernel}x{kernel} kernel does not fit the {height}x{width} map it gets from {env_id}",
+                "use network=cnn for MinAtar's 10x10 maps, network=nature_cnn for 84x84 frames, or smaller kernels",
+            )
+        height, width = (height - kernel) // stride + 1, (width - kernel) // stride + 1
+    if not network.conv:
+        raise ConfigError("network.conv", "[] has no convolution", "give at least one [channels, kernel, stride]")
+
+
+class PopCNN(PopMLP):
+    """Convolutions (``network.conv``) over image observations [P, B, C * H * W] (the environment's
+    [C, H, W], flat), then ``PopMLP``'s head: network.hidden, the output layer. Each convolution is a
+    block of its own: conv (the normalization's linear kind) -> norm (per channel for batch norm, per
+    sample's map otherwise) -> activation. Layer indices count the convolutions first (``q.0`` is the
+    first convolution). Inputs with a largest value above 1 (0-255 frames) are divided by it."""
+
+    def _torso(
+        self,
+        members: int,
+        n_in: int,
+        network: NetworkConfig,
+        activation: ActivationConfig,
+        normalization: NormalizationConfig,
+        observation_space: object,
+    ) -> int:
+        shape = image_shape(observation_space)
+        if shape is None:
+            raise ValueError(f"PopCNN needs an image observation space [C, H, W], got {observation_space}")
+        channels, height, width = shape
+        high = float(np.max(getattr(observation_space, "high", 1.0)))
+        entry, activation_entry = NORMALIZATIONS[normalization.name], ACTIVATIONS[activation.name]
+        self._maps: list[tuple[int, int]] = []  # per convolution: (positions, channels) of its hidden output
+        for i, (out_channels, kernel, stride) in enumerate(network.conv):
+            first = i == 0
+            g = Geometry(height, width, channels, kernel, stride, first, 1.0 / high if first and high > 1 else 1.0)
+            layer = conv_layer(normalization, members, g, out_channels)
+            self.layers.append(layer)
+            components: list[Component] = [layer]
+            height, width = g.out_height, g.out_width
+            if entry.norm is not None:
+                if entry.min_batch > 1:  # statistics over the batch: per channel
+                    norm = PopBatchNorm2d(members, out_channels, normalization.eps, normalization.momentum)
+                else:  # over each sample's whole map
+                    norm = entry.norm(normalization, members, height * width * out_channels)
+                self.norms.append(norm)
+                components.append(norm)
+            self.activations.append(ChannelActivation(activation_entry, activation, out_channels))
+            components.append(self.activations[-1])
+            channels = out_channels * activation_entry.width
+            self.activated.append(True)
+            self.residual.append(False)
+            self._blocks.append((components, False))
+            self._maps.append((height * width, channels))
+        return height * width * channels
+
+    def _hidden_view(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        if layer < len(self._maps):
+            return h.view(*h.shape[:2], *self._maps[layer])  # [P, B, positions, channels]
+        return h
