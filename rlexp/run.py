@@ -31,7 +31,6 @@ from rlexp.normalize import ObsNormalizer, RewardScaler
 from rlexp.recorder import Recorder
 from rlexp.streams import MemberStreams, member_generator
 
-
 # network.name -> the network class (PopMLP's arguments); a new torso is a PopMLP subclass and one line here
 NETWORKS: dict[str, type[PopMLP]] = {"mlp": PopMLP, "cnn": PopCNN, "nature_cnn": PopCNN}
 

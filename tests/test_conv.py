@@ -52,7 +52,7 @@ def twin(net: PopCNN, member: int, shape: tuple[int, int, int], norm: str = "non
     modules: list[nn.Module] = []
     channels = shape[0]
     convs = [layer for layer in net.layers if hasattr(layer, "geometry")]
-    for i, layer in enumerate(convs):
+    for layer in convs:
         g = layer.geometry
         conv = nn.Conv2d(channels, layer.weight.shape[1], g.kernel, g.stride).double()
         w = layer.effective_weight()[member].detach()  # [out, k*k*C], patch order row, column, channel
@@ -167,19 +167,18 @@ def test_dormant_channels_and_redo_per_channel():
     assert hidden[0].shape == (P, 32, 64, 16)  # [P, B, positions, channels]
     stats = activation_stats(hidden, "q", 0.025, 0.01)
     assert stats["dormant/q.0"][2] >= 1 / 16 and stats["dead/q.0"][2] >= 1 / 16
-    dormant = dormant_units(net, x, None, 0.025)
-    assert dormant[0][2, 5]
-    kept = ~dormant[1][2]  # rows of the next layer that redo leaves (its own dormant units get fresh rows)
     health = Health(P, torch.device("cpu"))
     params = list(net.parameters())
-    pipeline = GradientPipeline(params, AdamConfig(name="adam"), ClippingConfig(name="none"), RegularizationConfig(), [], health)
-    before = [p.detach().clone() for p in net.parameters()]
+    pipeline = GradientPipeline(
+        params, AdamConfig(name="adam"), ClippingConfig(name="none"), RegularizationConfig(), [], health
+    )
     redo = InterventionConfig(name="redo", every=1)
+    dormant = dormant_units(net, x, None, redo.tau)
+    assert dormant[0][2, 5]
+    kept = ~dormant[1][2]  # rows of the next layer that redo leaves (its own dormant units get fresh rows)
     interventions = Interventions(redo, [Subject("q", net, pipeline)], [0, 1, 2], health)
     interventions(1, x)
     following = net.layers[1].weight.detach()  # [P, 128, 64 * 16], channel c at columns c, c + 16, ...
     columns = following[2, kept][:, 5::16]
     assert torch.equal(columns, torch.zeros_like(columns))
     assert net.layers[0].bias[2, 5] != -100.0
-    for p, q in zip(net.parameters(), before):
-        assert torch.equal(p[0], q[0])  # member 0 had no dormant channel here
