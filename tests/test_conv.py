@@ -4,6 +4,9 @@ normalization; dormant channels and ReDo per channel."""
 
 from __future__ import annotations
 
+import re
+import sys
+
 import gymnasium as gym
 import pytest
 import torch
@@ -182,3 +185,94 @@ def test_dormant_channels_and_redo_per_channel():
     columns = following[2, kept][:, 5::16]
     assert torch.equal(columns, torch.zeros_like(columns))
     assert net.layers[0].bias[2, 5] != -100.0
+
+
+def test_divergence_location_names_the_convolution():
+    """A member whose convolution overflows is located at that layer's linear output (q.0.linear)."""
+    from rlexp.diagnostics import locate_nonfinite
+
+    net = make().float()
+    with torch.no_grad():
+        net.layers[0].weight[1] = 1e38  # 36 inputs of 1 per patch: the sum overflows float32
+    x = torch.ones(B, 400)
+    assert locate_nonfinite(net, "q", 0, x, "replay.obs") is None
+    cause, where, _ = locate_nonfinite(net, "q", 1, x, "replay.obs")
+    assert (cause, where) == ("nonfinite_loss", "q.0.linear")
+
+
+def test_replay_keeps_frames_as_uint8():
+    """frames=True: observations stored as uint8 (no float columns for them), sampled back as float32."""
+    from rlexp.buffer import ReplayBuffer
+
+    buffer = ReplayBuffer(2, 4, 3, torch.device("cpu"), frames=True)
+    assert buffer.frames.dtype == torch.uint8 and buffer.data.shape[-1] == 3  # action | reward | terminated
+    obs = torch.tensor([[[0, 1, 255]], [[7, 0, 1]]]).numpy().astype("float32")  # [P, E, obs]
+    buffer.add(obs, [[1], [2]], [[0.5], [1.0]], obs[:, :, ::-1].copy(), [[0], [1]], [[True], [True]])
+    batch = buffer.sample(torch.zeros(2, 1))
+    assert batch.obs.dtype == torch.float32
+    assert torch.equal(batch.obs, torch.from_numpy(obs))
+    assert torch.equal(batch.next_obs, torch.from_numpy(obs[:, :, ::-1].copy()))
+    assert batch.actions.tolist() == [[1], [2]] and batch.terminated.tolist() == [[0.0], [1.0]]
+
+
+def _compose(overrides):
+    from hydra import compose, initialize_config_dir
+
+    from rlexp.registry import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+TINY = ["logger.mode=disabled", "logger.progress=off", "device=cpu", "threads=1", "eval.episodes=1", "eval.every=0"]
+
+
+def test_image_env_needs_a_convolutional_torso_and_the_reverse():
+    """env=minatar_* with network=mlp, and network=cnn on CartPole: one ConfigError naming network."""
+    from rlexp.build import validate
+    from rlexp.config import ConfigError
+
+    pytest.importorskip("minatar", reason="pip install -e '.[minatar]'")
+    with pytest.raises(ConfigError, match="network=mlp cannot read MinAtar/Breakout-v0's image") as err:
+        validate(_compose(TINY + ["env=minatar_breakout"]))
+    assert err.value.key == "network"
+    with pytest.raises(ConfigError, match=r"network=cnn needs image observations \[C, H, W\]"):
+        validate(_compose(TINY + ["network=cnn"]))
+    with pytest.raises(ConfigError, match="does not fit the 1x1 map") as err:
+        validate(_compose(TINY + ["env=minatar_breakout", "network=nature_cnn"]))
+    assert err.value.key == "network.conv[1]"
+
+
+@pytest.mark.parametrize(
+    ("module", "env", "extra"), [("minatar", "minatar_breakout", "minatar"), ("ale_py", "atari_pong", "atari")]
+)
+def test_missing_extra_names_its_install_command(monkeypatch, module, env, extra):
+    from rlexp.build import validate
+    from rlexp.config import ConfigError
+
+    monkeypatch.setitem(sys.modules, module, None)  # import fails as without the package
+    if module == "minatar":
+        monkeypatch.setitem(sys.modules, "minatar.gym", None)
+    with pytest.raises(ConfigError, match=re.escape(f"pip install -e '.[{extra}]'")) as err:
+        validate(_compose(TINY + [f"env={env}", "network=cnn"]))
+    assert err.value.key == "env.id"
+
+
+@pytest.mark.parametrize("family", ["minatar", "atari"])
+def test_dqn_smoke_per_image_family(tmp_path, family):
+    """DQN runs end to end on each image family with instruments and an intervention on (tiny budgets)."""
+    from rlexp.train import run_job
+
+    if family == "minatar":
+        pytest.importorskip("minatar", reason="pip install -e '.[minatar]'")
+        overrides = ["+experiment=minatar_dqn", "total_steps=300", "algo.learning_starts=100", "num_seeds=2"]
+    else:
+        pytest.importorskip("ale_py", reason="pip install -e '.[atari]'")
+        pytest.importorskip("cv2", reason="pip install -e '.[atari]'")
+        overrides = ["env=atari_pong", "network=nature_cnn", "total_steps=60", "algo.learning_starts=30"]
+        overrides += ["algo.buffer_size=100", "algo.batch_size=4", "env.max_episode_steps=100"]
+    overrides += ["diagnostics.every=5", "intervention=redo", "intervention.every=10", "logger.log_every=50"]
+    job = run_job(_compose(TINY + overrides), tmp_path)
+    assert job["status"] == "ok"
+    metrics = (tmp_path / "seed_0" / "metrics.jsonl").read_text()
+    assert "dormant/q.0" in metrics and "srank/q.0" in metrics
