@@ -102,8 +102,13 @@ def _register_atari() -> None:
     gym.register_envs(ale_py)
 
 
+MINATAR_LIMIT = 10_000  # MinAtar's own episode limit here (the games set none; a greedy policy may never lose)
+
+
 def _minatar(cfg: EnvConfig, kwargs: dict) -> gym.Env:
-    """A MinAtar game (sticky actions 0.1, difficulty ramping: MinAtar's defaults) with [C, 10, 10] states."""
+    """A MinAtar game (sticky actions 0.1, difficulty ramping: MinAtar's defaults) with [C, 10, 10] states,
+    episodes cut at ``env.max_episode_steps`` (null: MINATAR_LIMIT)."""
+    kwargs.setdefault("max_episode_steps", MINATAR_LIMIT)
     with warnings.catch_warnings():  # gymnasium calls -v0 (all 6 actions, the paper's) out of date beside -v1
         warnings.simplefilter("ignore", DeprecationWarning)
         return ChannelsFirst(gym.make(cfg.id, **kwargs))
