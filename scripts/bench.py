@@ -23,16 +23,22 @@ evaluation off (eval.episodes=0: the SB3 baselines do not evaluate; every sectio
   ppo_vs_sb3   rlexp PPO (+experiment=cleanrl_ppo algo.anneal_lr=false) vs SB3 PPO with the same
                settings (4 DummyVecEnv envs x 128 steps, 4 epochs of 128-sample minibatches, clipped
                value loss, Adam eps 1e-5); whole-process wall time of both.
+  minatar_vs_sb3  rlexp DQN on MinAtar Breakout (+experiment=minatar_dqn: network=cnn, centered
+               RMSProp, one update of 32 per step, target every 1000 steps) vs SB3 DQN on the same
+               environment (MinAtar/Breakout-v0 as [C, 10, 10] uint8) with MinAtar's network as its
+               features extractor (conv 16 3x3 -> 128 -> actions) and the same settings (SB3's gradient
+               clipping set out of reach: max_grad_norm 1e10); whole-process wall time of both.
 
-Defaults: DQN 50k steps, PPO 100k steps, populations 1 4 16 64, 5 repeats. --quick: DQN 10k steps,
-PPO 10k steps, populations 1 16, 1 repeat. When DQN's steps are under 5x learning_starts (10000 for
+Defaults: DQN 50k steps, PPO 100k steps, MinAtar 20k steps, populations 1 4 16 64, 5 repeats. --quick:
+DQN 10k steps, PPO 10k steps, MinAtar 5k steps, populations 1 16, 1 repeat (MinAtar's learning_starts:
+steps // 5, at most 5000). When DQN's steps are under 5x learning_starts (10000 for
 the CleanRL settings, 1000 for the default config) learning_starts becomes steps // 5, for rlexp and
 SB3 alike, so that both still learn and do the same work.
 
 Ratios (targets): dqn_speedup_vs_sb3 = sb3 / rlexp (>= 1.8); per_seed_throughput_p16_vs_p1 = the
 population's env steps/s at P=16 over P=1's, i.e. 16 x wall(P=1) / wall(P=16) (>= 4);
 diagnostics_overhead = default / off - 1 (<= 0.10); startup_to_first_step_s (<= 2.5 s);
-ppo_speedup_vs_sb3 = sb3 / rlexp (>= 1.5).
+ppo_speedup_vs_sb3 = sb3 / rlexp (>= 1.5); minatar_dqn_speedup_vs_sb3 = sb3 / rlexp (>= 1.0).
 
 Besides each case, medians_s holds dqn_rlexp_loop and ppo_rlexp_loop (rlexp's loop-only wall time,
 from summary.json) and startup_process (the start-up runs, launch to exit). Peak RSS: the largest
@@ -61,8 +67,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("dqn_vs_sb3", "population", "diagnostics", "startup", "ppo_vs_sb3")
-SB3_SECTIONS = ("dqn_vs_sb3", "ppo_vs_sb3")
+SECTIONS = ("dqn_vs_sb3", "population", "diagnostics", "startup", "ppo_vs_sb3", "minatar_vs_sb3")
+SB3_SECTIONS = ("dqn_vs_sb3", "ppo_vs_sb3", "minatar_vs_sb3")
+MINATAR_LEARNING_STARTS = 5_000  # conf/experiment/minatar_dqn.yaml
 SB3_FIX = 'pip install -e ".[bench]"'
 CLEANRL_LEARNING_STARTS = 10_000  # conf/experiment/cleanrl_dqn.yaml
 DEFAULT_LEARNING_STARTS = 1_000  # conf/algo/dqn.yaml
@@ -73,6 +80,7 @@ TARGETS = {
     "diagnostics_overhead": ("<=", 0.10),
     "startup_to_first_step_s": ("<=", 2.5),
     "ppo_speedup_vs_sb3": (">=", 1.5),
+    "minatar_dqn_speedup_vs_sb3": (">=", 1.0),
 }
 
 
@@ -144,6 +152,62 @@ def sb3_ppo(steps: int, seed: int) -> None:
     model.learn(total_timesteps=steps)
 
 
+def sb3_minatar_dqn(steps: int, seed: int, learning_starts: int) -> None:
+    """SB3 DQN with the MinAtar paper's settings and network (what +experiment=minatar_dqn runs) on
+    MinAtar Breakout, observations [C, 10, 10] uint8 as rlexp's environment gives them."""
+    import torch
+
+    torch.set_num_threads(1)
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
+    from torch import nn
+
+    from rlexp.config import EnvConfig
+    from rlexp.envs import make_env
+
+    class MinAtarTorso(BaseFeaturesExtractor):
+        """conv 16 3x3 stride 1, ReLU, flatten, 128 units, ReLU (Young & Tian 2019's QNetwork torso)."""
+
+        def __init__(self, space, features_dim: int = 128) -> None:
+            super().__init__(space, features_dim)
+            channels, height, width = space.shape
+            flat = 16 * (height - 2) * (width - 2)
+            self.net = nn.Sequential(
+                nn.Conv2d(channels, 16, 3), nn.ReLU(), nn.Flatten(), nn.Linear(flat, 128), nn.ReLU()
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.net(x)
+
+    env = make_env(EnvConfig(id="MinAtar/Breakout-v0"))
+    model = DQN(
+        "MlpPolicy",
+        env,
+        learning_rate=2.5e-4,
+        buffer_size=100_000,
+        learning_starts=learning_starts,
+        batch_size=32,
+        tau=1.0,
+        gamma=0.99,
+        train_freq=1,
+        gradient_steps=1,
+        target_update_interval=1000,
+        exploration_fraction=0.105,
+        exploration_initial_eps=1.0,
+        exploration_final_eps=0.1,
+        max_grad_norm=1e10,
+        policy_kwargs=dict(
+            features_extractor_class=MinAtarTorso,
+            net_arch=[],
+            optimizer_class=torch.optim.RMSprop,
+            optimizer_kwargs=dict(alpha=0.95, eps=0.01, centered=True, momentum=0.95),
+        ),
+        seed=seed,
+        device="cpu",
+    )
+    model.learn(total_timesteps=steps)
+
+
 # ------------------------------------------------------------------ measuring one process
 @dataclass
 class Sample:
@@ -193,12 +257,13 @@ def rlexp_command(overrides: list[str], mode: str) -> list[str]:
 def sb3_command(algo: str, steps: int, seed: int, learning_starts: int = 0) -> list[str]:
     """The command line of an SB3 run: this script's internal --sb3 sub-command."""
     command = [sys.executable, str(Path(__file__).resolve()), "--sb3", algo, "--steps", str(steps), "--seed", str(seed)]
-    return command + (["--learning-starts", str(learning_starts)] if algo == "dqn" else [])
+    return command + (["--learning-starts", str(learning_starts)] if algo != "ppo" else [])
 
 
 def sb3_run(algo: str, steps: int, seed: int, workdir: Path, learning_starts: int = 0) -> Sample:
     """One SB3 training run in a fresh process."""
-    _, wall, rss = run_process(sb3_command(algo, steps, seed, learning_starts), dict(os.environ), workdir)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    _, wall, rss = run_process(sb3_command(algo, steps, seed, learning_starts), env, workdir)
     return Sample(process_s=wall, rss_mb=rss)
 
 
@@ -225,7 +290,13 @@ Case = tuple[str, Callable[[Sample], float], Callable[[int], Sample]]
 
 
 def build_cases(
-    sections: list[str], steps: int, ppo_steps: int, populations: list[int], threads: int, workdir: Path
+    sections: list[str],
+    steps: int,
+    ppo_steps: int,
+    minatar_steps: int,
+    populations: list[int],
+    threads: int,
+    workdir: Path,
 ) -> tuple[list[Case], dict[str, list[str]]]:
     """The cases of the chosen sections, in the order they alternate, and each case's command."""
     whole: Callable[[Sample], float] = lambda s: s.process_s  # noqa: E731
@@ -282,6 +353,21 @@ def build_cases(
     if "ppo_vs_sb3" in sections:
         add("ppo_rlexp", whole, lambda r: rlexp_run(ppo + [f"seed={r}"], workdir), rlexp_command(ppo, "disabled"))
         add("ppo_sb3", whole, lambda r: sb3_run("ppo", ppo_steps, r, workdir), sb3_command("ppo", ppo_steps, 0))
+    if "minatar_vs_sb3" in sections:
+        starts = min(MINATAR_LEARNING_STARTS, minatar_steps // 5)
+        minatar = ["+experiment=minatar_dqn", f"total_steps={minatar_steps}", f"algo.learning_starts={starts}"]
+        add(
+            "minatar_rlexp",
+            whole,
+            lambda r: rlexp_run(minatar + [f"seed={r}"], workdir),
+            rlexp_command(minatar, "disabled"),
+        )
+        add(
+            "minatar_sb3",
+            whole,
+            lambda r: sb3_run("minatar_dqn", minatar_steps, r, workdir, starts),
+            sb3_command("minatar_dqn", minatar_steps, 0, starts),
+        )
     return cases, commands
 
 
@@ -300,6 +386,7 @@ def ratios_of(medians: dict[str, float]) -> dict[str, float | None]:
         "diagnostics_overhead": None if overhead is None else overhead - 1.0,
         "startup_to_first_step_s": medians.get("startup_to_first_step"),
         "ppo_speedup_vs_sb3": div("ppo_sb3", "ppo_rlexp"),
+        "minatar_dqn_speedup_vs_sb3": div("minatar_sb3", "minatar_rlexp"),
     }
 
 
@@ -382,6 +469,9 @@ def main() -> int:
     )
     parser.add_argument("--steps", type=int, help="DQN env steps per run (default 50k; 10k with --quick)")
     parser.add_argument("--ppo-steps", type=int, help="PPO env steps per run (default 100k; 10k with --quick)")
+    parser.add_argument(
+        "--minatar-steps", type=int, help="MinAtar DQN env steps per run (default 20k; 5k with --quick)"
+    )
     parser.add_argument("--repeats", type=int, help="rounds of every case (default 5; 1 with --quick)")
     parser.add_argument(
         "--populations",
@@ -403,7 +493,7 @@ def main() -> int:
         help="the population section's torch threads (rlexp's threads=; default -1: by population size)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench.json")
-    parser.add_argument("--sb3", choices=("dqn", "ppo"), help=argparse.SUPPRESS)  # internal: one SB3 run
+    parser.add_argument("--sb3", choices=("dqn", "ppo", "minatar_dqn"), help=argparse.SUPPRESS)  # internal: one SB3 run
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--learning-starts", type=int, default=CLEANRL_LEARNING_STARTS, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -420,12 +510,15 @@ def main() -> int:
     if args.sb3:
         if args.sb3 == "dqn":
             sb3_dqn(args.steps, args.seed, args.learning_starts)
+        elif args.sb3 == "minatar_dqn":
+            sb3_minatar_dqn(args.steps, args.seed, args.learning_starts)
         else:
             sb3_ppo(args.steps, args.seed)
         return 0
 
     steps = args.steps or (10_000 if args.quick else 50_000)
     ppo_steps = args.ppo_steps or (10_000 if args.quick else 100_000)
+    minatar_steps = args.minatar_steps or (5_000 if args.quick else 20_000)
     repeats = args.repeats or (1 if args.quick else 5)
     populations = args.populations or ([1, 16] if args.quick else [1, 4, 16, 64])
     if steps < 10 or ppo_steps < 512 or repeats < 1 or min(populations) < 1:
@@ -433,7 +526,7 @@ def main() -> int:
 
     load_start = load()
     with tempfile.TemporaryDirectory() as tmp:
-        cases, commands = build_cases(sections, steps, ppo_steps, populations, args.threads, Path(tmp))
+        cases, commands = build_cases(sections, steps, ppo_steps, minatar_steps, populations, args.threads, Path(tmp))
         samples: dict[str, list[float]] = {name: [] for name, _, _ in cases}
         extra: dict[str, list[float]] = {}  # rlexp's loop-only times; the start-up run's whole process
         rss: dict[str, list[float]] = {}
@@ -441,7 +534,7 @@ def main() -> int:
             for name, figure, run in cases:
                 sample = run(r)
                 samples[name].append(figure(sample))
-                if name in ("dqn_rlexp", "ppo_rlexp"):
+                if name in ("dqn_rlexp", "ppo_rlexp", "minatar_rlexp"):
                     extra.setdefault(f"{name}_loop", []).append(sample.loop_s)
                 if name == "startup_to_first_step":
                     extra.setdefault("startup_process", []).append(sample.process_s)
@@ -473,6 +566,7 @@ def main() -> int:
         "settings": {
             "steps": steps,
             "ppo_steps": ppo_steps,
+            "minatar_steps": minatar_steps,
             "repeats": repeats,
             "populations": populations,
             "population_threads": args.threads,
