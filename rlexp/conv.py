@@ -24,6 +24,7 @@ autograd and acts through torch (``PopMLP`` falls back by itself).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,7 +87,6 @@ class _Convolution:
     """Mixin making a population linear layer (plain, weight-normalized or spectral) a convolution over
     its input's patches: [P, B, H * W * C] -> [P, B, Ho * Wo * out]."""
 
-    stage = "linear"
     written_backward = False
     geometry: Geometry
 
@@ -96,7 +96,7 @@ class _Convolution:
             x = x * self.geometry.scale
         return super().forward(patches(x, self.geometry)).view(members, batch, -1)  # type: ignore[misc]
 
-    def fast_forward(self):  # noqa: ANN201
+    def fast_forward(self) -> Callable[[torch.Tensor], torch.Tensor]:
         return self.forward
 
     def host_forward(self) -> None:
@@ -148,8 +148,6 @@ class ChannelActivation(PopActivation):
     """An activation on maps [P, B, H * W * C]: elementwise; crelu concatenates per position, doubling
     the channels."""
 
-    written_backward = False
-
     def __init__(self, entry: Activation, cfg: ActivationConfig, channels: int) -> None:
         super().__init__(entry, cfg)
         self.written_backward = False
@@ -161,7 +159,7 @@ class ChannelActivation(PopActivation):
         members, batch = h.shape[:2]
         return self.function(h.reshape(members, -1, self.channels)).reshape(members, batch, -1)
 
-    def fast_forward(self):  # noqa: ANN201
+    def fast_forward(self) -> Callable[[torch.Tensor], torch.Tensor]:
         return self.forward
 
     def host_forward(self) -> None:
@@ -177,6 +175,8 @@ def image_shape(observation_space: object) -> tuple[int, int, int] | None:
 def check_conv(network: NetworkConfig, shape: tuple[int, ...], env_id: str) -> None:
     """Refuse layers that are not [channels, kernel, stride] of positive integers, and kernels larger than
     their input map (ConfigError at network.conv); ``shape`` is the observation's (C, H, W)."""
+    if not network.conv:
+        raise ConfigError("network.conv", "[] has no convolution", "give at least one [channels, kernel, stride]")
     height, width = shape[1], shape[2]
     for i, spec in enumerate(network.conv):
         if len(spec) != 3 or min(spec) < 1:
@@ -189,8 +189,6 @@ def check_conv(network: NetworkConfig, shape: tuple[int, ...], env_id: str) -> N
                 "use network=cnn for MinAtar's 10x10 maps, network=nature_cnn for 84x84 frames, or smaller kernels",
             )
         height, width = (height - kernel) // stride + 1, (width - kernel) // stride + 1
-    if not network.conv:
-        raise ConfigError("network.conv", "[] has no convolution", "give at least one [channels, kernel, stride]")
 
 
 CONV_NETWORKS = ("cnn", "nature_cnn")  # the network options whose torso is convolutional (rlexp.run.NETWORKS)

@@ -260,17 +260,19 @@ def test_missing_extra_names_its_install_command(monkeypatch, module, env, extra
 
 @pytest.mark.parametrize("family", ["minatar", "atari"])
 def test_dqn_smoke_per_image_family(tmp_path, family):
-    """DQN runs end to end on each image family with instruments and an intervention on (tiny budgets)."""
+    """DQN runs end to end on each image family with instruments, an intervention, clipping (MinAtar) and
+    batch norm (Atari) on (tiny budgets)."""
     from rlexp.train import run_job
 
     if family == "minatar":
         pytest.importorskip("minatar", reason="pip install -e '.[minatar]'")
         overrides = ["+experiment=minatar_dqn", "total_steps=300", "algo.learning_starts=100", "num_seeds=2"]
+        overrides += ["clipping=agc"]  # per filter: a convolution's rows are its filters
     else:
         pytest.importorskip("ale_py", reason="pip install -e '.[atari]'")
         pytest.importorskip("cv2", reason="pip install -e '.[atari]'")
         overrides = ["env=atari_pong", "network=nature_cnn", "total_steps=60", "algo.learning_starts=30"]
-        overrides += ["algo.buffer_size=100", "algo.batch_size=4", "env.max_episode_steps=100"]
+        overrides += ["algo.buffer_size=100", "algo.batch_size=4", "env.max_episode_steps=100", "normalization=batch"]
     overrides += ["diagnostics.every=5", "intervention=redo", "intervention.every=10", "logger.log_every=50"]
     job = run_job(_compose(TINY + overrides), tmp_path)
     assert job["status"] == "ok"
