@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import sys
 import warnings
 from collections import deque
 from dataclasses import dataclass
@@ -82,13 +83,21 @@ class EpisodicLife(gym.Wrapper):
 
 def _register_minatar() -> None:
     """Register MinAtar's ids (MinAtar/<Game>-v0: all 6 actions, -v1: the game's minimal set)."""
-    logging.disable(logging.WARNING)  # minatar.gym warns at import that seaborn (for rendering) is missing
+    # minatar imports seaborn (pandas, scipy, matplotlib: seconds) only to draw frames, and warns when it
+    # is missing: training never draws, so the import is skipped (MinAtar's rgb_array rendering is not
+    # available here)
+    logging.disable(logging.WARNING)
+    skip = "seaborn" not in sys.modules
+    if skip:
+        sys.modules["seaborn"] = None  # type: ignore[assignment]  # `import seaborn` raises ImportError
     try:
         import minatar.gym
     except ImportError:
         raise ConfigError("env.id", "MinAtar needs the minatar package", "pip install -e '.[minatar]'") from None
     finally:
         logging.disable(logging.NOTSET)
+        if skip:
+            del sys.modules["seaborn"]
     if "MinAtar/Breakout-v0" not in gym.registry:
         minatar.gym.register_envs()
 
