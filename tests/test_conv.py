@@ -1,6 +1,8 @@
 """Convolutional torsos (rlexp/conv.py) against torch.nn written here: P separate Conv2d/Linear stacks,
 BatchNorm2d per member, LayerNorm over [C, H, W], weight norm per filter; member isolation for every
-normalization; dormant channels and ReDo per channel."""
+normalization; dormant channels and ReDo per channel; divergence located at a convolution; uint8 replay
+frames; image environments' bad input (one line, the key, the install command) and one smoke run per
+image family (skipped without its extra)."""
 
 from __future__ import annotations
 
