@@ -30,23 +30,39 @@ class ReplayBuffer:
     A row packs (obs, next_obs, action, reward, terminated) as float32, so one step is one write and
     one minibatch one gather. ``action_dim`` 0 stores a discrete action index, A > 0 a vector.
     Invalid rows (autoreset steps) go to a spare row past the end that is never sampled.
+    With ``frames`` (uint8 image observations: MinAtar, Atari) obs | next_obs go to a uint8 tensor of
+    their own (``frames``, a quarter of the float32 bytes) and come back as float32 when sampled.
     """
 
-    def __init__(self, members: int, capacity: int, obs_dim: int, device: torch.device, action_dim: int = 0) -> None:
+    def __init__(
+        self,
+        members: int,
+        capacity: int,
+        obs_dim: int,
+        device: torch.device,
+        action_dim: int = 0,
+        frames: bool = False,
+    ) -> None:
         self.capacity = capacity
         self.rows = capacity + 1  # + the spare row for invalid transitions
         self.obs_dim = obs_dim
         self.action_dim = action_dim
         self._action_width = max(action_dim, 1)
         self.device = device
-        self._reward_col = 2 * obs_dim + self._action_width  # a row: obs | next_obs | action | reward | terminated
+        self._obs_width = 0 if frames else obs_dim  # float32 columns of obs (and of next_obs)
+        # a row: obs | next_obs | action | reward | terminated
+        self._reward_col = 2 * self._obs_width + self._action_width
         self.data = torch.zeros(members, self.rows, self._reward_col + 2, device=device)  # [P, C+1, F]
+        self.frames = (  # [P, C+1, 2 * obs] uint8: obs | next_obs
+            torch.zeros(members, self.rows, 2 * obs_dim, dtype=torch.uint8, device=device) if frames else None
+        )
         self.ptr = np.zeros(members, dtype=np.int64)  # next row to write, per member (host)
         self.size = np.zeros(members, dtype=np.int64)  # valid rows held, per member (host)
         self._filling = True  # some member's memory is not full yet
         self._row_base = np.arange(members)[:, None] * self.rows  # [P, 1]
         self._member_np = np.arange(members)[:, None]  # [P, 1]
         self._host = self.data.numpy() if self.data.device.type == "cpu" else None  # shares memory
+        self._host_frames = self.frames.numpy() if self.frames is not None and self._host is not None else None
 
     def add(
         self,
@@ -70,18 +86,28 @@ class ReplayBuffer:
         pos = np.where(valid, (self.ptr[:, None] + valid_count - 1) % self.capacity, self.capacity)
         added = valid_count[:, -1]
         rows = np.empty((members, num_envs, self.data.shape[-1]), dtype=np.float32)  # [P, E, F]
-        o, a = self.obs_dim, self._reward_col
-        rows[..., :o] = obs
-        rows[..., o : 2 * o] = next_obs
+        o, a = self._obs_width, self._reward_col
+        rows[..., :o] = obs if o else 0.0
+        rows[..., o : 2 * o] = next_obs if o else 0.0
         rows[..., 2 * o : a] = np.asarray(actions).reshape(members, num_envs, self._action_width)
         rows[..., a] = rewards
         rows[..., a + 1] = terminated
+        frames = None
+        if self.frames is not None:
+            frames = np.empty((members, num_envs, 2 * self.obs_dim), dtype=np.uint8)  # [P, E, 2 * obs]
+            frames[..., : self.obs_dim] = obs
+            frames[..., self.obs_dim :] = next_obs
         if self._host is not None:
             self._host[self._member_np, pos] = rows
+            if frames is not None:
+                self._host_frames[self._member_np, pos] = frames
         else:
             flat = torch.from_numpy((self._row_base + pos).reshape(-1)).to(self.device)
             rows = torch.from_numpy(rows.reshape(flat.numel(), -1)).to(self.device)
             self.data.view(-1, self.data.shape[-1]).index_copy_(0, flat, rows)
+            if frames is not None:
+                frames = torch.from_numpy(frames.reshape(flat.numel(), -1)).to(self.device)
+                self.frames.view(-1, self.frames.shape[-1]).index_copy_(0, flat, frames)
         self.ptr = (self.ptr + added) % self.capacity
         if self._filling:  # the size stops changing once every member's memory is full
             self.size = np.minimum(self.size + added, self.capacity)
@@ -94,9 +120,14 @@ class ReplayBuffer:
         idx = (uniform * self.size[:, None]).astype(np.int64)  # [P, B] row within each member's memory
         flat = torch.from_numpy((self._row_base + idx).reshape(-1)).to(self.device)  # [P * B] row of data
         rows = take_rows(self.data, flat)  # [P, B, F]
-        o, a = self.obs_dim, self._reward_col
+        o, a = self._obs_width, self._reward_col
         actions = rows[..., 2 * o : a] if self.action_dim else rows[..., 2 * o].long()
-        return Batch(rows[..., :o], actions, rows[..., a], rows[..., o : 2 * o], rows[..., a + 1])
+        if self.frames is None:
+            obs, next_obs = rows[..., :o], rows[..., o : 2 * o]
+        else:
+            frames = take_rows(self.frames, flat).float()  # [P, B, 2 * obs]
+            obs, next_obs = frames[..., : self.obs_dim], frames[..., self.obs_dim :]
+        return Batch(obs, actions, rows[..., a], next_obs, rows[..., a + 1])
 
 
 @dataclass

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlexp.activations import check_activation
 from rlexp.algos import ALGOS
 from rlexp.config import ConfigError, require, require_choice
+from rlexp.conv import check_observations
 from rlexp.envs import check_env_id, make_env
 from rlexp.grad import check_clipping
 from rlexp.init import check_init
@@ -214,8 +215,8 @@ def validate(cfg: DictConfig) -> None:
         "sac": _validate_sac,
         "muzero_lite": _validate_muzero_lite,
     }[cfg.algo.name](cfg)
-    obs_dim, action_dim = _validate_action_space(cfg)
-    check_resources(cfg, obs_dim, action_dim)
+    obs_dim, action_dim, frames = _validate_action_space(cfg)
+    check_resources(cfg, obs_dim, action_dim, frames)
 
 
 def _validate_networks(cfg: DictConfig) -> None:
@@ -403,11 +404,14 @@ def action_kind(space: gym.Space) -> str:
     return type(space).__name__
 
 
-def _validate_action_space(cfg: DictConfig) -> tuple[int, int]:
-    """Refuse an env whose spaces the algorithm cannot handle; returns (observation size, action size:
-    the number of actions of a discrete space, the vector's length of a continuous one)."""
+def _validate_action_space(cfg: DictConfig) -> tuple[int, int, bool]:
+    """Refuse an env whose spaces the algorithm or the network cannot handle; returns (observation size,
+    action size: the number of actions of a discrete space, the vector's length of a continuous one,
+    whether observations are uint8 frames)."""
     env = make_env(cfg.env)
     try:
+        check_observations(cfg.network, env.observation_space.shape, cfg.env.id)
+        frames = env.observation_space.dtype == np.uint8
         kind = action_kind(env.action_space)
         obs_dim = int(np.prod(env.observation_space.shape or (1,)))
         space = env.action_space
@@ -425,7 +429,7 @@ def _validate_action_space(cfg: DictConfig) -> tuple[int, int]:
         fits = [name for name, s in ALGOS.items() if kind in s.action_spaces]
         fix = f"use algo={' or algo='.join(fits)}" if fits else f"no algorithm here handles {kind} actions yet"
         raise ConfigError("algo", f"algo={cfg.algo.name} cannot handle {cfg.env.id}'s {kind} action space", fix)
-    return obs_dim, action_dim
+    return obs_dim, action_dim, frames
 
 
 # ---------------------------------------------------------------- resources, before any work
@@ -455,20 +459,20 @@ def _mlp_params(widths: list[int]) -> int:
     return sum(a * b + 3 * b for a, b in zip(widths, widths[1:]))
 
 
-def memory_per_member(cfg: DictConfig, obs_dim: int, action_dim: int) -> tuple[int, int]:
+def memory_per_member(cfg: DictConfig, obs_dim: int, action_dim: int, frames: bool = False) -> tuple[int, int]:
     """Bytes one member needs: (replay memory, everything else: networks with gradients, optimizer
-    state and targets, one batch's activations, rollouts, environments)."""
+    state and targets, one batch's activations, rollouts, environments); ``frames``: the replay keeps
+    observations as uint8."""
     algo, env = cfg.algo, cfg.env
     hidden = [list(cfg[role].hidden or cfg.network.hidden) for role in ("actor", "critic")]
     widest = max(hidden, key=sum)
     nets = NETWORKS.get(algo.name, 3) * _mlp_params([obs_dim + action_dim, *widest, action_dim + 1])
     replay = 0
     if algo.name in ("dqn", "ddpg", "td3", "sac", "muzero_lite"):
-        row = (
-            2 * obs_dim + (1 if algo.name in ("dqn", "muzero_lite") else action_dim) + 2
-        )  # obs | next_obs | a | r | done
+        row = (1 if algo.name in ("dqn", "muzero_lite") else action_dim) + 2  # action | reward | done
         row += 2 if algo.name == "muzero_lite" else 0  # | episode end | step count
-        replay = (algo.buffer_size + 1) * row * FLOAT
+        row = row * FLOAT + 2 * obs_dim * (1 if frames else FLOAT)  # and obs | next_obs
+        replay = (algo.buffer_size + 1) * row
         batch = algo.batch_size
     else:
         batch = algo.num_steps * env.num_envs
@@ -497,7 +501,7 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
-def check_resources(cfg: DictConfig, obs_dim: int, action_dim: int) -> None:
+def check_resources(cfg: DictConfig, obs_dim: int, action_dim: int, frames: bool = False) -> None:
     """Refuse a job that cannot fit the process's open-file limit (RLIMIT_NOFILE, soft) or the
     available memory, naming num_seeds (or algo.buffer_size, when the replay memory is most of it)
     and the largest value that fits."""
@@ -514,7 +518,7 @@ def check_resources(cfg: DictConfig, obs_dim: int, action_dim: int) -> None:
             "lower num_seeds or raise the limit (ulimit -n)",
         )
     free = available_memory(resolve_device(cfg.device))
-    replay, other = memory_per_member(cfg, obs_dim, action_dim)
+    replay, other = memory_per_member(cfg, obs_dim, action_dim, frames)
     if free is None or members * (replay + other) <= free:
         return
     need_text = f"needs ~{_gib(members * (replay + other))} of memory ({_gib(free)} available)"

@@ -300,11 +300,14 @@ def _load_optimizer(pipeline: GradientPipeline, state: dict[str, Any]) -> None:
 
 
 def _buffer_state(buffer: ReplayBuffer) -> dict[str, Any]:
-    return {"data": buffer.data, "ptr": buffer.ptr, "size": buffer.size, "filling": buffer._filling}
+    frames = {} if buffer.frames is None else {"frames": buffer.frames}
+    return {"data": buffer.data, "ptr": buffer.ptr, "size": buffer.size, "filling": buffer._filling} | frames
 
 
 def _load_buffer(buffer: ReplayBuffer, state: dict[str, Any]) -> None:
     _put(buffer.data, state["data"])  # in place: the host view of it stays valid
+    if buffer.frames is not None:
+        _put(buffer.frames, state["frames"])
     buffer.ptr, buffer.size = state["ptr"].numpy().copy(), state["size"].numpy().copy()
     buffer._filling = state["filling"]
 

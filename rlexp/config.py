@@ -251,12 +251,32 @@ class NetworkConfig:
     encoder: list[int] = knob([], "lstm: widths of the layers before the LSTM (linear, normalization, activation)")
     cell_size: int = knob(64, "lstm: units of the LSTM cell; hidden then gives the head's layers after it")
 
+    conv: list[list[int]] = knob(
+        [], "cnn, nature_cnn: convolutional layers before the hidden ones, each [channels, kernel, stride] (no padding)"
+    )
+
 
 @dataclass
 class LSTMNetworkConfig(NetworkConfig):
     """lstm: encoder -> LSTM(cell_size) -> the MLP head (hidden), for ppo and a2c."""
 
     hidden: list[int] = field(default_factory=lambda: [64])
+
+
+@dataclass
+class CNNConfig(NetworkConfig):
+    """cnn: MinAtar's torso (Young & Tian 2019): a 3x3 convolution of 16 channels, then 128 units."""
+
+    conv: list[list[int]] = field(default_factory=lambda: [[16, 3, 1]])
+    hidden: list[int] = field(default_factory=lambda: [128])
+
+
+@dataclass
+class NatureCNNConfig(NetworkConfig):
+    """nature_cnn: Nature DQN's torso for 84x84 frames (Mnih et al. 2015): 32 8x8/4, 64 4x4/2, 64 3x3/1, 512."""
+
+    conv: list[list[int]] = field(default_factory=lambda: [[32, 8, 4], [64, 4, 2], [64, 3, 1]])
+    hidden: list[int] = field(default_factory=lambda: [512])
 
 
 @dataclass
@@ -479,6 +499,8 @@ class EnvConfig:
     num_envs: int = knob(1, "environments per member (ppo, a2c set their own: conf/algo)")
     max_episode_steps: int | None = knob(None, "episode step limit (null = the env's own)")
     kwargs: dict[str, Any] = knob({}, "keyword arguments of gymnasium.make")
+    clip_reward: bool = knob(True, "atari (ALE/ ids): rewards clipped to their sign")
+    episodic_life: bool = knob(True, "atari (ALE/ ids): a lost life ends the training episode (the game goes on)")
 
 
 # ---------------------------------------------------------------- evaluation

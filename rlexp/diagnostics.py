@@ -80,8 +80,9 @@ def per_layer(values: torch.Tensor, names: Sequence[str]) -> dict[str, torch.Ten
 
 def dormant_scores(h: torch.Tensor) -> torch.Tensor:
     """The tau-dormant score of each unit of a layer output h [P, B, H] (Sokar et al. 2023), per member:
-    score_i = E|h_i| / mean_k E|h_k| over the batch -> [P, H]; a unit is tau-dormant when score_i <= tau."""
-    score = h.abs().mean(1)  # [P, H]
+    score_i = E|h_i| / mean_k E|h_k| over the batch -> [P, H]; a unit is tau-dormant when score_i <= tau.
+    A convolution's output [P, B, positions, C] scores its channels over the batch and the positions."""
+    score = h.abs().flatten(1, -2).mean(1)  # [P, H]
     return score / score.mean(1, keepdim=True).clamp(min=1e-12)
 
 
@@ -89,15 +90,18 @@ def activation_stats(hidden: Sequence[torch.Tensor], prefix: str, tau: float, sr
     """Per hidden layer output h [P, B, H]: mean, std, dead fraction (units exactly 0 on the whole
     batch), tau-dormant fraction (Sokar et al. 2023: score_i = E|h_i| / mean_k E|h_k| <= tau), active
     fraction (outputs > 0), feature norm (mean over the batch of ||h_b||), and, deferred until the
-    record is written, feature rank and effective rank (``rank_stats``)."""
-    hidden = [h.detach() for h in hidden]
+    record is written, feature rank and effective rank (``rank_stats``). A convolution's output
+    [P, B, positions, C]: its units are channels (dead, dormant over the batch and the positions), its
+    features the flattened maps [P, B, positions * C]."""
+    units = [h.detach().flatten(1, -2) for h in hidden]  # [P, B (* positions), H]
+    hidden = [h.detach().flatten(2) for h in hidden]  # [P, B, features]
     stats: Stats = {}
     for i, h in enumerate(hidden):
         name = f"{prefix}.{i}"
         stats[f"act_mean/{name}"] = h.mean((1, 2))
         stats[f"act_std/{name}"] = h.std((1, 2))
-        stats[f"dead/{name}"] = (h == 0).all(1).float().mean(1)
-        stats[f"dormant/{name}"] = (dormant_scores(h) <= tau).float().mean(1)
+        stats[f"dead/{name}"] = (units[i] == 0).all(1).float().mean(1)
+        stats[f"dormant/{name}"] = (dormant_scores(units[i]) <= tau).float().mean(1)
         stats[f"active/{name}"] = (h > 0).float().mean((1, 2))
         stats[f"feature_norm/{name}"] = torch.linalg.vector_norm(h, dim=2).mean(1)
     ranks = cache(partial(rank_stats, hidden, prefix, srank_delta))  # every layer's, once, when first read

@@ -19,21 +19,141 @@ Two ways of stepping, with the same results (tests step both against gymnasium's
 from __future__ import annotations
 
 import difflib
+import logging
+import sys
+import warnings
 from collections import deque
 from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
-from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker, TimeLimit
+from gymnasium.wrappers import (
+    AtariPreprocessing,
+    FrameStackObservation,
+    OrderEnforcing,
+    PassiveEnvChecker,
+    TimeLimit,
+    TransformReward,
+)
 
 from rlexp.config import ConfigError, EnvConfig
 
 EXTRAS = {"box2d": "box2d", "mujoco": "mujoco"}  # gymnasium dependency name -> rlexp extra that installs it
 
 
+class ChannelsFirst(gym.ObservationWrapper):
+    """MinAtar's boolean [10, 10, C] state as uint8 [C, 10, 10] (0 or 1)."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        height, width, channels = env.observation_space.shape
+        self.observation_space = gym.spaces.Box(0, 1, (channels, height, width), dtype=np.uint8)
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.moveaxis(observation, -1, 0), dtype=np.uint8)
+
+
+class EpisodicLife(gym.Wrapper):
+    """A lost life ends the episode (terminated) while the game goes on: the next reset continues the
+    game with a no-op step and resets it only once it is over (Mnih et al. 2015's training protocol)."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.lives, self.game_over = 0, True
+
+    def step(self, action: int) -> tuple:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.game_over = terminated or truncated
+        lives = self.env.unwrapped.ale.lives()
+        terminated = terminated or 0 < lives < self.lives
+        self.lives = lives
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs) -> tuple:
+        if not self.game_over:
+            obs, _, terminated, truncated, info = self.env.step(0)
+            if not (terminated or truncated):
+                self.lives = self.env.unwrapped.ale.lives()
+                return obs, info
+        obs, info = self.env.reset(**kwargs)
+        self.lives, self.game_over = self.env.unwrapped.ale.lives(), False
+        return obs, info
+
+
+def _register_minatar() -> None:
+    """Register MinAtar's ids (MinAtar/<Game>-v0: all 6 actions, -v1: the game's minimal set)."""
+    # minatar imports seaborn (pandas, scipy, matplotlib: seconds) only to draw frames, and warns when it
+    # is missing: training never draws, so the import is skipped (MinAtar's rgb_array rendering is not
+    # available here)
+    logging.disable(logging.WARNING)
+    skip = "seaborn" not in sys.modules
+    if skip:
+        sys.modules["seaborn"] = None  # type: ignore[assignment]  # `import seaborn` raises ImportError
+    try:
+        import minatar.gym
+    except ImportError:
+        raise ConfigError("env.id", "MinAtar needs the minatar package", "pip install -e '.[minatar]'") from None
+    finally:
+        logging.disable(logging.NOTSET)
+        if skip:
+            del sys.modules["seaborn"]
+    if "MinAtar/Breakout-v0" not in gym.registry:
+        minatar.gym.register_envs()
+
+
+def _register_atari() -> None:
+    """Register ale-py's ids (ALE/<Game>-v5)."""
+    try:
+        import ale_py
+    except ImportError:
+        raise ConfigError("env.id", "Atari needs ale-py", "pip install -e '.[atari]'") from None
+    gym.register_envs(ale_py)
+
+
+MINATAR_LIMIT = 10_000  # MinAtar's own episode limit here (the games set none; a greedy policy may never lose)
+
+
+def _minatar(cfg: EnvConfig, kwargs: dict) -> gym.Env:
+    """A MinAtar game (sticky actions 0.1, difficulty ramping: MinAtar's defaults) with [C, 10, 10] states,
+    episodes cut at ``env.max_episode_steps`` (null: MINATAR_LIMIT)."""
+    kwargs.setdefault("max_episode_steps", MINATAR_LIMIT)
+    with warnings.catch_warnings():  # gymnasium calls -v0 (all 6 actions, the paper's) out of date beside -v1
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return ChannelsFirst(gym.make(cfg.id, **kwargs))
+
+
+def _atari(cfg: EnvConfig, kwargs: dict) -> gym.Env:
+    """An ALE game (v5: sticky actions 0.25) with the standard wrappers: up to 30 no-ops at reset, frame
+    skip 4 (the max of the last two frames), 84x84 grey, a lost life ends the episode
+    (``env.episodic_life``), rewards clipped to their sign (``env.clip_reward``), the last 4 frames
+    stacked: uint8 [4, 84, 84]."""
+    env = gym.make(cfg.id, frameskip=1, **kwargs)
+    try:
+        env = AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
+    except gym.error.DependencyNotInstalled:  # its resizing needs OpenCV
+        raise ConfigError("env.id", f"{cfg.id} needs OpenCV", "pip install -e '.[atari]'") from None
+    if cfg.episodic_life:
+        env = EpisodicLife(env)
+    if cfg.clip_reward:
+        env = TransformReward(env, np.sign)
+    return FrameStackObservation(env, 4)
+
+
+# id prefix -> (register the family's ids, make one environment); other ids are gymnasium's own
+FAMILIES = {"MinAtar/": (_register_minatar, _minatar), "ALE/": (_register_atari, _atari)}
+
+
+def _family(env_id: str) -> tuple | None:
+    return next((family for prefix, family in FAMILIES.items() if env_id.startswith(prefix)), None)
+
+
 def check_env_id(env_id: str) -> None:
-    """Raise ConfigError for an id gymnasium does not know, naming close matches."""
+    """Raise ConfigError for an id gymnasium does not know, naming close matches (or for a family whose
+    package is missing, naming its extra)."""
+    family = _family(env_id)
+    if family is not None:
+        family[0]()
     if env_id in gym.registry:
         return
     close = difflib.get_close_matches(env_id, list(gym.registry.keys()), n=3, cutoff=0.5)
@@ -48,6 +168,9 @@ def make_env(cfg: EnvConfig) -> gym.Env:
     kwargs = dict(cfg.kwargs)
     if cfg.max_episode_steps is not None:
         kwargs["max_episode_steps"] = cfg.max_episode_steps
+    family = _family(cfg.id)
+    if family is not None:
+        return family[1](cfg, kwargs)
     try:
         return gym.make(cfg.id, **kwargs)
     except gym.error.DependencyNotInstalled as err:
@@ -165,6 +288,8 @@ class PopulationEnv:
         self.observation_space = self.envs[0].observation_space
         self.action_space = self.envs[0].action_space
         self.obs_dim = int(np.prod(self.observation_space.shape))
+        # uint8 observations (MinAtar's, Atari's frames): a replay memory may keep them as uint8
+        self.frames = self.observation_space.dtype == np.uint8
         self.seeds = [s for m in member_seeds for s in env_seeds(m, cfg.num_envs, purpose)]
         together = n >= self.MIN_TOGETHER and CartPoles.fits(self.envs[0])
         self.cartpoles: CartPoles | None = CartPoles(self.envs) if together else None

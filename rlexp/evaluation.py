@@ -49,7 +49,8 @@ class Evaluator:
         self.seeds = member_seeds
         self.env: PopulationEnv | None = None
         if self.episodes > 0:
-            env_cfg = dataclasses.replace(cfg.env, num_envs=self.episodes)  # one environment per episode
+            # one environment per episode; whole games (Atari) with their own rewards
+            env_cfg = dataclasses.replace(cfg.env, num_envs=self.episodes, episodic_life=False, clip_reward=False)
             self.env = PopulationEnv(env_cfg, member_seeds, EVALUATION)
         self._streams: MemberStreams | None = None  # made at the first draw (eval.epsilon > 0)
 

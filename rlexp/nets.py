@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 
 # observe(layer index, stage, value [P, B, H]): stage "input" (a layer's input, after a second input
 # joined it), a component's stage ("linear", "norm", "activation"), "hidden" (a hidden layer's
-# output, after the residual) or "output" (the network's output, after output_scale)
+# output, after the residual; a convolution's as [P, B, positions, channels]) or "output" (the
+# network's output, after output_scale)
 Observer = Callable[[int, str, torch.Tensor], None]
 
 
@@ -530,6 +531,7 @@ class PopMLP(nn.Module):
     (0 = with the observation).
 
     ``layers`` holds the linear layers, ``norms`` the hidden layers' norms (empty without one).
+    ``observation_space`` is the environment's (read by a torso over images, ``rlexp.conv.PopCNN``).
     """
 
     def __init__(
@@ -544,21 +546,24 @@ class PopMLP(nn.Module):
         generators: list[torch.Generator],
         extra_in: int = 0,
         extra_at: int = 0,
+        observation_space: object = None,
     ) -> None:
         super().__init__()
-        sizes = [n_in, *network.hidden, n_out]
         entry, activation_entry = NORMALIZATIONS[normalization.name], ACTIVATIONS[activation.name]
         hidden = len(network.hidden)
         self.layers = nn.ModuleList()
         self.norms = nn.ModuleList()
         self.activations = nn.ModuleList()
-        self.activated = [not (network.linear_last_hidden and i == hidden - 1) for i in range(hidden)]
+        self.activated: list[bool] = []
         self.residual: list[bool] = []
-        self.extra_in, self.extra_at = extra_in, extra_at  # a second input joins layer extra_at's input
         # per layer: its components in forward order, and whether a residual connection adds its input
         self._blocks: list[tuple[list[Component], bool]] = []
-        width = n_in  # the width the next layer sees (an activation of width 2 doubles its layer's)
-        for i, b in enumerate(sizes[1:]):
+        # the width the next layer sees (an activation of width 2 doubles its layer's), after the torso
+        width = self._torso(members, n_in, network, activation, normalization, observation_space)
+        torso = len(self.layers)
+        self.activated += [not (network.linear_last_hidden and i == hidden - 1) for i in range(hidden)]
+        self.extra_in, self.extra_at = extra_in, torso + extra_at  # a second input joins layer extra_at's input
+        for i, b in enumerate([*network.hidden, n_out]):
             a = width + extra_in if i == extra_at else width
             layer = entry.linear(normalization, members, a, b, i == hidden)
             self.layers.append(layer)
@@ -568,12 +573,12 @@ class PopMLP(nn.Module):
                 if entry.norm is not None:
                     self.norms.append(entry.norm(normalization, members, b))
                     components.append(self.norms[-1])
-                if self.activated[i]:
+                if self.activated[torso + i]:
                     self.activations.append(PopActivation(activation_entry, activation))
                     components.append(self.activations[-1])
                     width = b * activation_entry.width
                 self.residual.append(network.residual and a == width)
-            self._blocks.append((components, i < hidden and self.residual[i]))
+            self._blocks.append((components, i < hidden and self.residual[torso + i]))
         self.activation = activation
         self.output_scale = network.output_scale
         self._components = [c for components, _ in self._blocks for c in components]
@@ -587,15 +592,37 @@ class PopMLP(nn.Module):
             log.debug(f"PopMLP: {why}: gradients by autograd")
         gain = [scheme_gain(c, activation) for c in init] if isinstance(init, list) else scheme_gain(init, activation)
         for i, layer in enumerate(self.layers):
-            layer.reset_parameters(init, gain, generators, last=i == hidden)
+            layer.reset_parameters(init, gain, generators, last=i == len(self.layers) - 1)
         # what built it, for a fresh draw of the same network (interventions)
-        self._build = (members, n_in, n_out, network, activation, normalization, init, extra_in, extra_at)
+        self._build = (members, n_in, n_out, network, activation, normalization, init)
+        self._build_kwargs = dict(extra_in=extra_in, extra_at=extra_at, observation_space=observation_space)
+
+    def _torso(
+        self,
+        members: int,
+        n_in: int,
+        network: NetworkConfig,
+        activation: ActivationConfig,
+        normalization: NormalizationConfig,
+        observation_space: object,
+    ) -> int:
+        """Append the layers before the hidden ones (an MLP has none; ``rlexp.conv.PopCNN``'s are
+        convolutions) to ``layers``, ``norms``, ``activations``, ``activated``, ``residual`` and
+        ``_blocks``; returns the width of their output, [P, B, width] (here the input's, n_in)."""
+        return n_in
+
+    def _hidden_view(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        """What observers see as hidden layer ``layer``'s output h [P, B, H]: h itself (a convolution's
+        is [P, B, positions, channels], ``rlexp.conv.PopCNN``)."""
+        return h
 
     def fresh(self, generators: list[torch.Generator]) -> PopMLP:
         """The same network newly initialized, member k from ``generators[k]``, on this one's device and
         dtype (interventions draw their fresh weights so, from streams of their own)."""
-        members, n_in, n_out, network, activation, normalization, init, extra_in, extra_at = self._build
-        net = PopMLP(members, n_in, n_out, network, activation, normalization, init, generators, extra_in, extra_at)
+        members, n_in, n_out, network, activation, normalization, init = self._build
+        net = type(self)(
+            members, n_in, n_out, network, activation, normalization, init, generators, **self._build_kwargs
+        )
         weight = self.layers[0].weight
         return net.to(device=weight.device, dtype=weight.dtype)
 
@@ -617,7 +644,7 @@ class PopMLP(nn.Module):
                     observe(i, component.stage, h)
             x = x + h if residual else h
             if observe is not None and i < last:
-                observe(i, "hidden", x)
+                observe(i, "hidden", self._hidden_view(i, x))
         out = x * self.output_scale if self.output_scale != 1.0 else x
         if observe is not None:
             observe(last, "output", out)

@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
 
+import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
@@ -129,6 +130,7 @@ class RecurrentNet(nn.Module):
         generators: list[torch.Generator],
         extra_in: int = 0,
         extra_at: int = 0,
+        observation_space: gym.Space | None = None,  # NETWORKS' common arguments: vector observations only
     ) -> None:
         super().__init__()
         assert extra_in == 0, "network=lstm takes no second input (ppo and a2c only)"

@@ -20,7 +20,17 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from rlexp.checkpoint import Checkpoints, Loop, Part
-from rlexp.config import ActivationConfig, Config, InitConfig, LSTMNetworkConfig, NetworkConfig, NormalizationConfig
+from rlexp.config import (
+    ActivationConfig,
+    CNNConfig,
+    Config,
+    InitConfig,
+    LSTMNetworkConfig,
+    NatureCNNConfig,
+    NetworkConfig,
+    NormalizationConfig,
+)
+from rlexp.conv import PopCNN
 from rlexp.diagnostics import keep_initial
 from rlexp.envs import PopulationEnv
 from rlexp.evaluation import Evaluator
@@ -45,6 +55,8 @@ class Network:
 NETWORKS: dict[str, Network] = {
     "mlp": Network(NetworkConfig, PopMLP),
     "lstm": Network(LSTMNetworkConfig, RecurrentNet),
+    "cnn": Network(CNNConfig, PopCNN),
+    "nature_cnn": Network(NatureCNNConfig, PopCNN),
 }
 
 
@@ -168,6 +180,7 @@ class RunContext:
             generators,
             extra_in=extra_in,
             extra_at=extra_at,
+            observation_space=self.env.observation_space,
         )
         net = net.to(self.device)
         if self.cfg.diagnostics.every > 0:

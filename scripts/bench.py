@@ -29,6 +29,11 @@ evaluation off (eval.episodes=0: the SB3 baselines do not evaluate; every sectio
   ppo_vs_sb3   rlexp PPO (+experiment=cleanrl_ppo algo.anneal_lr=false) vs SB3 PPO with the same
                settings (4 DummyVecEnv envs x 128 steps, 4 epochs of 128-sample minibatches, clipped
                value loss, Adam eps 1e-5); whole-process wall time of both.
+  minatar_vs_sb3  rlexp DQN on MinAtar Breakout (+experiment=minatar_dqn: network=cnn, centered
+               RMSProp, one update of 32 per step, target every 1000 steps) vs SB3 DQN on the same
+               environment (MinAtar/Breakout-v0 as [C, 10, 10] uint8) with MinAtar's network as its
+               features extractor (conv 16 3x3 -> 128 -> actions) and the same settings (SB3's gradient
+               clipping set out of reach: max_grad_norm 1e10); whole-process wall time of both.
 
 Optional sections, only with --only (they need the mujoco extra and take minutes a round):
 
@@ -37,8 +42,9 @@ Optional sections, only with --only (they need the mujoco extra and take minutes
                learning_starts 10000, scaled as DQN's below), --mujoco-steps env steps (default 5k);
                whole-process wall time of both.
 
-Defaults: DQN 50k steps, PPO 100k steps, populations 1 4 16 64, 5 repeats. --quick: DQN 10k steps,
-PPO 10k steps, populations 1 16, 1 repeat. When DQN's steps are under 5x learning_starts (10000 for
+Defaults: DQN 50k steps, PPO 100k steps, MinAtar 20k steps, populations 1 4 16 64, 5 repeats. --quick:
+DQN 10k steps, PPO 10k steps, MinAtar 5k steps, populations 1 16, 1 repeat (MinAtar's learning_starts:
+steps // 5, at most 5000). When DQN's steps are under 5x learning_starts (10000 for
 the CleanRL settings, 1000 for the default config) learning_starts becomes steps // 5, for rlexp and
 SB3 alike, so that both still learn and do the same work.
 
@@ -46,7 +52,8 @@ Ratios (targets): dqn_speedup_vs_sb3 = sb3 / rlexp (>= 1.8); per_seed_throughput
 population's env steps/s at P=16 over P=1's, i.e. 16 x wall(P=1) / wall(P=16) (>= 4);
 diagnostics_overhead = default / off - 1 (<= 0.10); startup_to_first_step_s (<= 2.5 s);
 ppo_speedup_vs_sb3 = sb3 / rlexp (>= 1.5); packed_grid_speedup = unpacked / packed (>= 2.5: the grid's
-75 minutes to 30); sac_mujoco_speedup_vs_sb3 = sb3 / rlexp (>= 1.0).
+75 minutes to 30); sac_mujoco_speedup_vs_sb3 = sb3 / rlexp (>= 1.0); minatar_dqn_speedup_vs_sb3 = sb3 / rlexp
+(>= 1.0).
 
 Besides each case, medians_s holds dqn_rlexp_loop and ppo_rlexp_loop (rlexp's loop-only wall time,
 from summary.json) and startup_process (the start-up runs, launch to exit). Peak RSS: the largest
@@ -76,9 +83,10 @@ from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("dqn_vs_sb3", "population", "diagnostics", "startup", "ppo_vs_sb3", "packing")
+SECTIONS = ("dqn_vs_sb3", "population", "diagnostics", "startup", "ppo_vs_sb3", "packing", "minatar_vs_sb3")
 OPTIONAL_SECTIONS = ("sac_mujoco_vs_sb3",)  # measured only when --only names them
-SB3_SECTIONS = ("dqn_vs_sb3", "ppo_vs_sb3", "sac_mujoco_vs_sb3")
+SB3_SECTIONS = ("dqn_vs_sb3", "ppo_vs_sb3", "sac_mujoco_vs_sb3", "minatar_vs_sb3")
+MINATAR_LEARNING_STARTS = 5_000  # conf/experiment/minatar_dqn.yaml
 SB3_FIX = 'pip install -e ".[bench]"'
 CLEANRL_LEARNING_STARTS = 10_000  # conf/experiment/cleanrl_dqn.yaml
 DEFAULT_LEARNING_STARTS = 1_000  # conf/algo/dqn.yaml
@@ -92,6 +100,7 @@ TARGETS = {
     "ppo_speedup_vs_sb3": (">=", 1.5),
     "packed_grid_speedup": (">=", 2.5),
     "sac_mujoco_speedup_vs_sb3": (">=", 1.0),
+    "minatar_dqn_speedup_vs_sb3": (">=", 1.0),
 }
 # the packing section's 24-cell slice of the stability grid: 2 network shapes x its 12 init x clipping x
 # optimizer cells, each a population of 8 seeds (the grid's own settings, a shorter budget)
@@ -179,6 +188,62 @@ def sb3_sac_hopper(steps: int, seed: int, learning_starts: int) -> None:
     model.learn(total_timesteps=steps)
 
 
+def sb3_minatar_dqn(steps: int, seed: int, learning_starts: int) -> None:
+    """SB3 DQN with the MinAtar paper's settings and network (what +experiment=minatar_dqn runs) on
+    MinAtar Breakout, observations [C, 10, 10] uint8 as rlexp's environment gives them."""
+    import torch
+
+    torch.set_num_threads(1)
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
+    from torch import nn
+
+    from rlexp.config import EnvConfig
+    from rlexp.envs import make_env
+
+    class MinAtarTorso(BaseFeaturesExtractor):
+        """conv 16 3x3 stride 1, ReLU, flatten, 128 units, ReLU (Young & Tian 2019's QNetwork torso)."""
+
+        def __init__(self, space, features_dim: int = 128) -> None:
+            super().__init__(space, features_dim)
+            channels, height, width = space.shape
+            flat = 16 * (height - 2) * (width - 2)
+            self.net = nn.Sequential(
+                nn.Conv2d(channels, 16, 3), nn.ReLU(), nn.Flatten(), nn.Linear(flat, 128), nn.ReLU()
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.net(x)
+
+    env = make_env(EnvConfig(id="MinAtar/Breakout-v0"))
+    model = DQN(
+        "MlpPolicy",
+        env,
+        learning_rate=2.5e-4,
+        buffer_size=100_000,
+        learning_starts=learning_starts,
+        batch_size=32,
+        tau=1.0,
+        gamma=0.99,
+        train_freq=1,
+        gradient_steps=1,
+        target_update_interval=1000,
+        exploration_fraction=0.105,
+        exploration_initial_eps=1.0,
+        exploration_final_eps=0.1,
+        max_grad_norm=1e10,
+        policy_kwargs=dict(
+            features_extractor_class=MinAtarTorso,
+            net_arch=[],
+            optimizer_class=torch.optim.RMSprop,
+            optimizer_kwargs=dict(alpha=0.95, eps=0.01, centered=True, momentum=0.95),
+        ),
+        seed=seed,
+        device="cpu",
+    )
+    model.learn(total_timesteps=steps)
+
+
 # ------------------------------------------------------------------ measuring one process
 @dataclass
 class Sample:
@@ -229,12 +294,13 @@ def rlexp_command(overrides: list[str], mode: str) -> list[str]:
 def sb3_command(algo: str, steps: int, seed: int, learning_starts: int = 0) -> list[str]:
     """The command line of an SB3 run: this script's internal --sb3 sub-command."""
     command = [sys.executable, str(Path(__file__).resolve()), "--sb3", algo, "--steps", str(steps), "--seed", str(seed)]
-    return command + (["--learning-starts", str(learning_starts)] if algo in ("dqn", "sac_hopper") else [])
+    return command + (["--learning-starts", str(learning_starts)] if algo != "ppo" else [])
 
 
 def sb3_run(algo: str, steps: int, seed: int, workdir: Path, learning_starts: int = 0) -> Sample:
     """One SB3 training run in a fresh process."""
-    _, wall, rss = run_process(sb3_command(algo, steps, seed, learning_starts), dict(os.environ), workdir)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    _, wall, rss = run_process(sb3_command(algo, steps, seed, learning_starts), env, workdir)
     return Sample(process_s=wall, rss_mb=rss)
 
 
@@ -301,6 +367,7 @@ def build_cases(
     sections: list[str],
     steps: int,
     ppo_steps: int,
+    minatar_steps: int,
     populations: list[int],
     threads: int,
     workdir: Path,
@@ -396,6 +463,21 @@ def build_cases(
             lambda r: sb3_run("sac_hopper", mujoco_steps, r, workdir, starts),
             sb3_command("sac_hopper", mujoco_steps, 0, starts),
         )
+    if "minatar_vs_sb3" in sections:
+        starts = min(MINATAR_LEARNING_STARTS, minatar_steps // 5)
+        minatar = ["+experiment=minatar_dqn", f"total_steps={minatar_steps}", f"algo.learning_starts={starts}"]
+        add(
+            "minatar_rlexp",
+            whole,
+            lambda r: rlexp_run(minatar + [f"seed={r}"], workdir),
+            rlexp_command(minatar, "disabled"),
+        )
+        add(
+            "minatar_sb3",
+            whole,
+            lambda r: sb3_run("minatar_dqn", minatar_steps, r, workdir, starts),
+            sb3_command("minatar_dqn", minatar_steps, 0, starts),
+        )
     return cases, commands
 
 
@@ -416,6 +498,7 @@ def ratios_of(medians: dict[str, float]) -> dict[str, float | None]:
         "ppo_speedup_vs_sb3": div("ppo_sb3", "ppo_rlexp"),
         "packed_grid_speedup": div("grid24_unpacked", "grid24_packed"),
         "sac_mujoco_speedup_vs_sb3": div("sac_mujoco_sb3", "sac_mujoco_rlexp"),
+        "minatar_dqn_speedup_vs_sb3": div("minatar_sb3", "minatar_rlexp"),
     }
 
 
@@ -500,6 +583,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, help="DQN env steps per run (default 50k; 10k with --quick)")
     parser.add_argument("--ppo-steps", type=int, help="PPO env steps per run (default 100k; 10k with --quick)")
     parser.add_argument("--mujoco-steps", type=int, default=5_000, help="sac_mujoco_vs_sb3's env steps (default 5k)")
+    parser.add_argument(
+        "--minatar-steps", type=int, help="MinAtar DQN env steps per run (default 20k; 5k with --quick)"
+    )
     parser.add_argument("--repeats", type=int, help="rounds of every case (default 5; 1 with --quick)")
     parser.add_argument(
         "--populations",
@@ -529,7 +615,8 @@ def main() -> int:
         help="packing: pack sizes P (1, or multiples of 12: one shape's 12 cells x P/12 seeds)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench.json")
-    parser.add_argument("--sb3", choices=("dqn", "ppo", "sac_hopper"), help=argparse.SUPPRESS)  # internal: one SB3 run
+    sb3_runs = ("dqn", "ppo", "sac_hopper", "minatar_dqn")
+    parser.add_argument("--sb3", choices=sb3_runs, help=argparse.SUPPRESS)  # internal: one SB3 run
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--learning-starts", type=int, default=CLEANRL_LEARNING_STARTS, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -548,12 +635,15 @@ def main() -> int:
             sb3_dqn(args.steps, args.seed, args.learning_starts)
         elif args.sb3 == "sac_hopper":
             sb3_sac_hopper(args.steps, args.seed, args.learning_starts)
+        elif args.sb3 == "minatar_dqn":
+            sb3_minatar_dqn(args.steps, args.seed, args.learning_starts)
         else:
             sb3_ppo(args.steps, args.seed)
         return 0
 
     steps = args.steps or (10_000 if args.quick else 50_000)
     ppo_steps = args.ppo_steps or (10_000 if args.quick else 100_000)
+    minatar_steps = args.minatar_steps or (5_000 if args.quick else 20_000)
     repeats = args.repeats or (1 if args.quick else 5)
     populations = args.populations or ([1, 16] if args.quick else [1, 4, 16, 64])
     pack_steps = args.pack_steps or (2000 if args.quick else 5000)
@@ -571,6 +661,7 @@ def main() -> int:
             sections,
             steps,
             ppo_steps,
+            minatar_steps,
             populations,
             args.threads,
             Path(tmp),
@@ -585,7 +676,7 @@ def main() -> int:
             for name, figure, run in cases:
                 sample = run(r)
                 samples[name].append(figure(sample))
-                if name in ("dqn_rlexp", "ppo_rlexp", "sac_mujoco_rlexp"):
+                if name in ("dqn_rlexp", "ppo_rlexp", "sac_mujoco_rlexp", "minatar_rlexp"):
                     extra.setdefault(f"{name}_loop", []).append(sample.loop_s)
                 if name == "startup_to_first_step":
                     extra.setdefault("startup_process", []).append(sample.process_s)
@@ -622,6 +713,7 @@ def main() -> int:
         "settings": {
             "steps": steps,
             "ppo_steps": ppo_steps,
+            "minatar_steps": minatar_steps,
             "repeats": repeats,
             "populations": populations,
             "population_threads": args.threads,

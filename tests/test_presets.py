@@ -115,6 +115,8 @@ def test_bench_smoke_writes_consistent_figures(tmp_path):
             str(steps),
             "--ppo-steps",
             "1024",
+            "--minatar-steps",
+            "300",
             "--repeats",
             "1",
             "--populations",
@@ -149,6 +151,9 @@ def test_bench_smoke_writes_consistent_figures(tmp_path):
         "ppo_rlexp",
         "ppo_rlexp_loop",
         "ppo_sb3",
+        "minatar_rlexp",
+        "minatar_rlexp_loop",
+        "minatar_sb3",
     }
     assert all(v > 0 for v in medians.values())
     assert all(samples[name] == [value] for name, value in medians.items())  # one repeat: the median is it
@@ -162,6 +167,7 @@ def test_bench_smoke_writes_consistent_figures(tmp_path):
     )
     assert ratios["startup_to_first_step_s"] == pytest.approx(medians["startup_to_first_step"])
     assert ratios["ppo_speedup_vs_sb3"] == pytest.approx(medians["ppo_sb3"] / medians["ppo_rlexp"])
+    assert ratios["minatar_dqn_speedup_vs_sb3"] == pytest.approx(medians["minatar_sb3"] / medians["minatar_rlexp"])
     assert set(bench["targets"]) == set(ratios) == set(bench["passed"]) == set(bench["ratios_per_round_median"])
     samples, rounds = bench["samples_s"], bench["settings"]["repeats"]
     per_round = [samples["ppo_sb3"][r] / samples["ppo_rlexp"][r] for r in range(rounds)]

@@ -242,7 +242,7 @@ def train(ctx: RunContext) -> None:
     targets = (target_net,) if target_net is not None else ()
     intervene = ctx.interventions(Subject("q", q_net, pipeline, targets))  # intervention.*, every few updates
     names = parameter_names(q_net, "q")  # q.0.weight, q.0.bias, ... aligned with the pipeline's tensors
-    buffer = ReplayBuffer(members, algo.buffer_size, env.obs_dim, device)
+    buffer = ReplayBuffer(members, algo.buffer_size, env.obs_dim, device, frames=env.frames)
     r_max = np.full(members, float(algo.r_max))  # [P] largest |r| seen so far, at least algo.r_max
     updates = 0
     # per-member hyperparameters (members that differ in them; None: every member has algo's)

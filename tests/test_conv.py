@@ -1,0 +1,282 @@
+"""Convolutional torsos (rlexp/conv.py) against torch.nn written here: P separate Conv2d/Linear stacks,
+BatchNorm2d per member, LayerNorm over [C, H, W], weight norm per filter; member isolation for every
+normalization; dormant channels and ReDo per channel; divergence located at a convolution; uint8 replay
+frames; image environments' bad input (one line, the key, the install command) and one smoke run per
+image family (skipped without its extra)."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import gymnasium as gym
+import pytest
+import torch
+from torch import nn
+
+from rlexp.config import (
+    ActivationConfig,
+    BatchNormConfig,
+    CNNConfig,
+    DefaultInitConfig,
+    InterventionConfig,
+    LayerNormConfig,
+    NatureCNNConfig,
+    NormalizationConfig,
+    WeightNormConfig,
+)
+from rlexp.conv import PopCNN
+from rlexp.diagnostics import activation_stats, hidden_outputs
+from rlexp.interventions import dormant_units
+
+P, B = 3, 5
+MINATAR = gym.spaces.Box(0, 1, (4, 10, 10), dtype=bool)
+
+
+def make(normalization="none", activation="relu", network=None, space=MINATAR, members=P) -> PopCNN:
+    norm = {"batch": BatchNormConfig, "layer": LayerNormConfig, "weight": WeightNormConfig}.get(
+        normalization, NormalizationConfig
+    )(name=normalization)
+    net = PopCNN(
+        members,
+        int(torch.tensor(space.shape).prod()),
+        6,
+        network or CNNConfig(name="cnn"),
+        ActivationConfig(name=activation),
+        norm,
+        DefaultInitConfig(name="default"),
+        [torch.Generator().manual_seed(10 + k) for k in range(members)],
+        observation_space=space,
+    )
+    return net.double()
+
+
+def twin(net: PopCNN, member: int, shape: tuple[int, int, int], norm: str = "none") -> nn.Sequential:
+    """Member ``member`` of ``net`` as torch.nn: Conv2d (weights [out, C, k, k] from the patch rows),
+    per-layer norm, ReLU, ..., Flatten in channels-last order, Linear, ReLU, Linear."""
+    modules: list[nn.Module] = []
+    channels = shape[0]
+    convs = [layer for layer in net.layers if hasattr(layer, "geometry")]
+    for layer in convs:
+        g = layer.geometry
+        conv = nn.Conv2d(channels, layer.weight.shape[1], g.kernel, g.stride).double()
+        w = layer.effective_weight()[member].detach()  # [out, k*k*C], patch order row, column, channel
+        conv.weight.data = w.view(-1, g.kernel, g.kernel, channels).permute(0, 3, 1, 2).contiguous()
+        conv.bias.data = layer.bias[member].detach().clone()
+        modules.append(conv)
+        if norm == "batch":
+            bn = nn.BatchNorm2d(conv.out_channels, eps=1e-5).double()
+            modules.append(bn)
+        elif norm == "layer":
+            ln = nn.LayerNorm([conv.out_channels, g.out_height, g.out_width]).double()
+            modules.append(ln)
+        modules.append(nn.ReLU())
+        channels = conv.out_channels
+    modules.append(nn.Flatten(2))  # [N, C, H*W]
+    modules.append(Transpose())  # channels-last flatten, as the population's maps
+    for j, layer in enumerate(net.layers[len(convs) :]):
+        linear = nn.Linear(layer.weight.shape[2], layer.weight.shape[1]).double()
+        linear.weight.data = layer.weight[member].detach().clone()
+        linear.bias.data = layer.bias[member].detach().clone()
+        modules.append(linear)
+        if j < len(net.layers) - len(convs) - 1:
+            modules.append(nn.ReLU())
+    return nn.Sequential(*modules)
+
+
+class Transpose(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.transpose(1, 2).flatten(1)
+
+
+@pytest.mark.parametrize("layout", ["cnn", "nature_cnn"])
+def test_population_equals_separate_conv2d(layout):
+    """Each member's Q-values are those of its own torch.nn.Conv2d/Linear stack: the same greedy
+    action, values equal up to the summation order of the two matmul kernels."""
+    if layout == "cnn":
+        space, network, members = MINATAR, CNNConfig(name="cnn"), P
+    else:
+        space, network, members = gym.spaces.Box(0, 255, (4, 84, 84), dtype="uint8"), NatureCNNConfig(name="n"), 2
+    net = make(network=network, space=space, members=members)
+    x = torch.randint(0, 2 if layout == "cnn" else 256, (members, B, *space.shape)).double()
+    out = net(x.flatten(2))  # [P, B, 6]
+    scale = 1.0 if layout == "cnn" else 1 / 255
+    for k in range(members):
+        ref = twin(net, k, space.shape)(x[k] * scale)
+        torch.testing.assert_close(out[k], ref, rtol=1e-9, atol=1e-9)
+        assert torch.equal(out[k].argmax(-1), ref.argmax(-1))
+
+
+@pytest.mark.parametrize("norm", ["batch", "layer"])
+def test_conv_norms_as_torch(norm):
+    """The convolution's block, per member: batch norm takes channel statistics over the batch and the
+    positions (BatchNorm2d), layer norm normalizes each sample's [C, H, W] (LayerNorm)."""
+    net = make(norm)
+    net.train()
+    x = torch.rand(P, B, 400, dtype=torch.float64)
+    block = hidden_outputs(net, x)[1][0]  # [P, B, 64, 16]
+    for k in range(P):
+        ref = twin(net, k, MINATAR.shape, norm)[:3].train()(x[k].view(B, 4, 10, 10))  # conv, norm, relu
+        torch.testing.assert_close(block[k], ref.flatten(2).transpose(1, 2), rtol=1e-9, atol=1e-9)
+
+
+def test_init_fan_in_and_weight_norm_per_filter():
+    """default init: |w| <= 1/sqrt(in_channels * kh * kw); weight norm: each filter's effective norm is
+    g ||v|| / sqrt(||v||^2 + eps), per filter."""
+    net = make()
+    assert net.layers[0].weight.shape == (P, 16, 4 * 3 * 3)
+    assert net.layers[0].weight.abs().max() <= 1 / 6
+    wn = make("weight")
+    layer = wn.layers[0]
+    v = layer.weight.detach().norm(dim=-1)  # [P, 16], one per filter
+    expected = layer.g.detach() * v / torch.sqrt(v.square() + layer.eps)
+    torch.testing.assert_close(layer.effective_weight().norm(dim=-1), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("norm", ["none", "batch", "layer", "rms", "weight", "spectral"])
+def test_members_never_mix(norm):
+    """Perturbing member 1's parameters and inputs leaves the others' outputs and gradients bitwise unchanged."""
+    x = torch.rand(P, B, 400, dtype=torch.float64)
+    results = []
+    for perturb in (False, True):
+        net = make(norm)
+        net.train()
+        xs = x.clone()
+        if perturb:
+            with torch.no_grad():
+                for p in net.parameters():
+                    p[1] += 0.3
+            xs[1] += 1.0
+        out = net(xs)
+        out.square().sum().backward()
+        results.append((out.detach(), [p.grad.clone() for p in net.parameters()]))
+    (a, ga), (b, gb) = results
+    for k in (0, 2):
+        assert torch.equal(a[k], b[k])
+        assert all(torch.equal(g1[k], g2[k]) for g1, g2 in zip(ga, gb))
+    assert not torch.equal(a[1], b[1])
+
+
+def test_dormant_channels_and_redo_per_channel():
+    """A channel whose bias keeps it at 0 is dormant (scored over batch and positions); redo gives it fresh
+    incoming weights and zeroes its columns in the next layer (every position's)."""
+    from rlexp.config import AdamConfig, ClippingConfig, RegularizationConfig
+    from rlexp.grad import GradientPipeline, Health
+    from rlexp.interventions import Interventions, Subject
+
+    net = make()
+    with torch.no_grad():
+        net.layers[0].bias[2, 5] = -100.0
+    x = torch.rand(P, 32, 400, dtype=torch.float64)
+    hidden = hidden_outputs(net, x)[1]
+    assert hidden[0].shape == (P, 32, 64, 16)  # [P, B, positions, channels]
+    stats = activation_stats(hidden, "q", 0.025, 0.01)
+    assert stats["dormant/q.0"][2] >= 1 / 16 and stats["dead/q.0"][2] >= 1 / 16
+    health = Health(P, torch.device("cpu"))
+    params = list(net.parameters())
+    pipeline = GradientPipeline(
+        params, AdamConfig(name="adam"), ClippingConfig(name="none"), RegularizationConfig(), [], health
+    )
+    redo = InterventionConfig(name="redo", every=1)
+    dormant = dormant_units(net, x, None, redo.tau)
+    assert dormant[0][2, 5]
+    kept = ~dormant[1][2]  # rows of the next layer that redo leaves (its own dormant units get fresh rows)
+    interventions = Interventions(redo, [Subject("q", net, pipeline)], [0, 1, 2], health)
+    interventions(1, x)
+    following = net.layers[1].weight.detach()  # [P, 128, 64 * 16], channel c at columns c, c + 16, ...
+    columns = following[2, kept][:, 5::16]
+    assert torch.equal(columns, torch.zeros_like(columns))
+    assert net.layers[0].bias[2, 5] != -100.0
+
+
+def test_divergence_location_names_the_convolution():
+    """A member whose convolution overflows is located at that layer's linear output (q.0.linear)."""
+    from rlexp.diagnostics import locate_nonfinite
+
+    net = make().float()
+    with torch.no_grad():
+        net.layers[0].weight[1] = 1e38  # 36 inputs of 1 per patch: the sum overflows float32
+    x = torch.ones(B, 400)
+    assert locate_nonfinite(net, "q", 0, x, "replay.obs") is None
+    cause, where, _ = locate_nonfinite(net, "q", 1, x, "replay.obs")
+    assert (cause, where) == ("nonfinite_loss", "q.0.linear")
+
+
+def test_replay_keeps_frames_as_uint8():
+    """frames=True: observations stored as uint8 (no float columns for them), sampled back as float32."""
+    from rlexp.buffer import ReplayBuffer
+
+    buffer = ReplayBuffer(2, 4, 3, torch.device("cpu"), frames=True)
+    assert buffer.frames.dtype == torch.uint8 and buffer.data.shape[-1] == 3  # action | reward | terminated
+    obs = torch.tensor([[[0, 1, 255]], [[7, 0, 1]]]).numpy().astype("float32")  # [P, E, obs]
+    buffer.add(obs, [[1], [2]], [[0.5], [1.0]], obs[:, :, ::-1].copy(), [[0], [1]], [[True], [True]])
+    batch = buffer.sample(torch.zeros(2, 1))
+    assert batch.obs.dtype == torch.float32
+    assert torch.equal(batch.obs, torch.from_numpy(obs))
+    assert torch.equal(batch.next_obs, torch.from_numpy(obs[:, :, ::-1].copy()))
+    assert batch.actions.tolist() == [[1], [2]] and batch.terminated.tolist() == [[0.0], [1.0]]
+
+
+def _compose(overrides):
+    from hydra import compose, initialize_config_dir
+
+    from rlexp.registry import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+TINY = ["logger.mode=disabled", "logger.progress=off", "device=cpu", "threads=1", "eval.episodes=1", "eval.every=0"]
+
+
+def test_image_env_needs_a_convolutional_torso_and_the_reverse():
+    """env=minatar_* with network=mlp, and network=cnn on CartPole: one ConfigError naming network."""
+    from rlexp.build import validate
+    from rlexp.config import ConfigError
+
+    pytest.importorskip("minatar", reason="pip install -e '.[minatar]'")
+    with pytest.raises(ConfigError, match="network=mlp cannot read MinAtar/Breakout-v0's image") as err:
+        validate(_compose(TINY + ["env=minatar_breakout"]))
+    assert err.value.key == "network"
+    with pytest.raises(ConfigError, match=r"network=cnn needs image observations \[C, H, W\]"):
+        validate(_compose(TINY + ["network=cnn"]))
+    with pytest.raises(ConfigError, match="does not fit the 1x1 map") as err:
+        validate(_compose(TINY + ["env=minatar_breakout", "network=nature_cnn"]))
+    assert err.value.key == "network.conv[1]"
+
+
+@pytest.mark.parametrize(
+    ("module", "env", "extra"), [("minatar", "minatar_breakout", "minatar"), ("ale_py", "atari_pong", "atari")]
+)
+def test_missing_extra_names_its_install_command(monkeypatch, module, env, extra):
+    from rlexp.build import validate
+    from rlexp.config import ConfigError
+
+    monkeypatch.setitem(sys.modules, module, None)  # import fails as without the package
+    if module == "minatar":
+        monkeypatch.setitem(sys.modules, "minatar.gym", None)
+    with pytest.raises(ConfigError, match=re.escape(f"pip install -e '.[{extra}]'")) as err:
+        validate(_compose(TINY + [f"env={env}", "network=cnn"]))
+    assert err.value.key == "env.id"
+
+
+@pytest.mark.parametrize("family", ["minatar", "atari"])
+def test_dqn_smoke_per_image_family(tmp_path, family):
+    """DQN runs end to end on each image family with instruments, an intervention, clipping (MinAtar) and
+    batch norm (Atari) on (tiny budgets)."""
+    from rlexp.train import run_job
+
+    if family == "minatar":
+        pytest.importorskip("minatar", reason="pip install -e '.[minatar]'")
+        overrides = ["+experiment=minatar_dqn", "total_steps=300", "algo.learning_starts=100", "num_seeds=2"]
+        overrides += ["clipping=agc"]  # per filter: a convolution's rows are its filters
+    else:
+        pytest.importorskip("ale_py", reason="pip install -e '.[atari]'")
+        pytest.importorskip("cv2", reason="pip install -e '.[atari]'")
+        overrides = ["env=atari_pong", "network=nature_cnn", "total_steps=60", "algo.learning_starts=30"]
+        overrides += ["algo.buffer_size=100", "algo.batch_size=4", "env.max_episode_steps=100", "normalization=batch"]
+    overrides += ["diagnostics.every=5", "intervention=redo", "intervention.every=10", "logger.log_every=50"]
+    job = run_job(_compose(TINY + overrides), tmp_path)
+    assert job["status"] == "ok"
+    metrics = (tmp_path / "seed_0" / "metrics.jsonl").read_text()
+    assert "dormant/q.0" in metrics and "srank/q.0" in metrics
