@@ -25,6 +25,7 @@ from rlexp.envs import PopulationEnv
 from rlexp.evaluation import Evaluator
 from rlexp.grad import GradientPipeline
 from rlexp.interventions import Interventions, Subject
+from rlexp.marl_envs import MultiAgentPopulationEnv, population_env
 from rlexp.nets import PopMLP, weight_parameters
 from rlexp.normalize import ObsNormalizer, RewardScaler
 from rlexp.recorder import Recorder
@@ -66,7 +67,7 @@ class RunContext:
     cfg: Config
     device: torch.device
     seeds: list[int]  # member k's seed is seeds[k] = cfg.seed + k
-    env: PopulationEnv  # P x E environments; numpy [P, E, ...] in and out, on the host
+    env: PopulationEnv | MultiAgentPopulationEnv  # P x E environments; numpy [P, E, ...] in and out, on the host
     streams: MemberStreams  # each member's uniform numbers (actions, sampling, shuffling)
     obs_norm: ObsNormalizer  # identity unless obs_norm is on
     reward_norm: RewardScaler  # identity unless reward_norm is on
@@ -81,7 +82,7 @@ class RunContext:
         normalizers, evaluator and recorder from ``cfg``."""
         seeds = [cfg.seed + k for k in range(cfg.num_seeds)]
         torch.manual_seed(cfg.seed)
-        env = PopulationEnv(cfg.env, seeds)
+        env = population_env(cfg.env, seeds)
         obs_norm = ObsNormalizer(cfg.obs_norm, len(seeds), env.obs_dim)
         reward_norm = RewardScaler(cfg.reward_norm, len(seeds), env.num_envs, cfg.algo.gamma)
         evaluator = Evaluator(cfg, seeds, obs_norm)

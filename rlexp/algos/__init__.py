@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlexp.algos import dqn, ppo, td3
-from rlexp.config import A2CConfig, ActorCriticConfig, AlgoConfig, DDPGConfig, DQNConfig, TD3Config
+from rlexp.algos import dqn, maddpg, ppo, td3
+from rlexp.config import A2CConfig, ActorCriticConfig, AlgoConfig, DDPGConfig, DQNConfig, MADDPGConfig, TD3Config
 from rlexp.run import Algorithm
 
 
@@ -15,6 +15,7 @@ class AlgoSpec:
     train: Algorithm  # train(ctx: RunContext) -> None
     schema: type[AlgoConfig]  # the algo group's structured config
     action_spaces: tuple[str, ...]  # "discrete" and/or "continuous"
+    multi_agent: bool = False  # trains the agents of a multi-agent env (env.api pettingzoo, vmas)
 
 
 ALGOS: dict[str, AlgoSpec] = {
@@ -23,4 +24,5 @@ ALGOS: dict[str, AlgoSpec] = {
     "a2c": AlgoSpec(ppo.train, A2CConfig, ("discrete", "continuous")),
     "ddpg": AlgoSpec(td3.train, DDPGConfig, ("continuous",)),
     "td3": AlgoSpec(td3.train, TD3Config, ("continuous",)),
+    "maddpg": AlgoSpec(maddpg.train, MADDPGConfig, ("discrete", "continuous"), multi_agent=True),
 }

@@ -1,0 +1,214 @@
+"""Multi-agent worlds (PettingZoo parallel, VMAS) and MADDPG: the losses against direct computations,
+member independence, the collapse instruments, a smoke run per env family and bad input."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from torch.nn import functional as F
+
+pytest.importorskip("pettingzoo", reason="pip install -e '.[marl]'")
+pytest.importorskip("mpe2", reason="pip install -e '.[marl]'")
+pytest.importorskip("vmas", reason="pip install -e '.[marl]'")
+
+from rlexp import marl_envs  # noqa: E402
+from rlexp.algos.maddpg import critic_target, gumbel_softmax  # noqa: E402
+from rlexp.build import validate  # noqa: E402
+from rlexp.collapse import ActionWindow  # noqa: E402
+from rlexp.config import ConfigError, DiagnosticsConfig, EnvConfig  # noqa: E402
+from rlexp.marl_envs import AgentSpace, population_env  # noqa: E402
+from rlexp.train import run_job  # noqa: E402
+
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+QUIET = ["logger.mode=disabled", "logger.progress=off", "device=cpu", "threads=1"]
+TINY = ["algo=maddpg", "network.hidden=[16,16]", "algo.batch_size=32", "eval.episodes=1", "eval.every=0", *QUIET]
+
+
+def compose_config(overrides: list[str]):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def read_metrics(out: Path, k: int) -> list[dict]:
+    return [
+        {key: v for key, v in json.loads(line).items() if not key.startswith("perf/")}
+        for line in (out / f"seed_{k}" / "metrics.jsonl").read_text().splitlines()
+    ]
+
+
+# ====================================================================== environments
+def random_actions(env, rng) -> list[np.ndarray]:
+    shape = (env.members, env.num_envs)
+    return [
+        rng.integers(0, a.action_dim, shape) if a.discrete else rng.uniform(-1, 1, (*shape, a.action_dim))
+        for a in env.agents
+    ]
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        EnvConfig(id="mpe2.simple_adversary_v3", api="pettingzoo", max_episode_steps=5),
+        EnvConfig(id="balance", api="vmas", num_envs=2, max_episode_steps=5),
+    ],
+    ids=["pettingzoo", "vmas"],
+)
+def test_a_member_steps_as_it_would_alone(cfg):
+    """Member 1 of seeds [0, 1] sees what a population of seed 1 alone sees (own seeds, own random state),
+    with per-agent spaces, the team reward the agents' sum, and episodes reset at once."""
+    pair, alone = population_env(cfg, [0, 1]), population_env(cfg, [1])
+    assert np.array_equal(pair.reset()[1], alone.reset()[0])
+    assert pair.obs_dim == sum(a.obs_dim for a in pair.agents)
+    rng = np.random.default_rng(0)
+    for _ in range(12):
+        actions = random_actions(pair, rng)
+        a, b = pair.step(actions), alone.step([x[1:] for x in actions])
+        assert np.array_equal(a.next_obs[1], b.next_obs[0]) and np.array_equal(a.agent_reward[1], b.agent_reward[0])
+        assert np.allclose(a.reward, a.agent_reward.sum(-1))
+    episodes = pair.take_episodes()
+    assert [n for _, n in episodes[0]] == [5, 5] * cfg.num_envs
+    assert np.allclose(episodes[0][0][0], pair.agent_returns()[0][0].sum())
+    pair.close(), alone.close()
+
+
+def test_simple_adversary_has_per_agent_spaces():
+    env = population_env(EnvConfig(id="mpe2.simple_adversary_v3", api="pettingzoo"), [0])
+    assert [(a.obs_dim, a.discrete, a.action_dim) for a in env.agents] == [(8, True, 5), (10, True, 5), (10, True, 5)]
+    assert env.slices[1] == slice(8, 18)
+
+
+# ====================================================================== losses
+def test_centralized_critic_target_is_the_direct_computation():
+    torch.manual_seed(0)
+    P, B, D, A = 2, 8, 6, 4
+    critic = torch.nn.Linear(D + A, 1)
+
+    class Holder:  # an agent's target critic: (x', a') -> Q'
+        def critic_target(self, x, a):
+            return critic(torch.cat([x, a], -1))
+
+    next_obs, next_actions = torch.randn(P, B, D), torch.randn(P, B, A)
+    reward, terminated = torch.randn(P, B), (torch.rand(P, B) < 0.3).float()
+    y = critic_target(Holder(), next_obs, next_actions, reward, terminated, 0.95)
+    for p in range(P):
+        for b in range(B):
+            q = critic(torch.cat([next_obs[p, b], next_actions[p, b]])).item()
+            expected = reward[p, b].item() + (0.0 if terminated[p, b] else 0.95 * q)
+            assert y[p, b].item() == pytest.approx(expected, rel=1e-6, abs=1e-6)
+    assert not y.requires_grad
+
+
+@pytest.mark.parametrize("hard", [True, False])
+def test_gumbel_softmax_gradient_is_the_soft_samples(hard):
+    """The straight-through sample's forward is the one-hot argmax and its gradient the soft sample's:
+    d softmax(z/t)_k / d logit_j = s_k (delta_kj - s_j) / t."""
+    torch.manual_seed(1)
+    logits = torch.randn(2, 3, 5, requires_grad=True)
+    noise = -torch.log(-torch.log(torch.rand(2, 3, 5)))
+    weights = torch.randn(2, 3, 5)
+    t = 0.7
+    sample = gumbel_softmax(logits, noise, t, hard)
+    (sample * weights).sum().backward()
+    soft = torch.softmax((logits.detach() + noise) / t, -1)
+    if hard:
+        assert torch.equal(sample.detach(), F.one_hot(soft.argmax(-1), 5).float())
+    else:
+        assert torch.allclose(sample.detach(), soft)
+    jacobian = (torch.diag_embed(soft) - soft[..., :, None] * soft[..., None, :]) / t  # [.., k, j]
+    expected = (weights[..., :, None] * jacobian).sum(-2)
+    assert torch.allclose(logits.grad, expected, atol=1e-6)
+
+
+# ====================================================================== collapse instruments
+def test_action_window_measures_repeats_entropy_and_flags_collapse():
+    agents = [AgentSpace("a", 2, True, 4), AgentSpace("b", 2, False, 1, np.array([-1.0]), np.array([1.0]))]
+    window = ActionWindow(agents, 2, DiagnosticsConfig(collapse_repeat=0.9, collapse_entropy=0.05))
+    logits = torch.zeros(2, 1, 4)
+    for t in range(8):
+        window.add(0, np.array([[1], [t % 4]]), logits)  # member 0 repeats action 1, member 1 cycles
+        window.add(1, np.array([[[0.95]], [[-0.95 + 0.25 * t]]]), torch.zeros(2, 1, 1))
+    metrics, collapsed = window.take(100)
+    assert metrics["agent0/action_repeat_rate"].tolist() == [7 / 8, 0.0]
+    assert metrics["agent0/action_entropy"].tolist() == [0.0, 1.0]
+    assert metrics["agent1/action_repeat_rate"].tolist() == [7 / 8, 0.0]
+    assert metrics["agent0/action_saturation"].tolist() == [0.0, 0.0]
+    assert collapsed == {
+        0: {"agent": "agent0", "step": 100, "instrument": "action_entropy", "value": 0.0, "bound": 0.05}
+    }
+
+
+# ====================================================================== runs
+def test_maddpg_smoke_on_each_env_family_with_per_agent_metrics(tmp_path):
+    for name, extra in {
+        "pettingzoo": ["env=simple_spread", "total_steps=300", "algo.learning_starts=100"],
+        "vmas": ["env=vmas_navigation", "env.num_envs=2", "total_steps=300", "algo.learning_starts=100"],
+    }.items():
+        job = run_job(compose_config(TINY + extra + ["logger.log_every=150", "diagnostics.every=2"]), tmp_path / name)
+        assert job["counts"]["ok"] == 1, name
+        last = read_metrics(tmp_path / name, 0)[-1]
+        for key in (
+            "train/agent0/critic_grad_norm",
+            "train/agent1/actor_grad_norm_post_clip",
+            "agent0/action_repeat_rate",
+            "agent1/action_entropy",
+            "agent0/policy/saturated",
+            "train/agent0/q_mean",
+            "episode/return_agent1",
+            "eval/return",
+        ):
+            assert key in last, (name, key)
+
+
+def test_poisoned_member_diverges_alone_and_the_others_are_bitwise_unchanged(tmp_path):
+    base = TINY + [
+        "env=simple_spread",
+        "num_seeds=3",
+        "total_steps=300",
+        "algo.learning_starts=100",
+        "logger.log_every=100",
+        "diagnostics.every=2",
+    ]
+    poison = ["debug.inject.member=1", "debug.inject.step=150", "debug.inject.what=param"]
+    base_job = run_job(compose_config(base), tmp_path / "base")
+    job = run_job(compose_config(base + poison), tmp_path / "poisoned")
+    assert base_job["counts"]["ok"] == 3
+    assert job["counts"] == {"ok": 2, "diverged": 1, "crashed": 0}
+    member = job["members"][1]
+    assert member["divergence"]["cause"] == "nonfinite_param"
+    assert member["divergence"]["where"] == "agent0.critic.0.weight"
+    for k in (0, 2):
+        assert read_metrics(tmp_path / "poisoned", k) == read_metrics(tmp_path / "base", k), k
+
+
+# ====================================================================== bad input
+@pytest.mark.parametrize(
+    "overrides,key,text",
+    [
+        (["algo=td3", "env=simple_spread"], "algo", "use algo=maddpg"),
+        (["algo=maddpg", "env=simple_spread", "env.id=mpe2.simple_sprad_v3"], "env.id", "mpe2.simple_spread_v3"),
+        (["algo=maddpg", "env=vmas_navigation", "env.id=navigaton"], "env.id", "navigation"),
+        (["algo=maddpg"], "algo", "multi-agent env"),
+        (["algo=maddpg", "env=simple_spread", "diagnostics.collapse_repeat=2"], "diagnostics.collapse_repeat", ""),
+    ],
+)
+def test_bad_multi_agent_input_is_one_line(overrides, key, text):
+    with pytest.raises(ConfigError) as err:
+        validate(compose_config(overrides))
+    assert err.value.key == key and text in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_missing_extra_names_the_install_command(monkeypatch):
+    real = marl_envs.importlib.import_module
+
+    def without_vmas(name, *args):
+        if name == "vmas":
+            raise ModuleNotFoundError("No module named 'vmas'", name="vmas")
+        return real(name, *args)
+
+    monkeypatch.setattr(marl_envs.importlib, "import_module", without_vmas)
+    with pytest.raises(ConfigError) as err:
+        validate(compose_config(["algo=maddpg", "env=vmas_balance"]))
+    assert "pip install -e '.[marl]'" in str(err.value)
