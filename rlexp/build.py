@@ -202,6 +202,7 @@ def validate(cfg: DictConfig) -> None:
         "ddpg": _validate_replay,
         "td3": _validate_replay,
         "maddpg": _validate_replay,
+        "mappo": _validate_actor_critic,
     }[cfg.algo.name](cfg)
     obs_dim, action_dim = _validate_action_space(cfg)
     check_resources(cfg, obs_dim, action_dim)
@@ -407,6 +408,14 @@ def _validate_agents(cfg: DictConfig) -> tuple[int, int]:
             f"{len(env.agents)} agents (it is single-agent)",
             f"use algo={' or algo='.join(fits)}" if fits else "no multi-agent algorithm here handles them yet",
         )
+    if cfg.algo.name == "mappo" and cfg.algo.share_parameters:
+        spaces = {(a.obs_dim, a.discrete, a.action_dim) for a in env.agents}
+        require(
+            len(spaces) == 1,
+            "algo.share_parameters",
+            True,
+            f"false: {env_cfg.id}'s agents differ in observation or action space, so no policy fits them all",
+        )
     missing = [k for k in kinds if k not in spec.action_spaces]
     if missing:
         raise ConfigError(
@@ -419,7 +428,7 @@ def _validate_agents(cfg: DictConfig) -> tuple[int, int]:
 FILES_RESERVED = 64  # descriptors a job holds besides its members' (Python, torch, W&B's service, Hydra's log)
 FLOAT = 4  # bytes of a float32
 ENV_BYTES = 64 * 1024  # one environment's state (a CartPole or a Box2D world), generously
-NETWORKS = {"dqn": 1, "ppo": 2, "a2c": 2, "ddpg": 2, "td3": 3, "maddpg": 4}  # networks trained per member
+NETWORKS = {"dqn": 1, "ppo": 2, "a2c": 2, "ddpg": 2, "td3": 3, "maddpg": 4, "mappo": 2}  # networks trained per member
 COPIES = 5  # per parameter: itself, its gradient, two optimizer moments, a target network's copy
 
 

@@ -344,6 +344,8 @@ class AlgoConfig:
     )
     gumbel_hard: bool = knob(True, "maddpg: the critic sees the one-hot sample, with the soft sample's gradient")
     policy_reg: float = knob(1e-3, "maddpg: actor loss += policy_reg * mean logits^2 (discrete agents)")
+    # mappo
+    share_parameters: bool = knob(True, "mappo: one policy for every agent (input: its observation and index)")
 
 
 @dataclass
@@ -402,6 +404,13 @@ class MADDPGConfig(AlgoConfig):
     learning_starts: int = 1_000
     train_frequency: int = 25
     gradient_steps: int = 1
+
+
+@dataclass
+class MAPPOConfig(ActorCriticConfig):
+    """mappo: PPO's settings with a centralized value function; constant lr (anneal_lr is not read)."""
+
+    anneal_lr: bool = False
 
 
 # ---------------------------------------------------------------- actor, critic, normalizers, env

@@ -144,7 +144,13 @@ def test_action_window_measures_repeats_entropy_and_flags_collapse():
 def test_maddpg_smoke_on_each_env_family_with_per_agent_metrics(tmp_path):
     for name, extra in {
         "pettingzoo": ["env=simple_spread", "total_steps=300", "algo.learning_starts=100"],
-        "vmas": ["env=vmas_navigation", "env.num_envs=2", "total_steps=300", "algo.learning_starts=100"],
+        "vmas": [
+            "env=vmas_navigation",
+            "env.num_envs=2",
+            "env.max_episode_steps=20",
+            "total_steps=300",
+            "algo.learning_starts=100",
+        ],
     }.items():
         job = run_job(compose_config(TINY + extra + ["logger.log_every=150", "diagnostics.every=2"]), tmp_path / name)
         assert job["counts"]["ok"] == 1, name
@@ -212,3 +218,80 @@ def test_a_missing_extra_names_the_install_command(monkeypatch):
     with pytest.raises(ConfigError) as err:
         validate(compose_config(["algo=maddpg", "env=vmas_balance"]))
     assert "pip install -e '.[marl]'" in str(err.value)
+
+
+# ====================================================================== MAPPO
+@pytest.mark.parametrize("shared", [True, False])
+def test_mappo_clipped_objective_is_the_direct_computation(shared):
+    """Each agent's clipped surrogate (advantages normalized per member) minus the entropy bonus, from
+    torch.distributions; shared: their mean for the one policy; separate: agent i's for policy i."""
+    from omegaconf import OmegaConf
+
+    from rlexp.algos.mappo import Policies, mappo_losses
+    from rlexp.algos.ppo import Minibatch
+    from rlexp.run import RunContext
+
+    overrides = ["algo=mappo", "env=simple_spread", "num_seeds=2", f"algo.share_parameters={shared}", *QUIET]
+    ctx = RunContext.create(OmegaConf.to_object(compose_config(overrides)), torch.device("cpu"))
+    policies, algo = Policies(ctx, shared), ctx.cfg.algo
+    gen = torch.Generator().manual_seed(0)
+    P, M, n = 2, 16, 3
+    obs = torch.randn(P, M, ctx.env.obs_dim, generator=gen)
+    mbs = [
+        Minibatch(
+            obs,
+            torch.randint(0, 5, (P, M), generator=gen),
+            -1.6 + 0.3 * torch.randn(P, M, generator=gen),
+            torch.randn(P, M, generator=gen),
+            torch.randn(P, M, generator=gen),
+            torch.randn(P, M, generator=gen),
+            torch.ones(P, M),
+        )
+        for _ in range(n)
+    ]
+    actor_losses, _ = mappo_losses(policies, obs, mbs, torch.randn(P, M, n, generator=gen), algo)
+    expected = []
+    for i, mb in enumerate(mbs):
+        own = obs[..., ctx.env.slices[i]]
+        net_in = torch.cat([own, F.one_hot(torch.tensor(i), n).float().expand(P, M, n)], -1) if shared else own
+        dist = torch.distributions.Categorical(logits=policies.actor(i).net(net_in))
+        ratio = torch.exp(dist.log_prob(mb.actions) - mb.log_probs)
+        adv = (mb.advantages - mb.advantages.mean(1, keepdim=True)) / (mb.advantages.std(1, keepdim=True) + 1e-8)
+        clipped = ratio.clamp(1 - algo.clip_coef, 1 + algo.clip_coef)
+        surrogate = torch.maximum(-adv * ratio, -adv * clipped).mean(1)
+        expected.append(surrogate - algo.ent_coef * dist.entropy().mean(1))
+    if shared:
+        expected = [torch.stack(expected).mean(0)]
+    assert len(actor_losses) == len(expected) == len(policies.actors)
+    for got, want in zip(actor_losses, expected):
+        assert torch.allclose(got, want, atol=1e-6)
+    if not shared:  # agent 0's loss reaches only agent 0's policy
+        actor_losses[0].sum().backward()
+        assert all(p.grad is None or not p.grad.any() for p in policies.actors[1].parameters())
+    ctx.env.close(), ctx.evaluator.close()
+
+
+def test_mappo_smoke_with_separate_policies_on_vmas(tmp_path):
+    overrides = [
+        "algo=mappo",
+        "env=vmas_balance",
+        "env.num_envs=2",
+        "env.max_episode_steps=20",
+        "algo.num_steps=32",
+        "total_steps=128",
+        "algo.share_parameters=false",
+        "network.hidden=[16,16]",
+        "logger.log_every=64",
+        "eval.episodes=1",
+        *QUIET,
+    ]
+    job = run_job(compose_config(overrides), tmp_path)
+    assert job["counts"]["ok"] == 1
+    last = read_metrics(tmp_path, 0)[-1]
+    assert {"train/actor2_grad_norm", "train/critic_loss", "agent1/action_entropy", "eval/return"} <= set(last)
+
+
+def test_mappo_sharing_refuses_agents_of_different_spaces():
+    with pytest.raises(ConfigError) as err:
+        validate(compose_config(["algo=mappo", "env=simple_adversary"]))
+    assert err.value.key == "algo.share_parameters"

@@ -5,8 +5,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlexp.algos import dqn, maddpg, ppo, td3
-from rlexp.config import A2CConfig, ActorCriticConfig, AlgoConfig, DDPGConfig, DQNConfig, MADDPGConfig, TD3Config
+from rlexp.algos import dqn, maddpg, mappo, ppo, td3
+from rlexp.config import (
+    A2CConfig,
+    ActorCriticConfig,
+    AlgoConfig,
+    DDPGConfig,
+    DQNConfig,
+    MADDPGConfig,
+    MAPPOConfig,
+    TD3Config,
+)
 from rlexp.run import Algorithm
 
 
@@ -25,4 +34,5 @@ ALGOS: dict[str, AlgoSpec] = {
     "ddpg": AlgoSpec(td3.train, DDPGConfig, ("continuous",)),
     "td3": AlgoSpec(td3.train, TD3Config, ("continuous",)),
     "maddpg": AlgoSpec(maddpg.train, MADDPGConfig, ("discrete", "continuous"), multi_agent=True),
+    "mappo": AlgoSpec(mappo.train, MAPPOConfig, ("discrete", "continuous"), multi_agent=True),
 }
