@@ -295,3 +295,49 @@ def test_mappo_sharing_refuses_agents_of_different_spaces():
     with pytest.raises(ConfigError) as err:
         validate(compose_config(["algo=mappo", "env=simple_adversary"]))
     assert err.value.key == "algo.share_parameters"
+
+
+# ====================================================================== the seed_marl presets
+SEED_MARL_CHANGES = {
+    "none": set(),
+    "clipping_global_norm": {"clipping.name"},
+    "last_layer_small": {"init.last_layer"},
+    "layer_norm": {"normalization.name"},
+    "batch_norm": {"normalization.name"},
+    "tanh": {"activation.name"},
+    "softsign": {"activation.name"},
+    "fewer_layers": {"network.hidden"},
+    "obs_norm": {"obs_norm.enabled"},
+    "policy_reg": {"algo.policy_reg"},
+    "lr_1e-3": {"optimizer.lr"},
+}
+
+
+def flat(cfg, prefix: str = "") -> dict:
+    from omegaconf import OmegaConf
+
+    out = {}
+    for key, value in (OmegaConf.to_container(cfg) if prefix == "" else cfg).items():
+        if isinstance(value, dict):
+            out |= flat(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def test_seed_marl_fixes_change_one_thing_each():
+    presets = sorted(p.stem for p in (Path(CONF_DIR) / "experiment" / "seed_marl").glob("*.yaml"))
+    assert sorted(SEED_MARL_CHANGES) == sorted(p.replace("clip_", "clipping_") for p in presets)
+    base_cfg = compose_config(["+experiment=seed_marl"])
+    validate(base_cfg)
+    base = flat(base_cfg)
+    assert (base["algo.name"], base["env.id"], base["activation.name"], base["clipping.name"]) == (
+        "maddpg",
+        "mpe2.simple_spread_v3",
+        "relu",
+        "none",
+    )
+    for preset in presets:
+        changed = flat(compose_config([f"+experiment=seed_marl/{preset}"]))
+        moved = {k for k in base if changed.get(k) != base[k]}
+        assert moved == SEED_MARL_CHANGES[preset.replace("clip_", "clipping_")], preset
