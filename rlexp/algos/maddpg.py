@@ -192,7 +192,6 @@ def train(ctx: RunContext) -> None:
                 s = agent.space
                 u = ctx.streams.uniform(num_envs * s.action_dim).reshape(members, num_envs, s.action_dim)
                 out = agent.actor(x[..., agent.obs])  # [P, E, A_i]
-                choice = greedy(agent, out).cpu().numpy()
                 if s.discrete:
                     if step <= algo.learning_starts:
                         action = (u[..., 0] * s.action_dim).astype(np.int64).clip(max=s.action_dim - 1)
@@ -204,7 +203,7 @@ def train(ctx: RunContext) -> None:
                         action = s.low + u * (s.high - s.low)
                     else:
                         noise = normal(u, u.shape, torch.device("cpu")).numpy() * algo.exploration_noise
-                        action = np.clip(choice + noise * (s.high - s.low) / 2, s.low, s.high)
+                        action = np.clip(greedy(agent, out).cpu().numpy() + noise * (s.high - s.low) / 2, s.low, s.high)
                     stored.append(action.astype(np.float32))
                 actions.append(action)
                 if step > algo.learning_starts:  # the policy's own actions, not the uniform ones before
