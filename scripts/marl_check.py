@@ -4,12 +4,12 @@ BenchMARL pulls TorchRL, whose wheels want another torch than rlexp's: it lives 
 never in rlexp's interpreter, and this script runs it there as a subprocess. One way to make it
 (the venv sees the main interpreter's torch, so pip keeps it):
 
-    python -m venv --system-site-packages /work/venvs/benchmarl
-    /work/venvs/benchmarl/bin/pip install "torch==2.13.0" benchmarl   # check first with --dry-run
+    python -m venv --system-site-packages /path/to/venvs/benchmarl
+    /path/to/venvs/benchmarl/bin/pip install "torch==2.13.0" benchmarl   # check first with --dry-run
 
 Then:
 
-    python scripts/marl_check.py --benchmarl-python /work/venvs/benchmarl/bin/python \
+    python scripts/marl_check.py --benchmarl-python /path/to/venvs/benchmarl/bin/python \
         --algos mappo --tasks navigation balance --seeds 0 1 2 --frames 60000 --out marl_check.json
 
 Each (task, algorithm, seed) runs rlexp then BenchMARL, the order alternating from one seed to the
