@@ -32,6 +32,7 @@ from rlexp.grad import check_clipping
 from rlexp.init import check_init
 from rlexp.interventions import check_intervention
 from rlexp.loggers import WANDB_MODES, resolve_wandb_mode
+from rlexp.marl_envs import MultiAgentPopulationEnv, check_marl_env, is_multi_agent
 from rlexp.nets import NORMALIZATIONS, check_normalization
 from rlexp.optim import check_optimizer
 from rlexp.registry import SCHEMAS
@@ -171,6 +172,8 @@ def validate(cfg: DictConfig) -> None:
     require(diag.histogram_every >= 0, "diagnostics.histogram_every", diag.histogram_every, "an integer >= 0")
     require(0 <= diag.dormant_tau < 1, "diagnostics.dormant_tau", diag.dormant_tau, "a value in [0, 1)")
     require(0 < diag.srank_delta < 1, "diagnostics.srank_delta", diag.srank_delta, "a value in (0, 1)")
+    for key in ("collapse_repeat", "collapse_entropy"):
+        require(0 <= diag[key] <= 1, f"diagnostics.{key}", diag[key], "a value in [0, 1]")
     _positive(div, "divergence", ("q_bound_factor", "grad_norm_bound", "patience"))
     require_choice(inject.what, "debug.inject.what", ("none", "param", "grad", "obs"))
     require(inject.member >= -1, "debug.inject.member", inject.member, "-1 (none) or a member index")
@@ -205,7 +208,10 @@ def validate(cfg: DictConfig) -> None:
     require(every >= 0, "checkpoint.every", every, "an integer >= 0 (env steps per member; 0 = off)")
     _validate_networks(cfg)
     _check_algo(cfg.algo)
-    check_env_id(cfg.env.id)
+    if is_multi_agent(cfg.env):
+        check_marl_env(cfg.env)
+    else:
+        check_env_id(cfg.env.id)
     {
         "dqn": _validate_dqn,
         "ppo": _validate_actor_critic,
@@ -214,6 +220,8 @@ def validate(cfg: DictConfig) -> None:
         "td3": _validate_replay,
         "sac": _validate_sac,
         "muzero_lite": _validate_muzero_lite,
+        "maddpg": _validate_replay,
+        "mappo": _validate_actor_critic,
     }[cfg.algo.name](cfg)
     obs_dim, action_dim, frames = _validate_action_space(cfg)
     check_resources(cfg, obs_dim, action_dim, frames)
@@ -315,6 +323,8 @@ ALGO_DOMAINS: dict[str, Domain] = {
     "value_coef": NON_NEGATIVE,
     "policy_coef": NON_NEGATIVE,
     "policy_temperature": POSITIVE,
+    "gumbel_temperature": POSITIVE,
+    "policy_reg": NON_NEGATIVE,
 }
 
 
@@ -408,6 +418,8 @@ def _validate_action_space(cfg: DictConfig) -> tuple[int, int, bool]:
     """Refuse an env whose spaces the algorithm or the network cannot handle; returns (observation size,
     action size: the number of actions of a discrete space, the vector's length of a continuous one,
     whether observations are uint8 frames)."""
+    if is_multi_agent(cfg.env) or ALGOS[cfg.algo.name].multi_agent:
+        return (*_validate_agents(cfg), False)  # vector observations
     env = make_env(cfg.env)
     try:
         check_observations(cfg.network, env.observation_space.shape, cfg.env.id)
@@ -432,19 +444,54 @@ def _validate_action_space(cfg: DictConfig) -> tuple[int, int, bool]:
     return obs_dim, action_dim, frames
 
 
+def _validate_agents(cfg: DictConfig) -> tuple[int, int]:
+    """A multi-agent algorithm on a multi-agent env whose agents' action spaces it handles; returns (joint
+    observation size, joint action size)."""
+    spec, env_cfg = ALGOS[cfg.algo.name], cfg.env
+    multi = [name for name, s in ALGOS.items() if s.multi_agent]
+    if not is_multi_agent(env_cfg):
+        raise ConfigError(
+            "algo",
+            f"algo={cfg.algo.name} is multi-agent and {env_cfg.id} is a gymnasium env",
+            "use a multi-agent env "
+            "(env=simple_spread, simple_adversary, vmas_navigation, vmas_balance, or env.api=pettingzoo|vmas)",
+        )
+    env = MultiAgentPopulationEnv(OmegaConf.to_object(env_cfg), [cfg.seed])
+    try:
+        kinds = sorted({"discrete" if a.discrete else "continuous" for a in env.agents})
+        obs_dim, action_dim = env.obs_dim, sum(a.action_dim for a in env.agents)
+    finally:
+        env.close()
+    if not spec.multi_agent:
+        fits = [name for name in multi if set(kinds) <= set(ALGOS[name].action_spaces)]
+        raise ConfigError(
+            "algo",
+            f"algo={cfg.algo.name} cannot handle {env_cfg.id}'s {'/'.join(kinds)} actions of "
+            f"{len(env.agents)} agents (it is single-agent)",
+            f"use algo={' or algo='.join(fits)}" if fits else "no multi-agent algorithm here handles them yet",
+        )
+    if cfg.algo.name == "mappo" and cfg.algo.share_parameters:
+        spaces = {(a.obs_dim, a.discrete, a.action_dim) for a in env.agents}
+        require(
+            len(spaces) == 1,
+            "algo.share_parameters",
+            True,
+            f"false: {env_cfg.id}'s agents differ in observation or action space, so no policy fits them all",
+        )
+    missing = [k for k in kinds if k not in spec.action_spaces]
+    if missing:
+        raise ConfigError(
+            "algo", f"algo={cfg.algo.name} cannot handle {env_cfg.id}'s {missing[0]} actions", "use another env"
+        )
+    return obs_dim, action_dim
+
+
 # ---------------------------------------------------------------- resources, before any work
 FILES_RESERVED = 64  # descriptors a job holds besides its members' (Python, torch, W&B's service, Hydra's log)
 FLOAT = 4  # bytes of a float32
 ENV_BYTES = 64 * 1024  # one environment's state (a CartPole or a Box2D world), generously
-NETWORKS = {
-    "dqn": 1,
-    "ppo": 2,
-    "a2c": 2,
-    "ddpg": 2,
-    "td3": 3,
-    "sac": 3,
-    "muzero_lite": 3,
-}  # networks trained per member
+# networks trained per member
+NETWORKS = {"dqn": 1, "ppo": 2, "a2c": 2, "ddpg": 2, "td3": 3, "sac": 3, "muzero_lite": 3, "maddpg": 4, "mappo": 2}
 COPIES = 5  # per parameter: itself, its gradient, two optimizer moments, a target network's copy
 
 
@@ -468,7 +515,7 @@ def memory_per_member(cfg: DictConfig, obs_dim: int, action_dim: int, frames: bo
     widest = max(hidden, key=sum)
     nets = NETWORKS.get(algo.name, 3) * _mlp_params([obs_dim + action_dim, *widest, action_dim + 1])
     replay = 0
-    if algo.name in ("dqn", "ddpg", "td3", "sac", "muzero_lite"):
+    if algo.name in ("dqn", "ddpg", "td3", "sac", "muzero_lite", "maddpg"):
         row = (1 if algo.name in ("dqn", "muzero_lite") else action_dim) + 2  # action | reward | done
         row += 2 if algo.name == "muzero_lite" else 0  # | episode end | step count
         row = row * FLOAT + 2 * obs_dim * (1 if frames else FLOAT)  # and obs | next_obs

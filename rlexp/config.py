@@ -389,6 +389,14 @@ class AlgoConfig:
     policy_temperature: float = knob(
         1.0, "muzero_lite: policy target softmax((r_hat + gamma v_hat) / temperature) over the actions"
     )
+    # maddpg
+    gumbel_temperature: float = knob(
+        1.0, "maddpg: temperature of the Gumbel-softmax of a discrete agent's actor update"
+    )
+    gumbel_hard: bool = knob(True, "maddpg: the critic sees the one-hot sample, with the soft sample's gradient")
+    policy_reg: float = knob(1e-3, "maddpg: actor loss += policy_reg * mean logits^2 (discrete agents)")
+    # mappo
+    share_parameters: bool = knob(True, "mappo: one policy for every agent (input: its observation and index)")
 
 
 @dataclass
@@ -448,6 +456,19 @@ class SACConfig(AlgoConfig):
 
 
 @dataclass
+class MADDPGConfig(AlgoConfig):
+    """maddpg: the MADDPG paper's particle-world settings (gamma 0.95, tau 0.01; its lr 1e-2: conf/algo)."""
+
+    buffer_size: int = 100_000
+    batch_size: int = 256
+    gamma: float = 0.95
+    tau: float = 0.01
+    learning_starts: int = 1_000
+    train_frequency: int = 25
+    gradient_steps: int = 1
+
+
+@dataclass
 class MuZeroLiteConfig(AlgoConfig):
     """muzero_lite: a value-equivalent model trained on K-step unrolls; a CartPole setting."""
 
@@ -459,6 +480,13 @@ class MuZeroLiteConfig(AlgoConfig):
     tau: float = 0.01
     end_e: float = 0.01
     exploration_fraction: float = 0.2
+
+
+@dataclass
+class MAPPOConfig(ActorCriticConfig):
+    """mappo: PPO's settings with a centralized value function; constant lr (anneal_lr is not read)."""
+
+    anneal_lr: bool = False
 
 
 # ---------------------------------------------------------------- actor, critic, normalizers, env
@@ -495,9 +523,14 @@ class RewardNormConfig:
 class EnvConfig:
     """A gymnasium environment (one option per id)."""
 
-    id: str = knob(MISSING, "the gymnasium id")
+    id: str = knob(
+        MISSING, "the gymnasium id; api=pettingzoo: a parallel env module (mpe2.simple_spread_v3); api=vmas: a scenario"
+    )
+    api: str = knob("gymnasium", "gymnasium | pettingzoo | vmas (multi-agent: rlexp/marl_envs.py)")
     num_envs: int = knob(1, "environments per member (ppo, a2c set their own: conf/algo)")
-    max_episode_steps: int | None = knob(None, "episode step limit (null = the env's own)")
+    max_episode_steps: int | None = knob(
+        None, "episode step limit (null = the env's own); pettingzoo: max_cycles; vmas: max_steps"
+    )
     kwargs: dict[str, Any] = knob({}, "keyword arguments of gymnasium.make")
     clip_reward: bool = knob(True, "atari (ALE/ ids): rewards clipped to their sign")
     episodic_life: bool = knob(True, "atari (ALE/ ids): a lost life ends the training episode (the game goes on)")
@@ -524,6 +557,12 @@ class DiagnosticsConfig:
     histogram_every: int = knob(1_000, "updates between W&B histograms of gradients and activations; 0 = off")
     dormant_tau: float = knob(0.025, "a unit is tau-dormant when E|h_i| / mean_k E|h_k| <= tau")
     srank_delta: float = knob(0.01, "feature rank srank: the fewest singular values holding 1 - delta of their sum")
+    collapse_repeat: float = knob(
+        0.95, "multi-agent: an agent collapsed when its action repeat rate over a log window is >= this"
+    )
+    collapse_entropy: float = knob(
+        0.05, "multi-agent: ... or its action histogram's entropy over log(actions) is <= this"
+    )
 
 
 @dataclass

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlexp.config import Config
-from rlexp.envs import EVALUATION, PopulationEnv
+from rlexp.envs import EVALUATION
+from rlexp.marl_envs import population_env
 from rlexp.normalize import ObsNormalizer
 from rlexp.streams import MemberStreams
 
@@ -47,11 +48,11 @@ class Evaluator:
         self.total_steps = cfg.total_steps
         self.obs_norm = obs_norm
         self.seeds = member_seeds
-        self.env: PopulationEnv | None = None
+        self.env = None  # PopulationEnv or MultiAgentPopulationEnv
         if self.episodes > 0:
             # one environment per episode; whole games (Atari) with their own rewards
             env_cfg = dataclasses.replace(cfg.env, num_envs=self.episodes, episodic_life=False, clip_reward=False)
-            self.env = PopulationEnv(env_cfg, member_seeds, EVALUATION)
+            self.env = population_env(env_cfg, member_seeds, EVALUATION)
         self._streams: MemberStreams | None = None  # made at the first draw (eval.epsilon > 0)
 
     def due(self, step: int, last_log_step: int) -> bool:

@@ -352,3 +352,13 @@ def print_summary(console: Console, title: str, members: list[dict[str, Any]]) -
                 f"{div['detail']}{first}",
                 highlight=False,
             )
+    for m in members:
+        collapse = m.get("collapse")
+        if collapse:  # multi-agent: an agent that keeps choosing one action (rlexp/collapse.py)
+            moved = collapse.get("first_moved")
+            first = f"; moved first: {moved['instrument']} (at step {moved['step']})" if moved else ""
+            console.print(
+                f"seed {m['seed']}: {collapse['agent']} collapsed to one action at step {collapse['step']} "
+                f"({collapse['instrument']} {collapse['value']:.3g}, bound {collapse['bound']:.3g}){first}",
+                highlight=False,
+            )

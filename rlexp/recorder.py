@@ -99,6 +99,8 @@ class Recorder:
         self._last_log_step = 0  # the env step (per member) of the latest log record
         self.first_step_at: str | None = None  # ISO 8601 UTC time of the first env step
         self.checkpoint: Callable[[int], None] | None = None  # writes a checkpoint at an env step (checkpoint.every)
+        self.window: Any = None  # multi-agent: rlexp.collapse.ActionWindow, read at each log step
+        self.collapses: dict[int, dict[str, Any]] = {}  # member -> the agent that collapsed, when, what moved first
 
     # ------------------------------------------------------------ for algorithms
     def steps(self) -> Iterator[int]:
@@ -381,6 +383,8 @@ class Recorder:
         diverged_at = self.health.diverged_at.tolist()
         causes = self.health.cause.tolist()
         episodes = self.env.take_episodes()
+        agent_returns = self.env.agent_returns() if hasattr(self.env, "agent_returns") else None
+        window, collapsed = self.window.take(step) if self.window is not None else ({}, {})
         instruments: dict[str, list[float]] = {}
         if self._instruments:
             self._instruments = resolve(self._instruments)  # the deferred ones of the one record written
@@ -401,11 +405,17 @@ class Recorder:
             if self.env.last_returns[k]:
                 metrics["episode/return_last10"] = float(np.mean(self.env.last_returns[k]))
             metrics["episode/count"] = int(self.env.episode_count[k])
+            if agent_returns and agent_returns[k]:  # multi-agent: each agent's own return
+                for i, value in enumerate(np.mean(agent_returns[k], 0)):
+                    metrics[f"episode/return_agent{i}"] = float(value)
+            metrics.update({name: float(values[k]) for name, values in window.items()})
             metrics.update(self._eval_metrics(k))
             metrics.update({name: values[k] for name, values in counts.items()})
             record = {name: values[k] for name, values in instruments.items()}
             metrics.update(record)
             log.log(step, metrics)
+            if k in collapsed:
+                self.collapses[k] = {**collapsed[k], "first_moved": self.histories[k].first_moved()}
             if diverged_at[k] >= 0:
                 self._finish_member(k, step, "diverged", diverged_at[k], CAUSES[causes[k]])
             else:
@@ -451,6 +461,8 @@ class Recorder:
                 "last_finite": self.histories[k].last(),
                 "first_moved": self.histories[k].first_moved(),
             }
+        if k in self.collapses:
+            summary["collapse"] = self.collapses[k]
         if error is not None:
             summary["error"] = error
         self.member_summaries[k] = summary

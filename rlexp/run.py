@@ -36,6 +36,7 @@ from rlexp.envs import PopulationEnv
 from rlexp.evaluation import Evaluator
 from rlexp.grad import GradientPipeline
 from rlexp.interventions import Interventions, Subject
+from rlexp.marl_envs import MultiAgentPopulationEnv, population_env
 from rlexp.nets import PopMLP, weight_parameters
 from rlexp.normalize import ObsNormalizer, RewardScaler
 from rlexp.recorder import Recorder
@@ -95,7 +96,7 @@ class RunContext:
     cfg: Config  # the population's shared config (member 0's; its per-member keys: see member_cfgs)
     device: torch.device
     seeds: list[int]  # member k's seed: cfg.seed + k, or its cell's seed + its index in a pack
-    env: PopulationEnv  # P x E environments; numpy [P, E, ...] in and out, on the host
+    env: PopulationEnv | MultiAgentPopulationEnv  # P x E environments; numpy [P, E, ...] in and out, on the host
     streams: MemberStreams  # each member's uniform numbers (actions, sampling, shuffling)
     obs_norm: ObsNormalizer  # identity unless obs_norm is on
     reward_norm: RewardScaler  # identity unless reward_norm is on
@@ -123,7 +124,7 @@ class RunContext:
         seeds = [cfg.seed + k for k in range(cfg.num_seeds)] if seeds is None else seeds
         member_cfgs = [cfg] * len(seeds) if member_cfgs is None else member_cfgs
         torch.manual_seed(cfg.seed)
-        env = PopulationEnv(cfg.env, seeds)
+        env = population_env(cfg.env, seeds)
         gamma = member_values(member_cfgs, "algo.gamma")
         gamma = gamma[0] if len(set(gamma)) == 1 else np.array(gamma)[:, None]  # float or [P, 1]
         obs_norm = ObsNormalizer(cfg.obs_norm, len(seeds), env.obs_dim)

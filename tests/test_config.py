@@ -73,13 +73,16 @@ def test_register_is_idempotent_and_stores_every_schema():
 
 def test_option_yamls_hold_no_value_their_schema_holds():
     """Each default is written once: an option yaml names its schema and option, nothing else
-    (an algorithm's yaml also sets other groups' keys: its learning rate, its env count)."""
+    (an algorithm's yaml also sets other groups' keys: its learning rate, its env count; an env's its api)."""
     for group in ("clipping", "optimizer", "network", "divergence", "env", "algo"):
         for option in group_options(group):
             raw = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{option}.yaml"))
             raw.pop("defaults")
             own = raw.pop("algo") if group == "algo" else raw
-            assert set(own) == ({"id"} if group == "env" else {"name"}), (group, option, own)
+            if group == "env":  # a multi-agent world also names its api (and VMAS, which has none, its episode limit)
+                assert "id" in own and set(own) <= {"id", "api", "max_episode_steps"}, (group, option, own)
+            else:
+                assert set(own) == {"name"}, (group, option, own)
 
 
 def test_the_top_level_config_holds_no_values():
@@ -182,6 +185,8 @@ OUT_OF_DOMAIN: dict[str, str] = {
     "algo.value_coef": "-1",
     "algo.policy_coef": "-1",
     "algo.policy_temperature": "0",
+    "algo.gumbel_temperature": "0",
+    "algo.policy_reg": "-1",
     "env.num_envs": "0",
     "env.max_episode_steps": "0",
     "divergence.q_bound_factor": "0",
@@ -206,6 +211,8 @@ OUT_OF_DOMAIN: dict[str, str] = {
     "diagnostics.histogram_every": "-1",
     "diagnostics.dormant_tau": "1",
     "diagnostics.srank_delta": "0",
+    "diagnostics.collapse_repeat": "1.5",
+    "diagnostics.collapse_entropy": "-0.1",
     "debug.inject.member": "-2",
     "debug.inject.step": "-2",
     "debug.crash_at_step": "-2",

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlexp.algos import dqn, muzero_lite, ppo, sac, td3
+from rlexp.algos import dqn, maddpg, mappo, muzero_lite, ppo, sac, td3
 from rlexp.config import (
     A2CConfig,
     ActorCriticConfig,
     AlgoConfig,
     DDPGConfig,
     DQNConfig,
+    MADDPGConfig,
+    MAPPOConfig,
     MuZeroLiteConfig,
     SACConfig,
     TD3Config,
@@ -27,6 +29,7 @@ class AlgoSpec:
     # config keys whose values may differ between the members of one population (rlexp.members; a pack
     # of cells differing only in these, rlexp.pack); () = none: cells are packed only when equal
     member_keys: tuple[str, ...] = ()
+    multi_agent: bool = False  # trains the agents of a multi-agent env (env.api pettingzoo, vmas)
 
 
 # every algorithm that builds its networks and pipelines through the context (rlexp.run)
@@ -46,4 +49,6 @@ ALGOS: dict[str, AlgoSpec] = {
     "td3": AlgoSpec(td3.train, TD3Config, ("continuous",), CONTEXT_KEYS + TD3_KEYS),
     "sac": AlgoSpec(sac.train, SACConfig, ("continuous",)),
     "muzero_lite": AlgoSpec(muzero_lite.train, MuZeroLiteConfig, ("discrete",)),
+    "maddpg": AlgoSpec(maddpg.train, MADDPGConfig, ("discrete", "continuous"), multi_agent=True),
+    "mappo": AlgoSpec(mappo.train, MAPPOConfig, ("discrete", "continuous"), multi_agent=True),
 }

@@ -1,0 +1,357 @@
+"""MADDPG (Lowe et al. 2017) for a population of members: decentralized actors, centralized critics.
+
+Reads top to bottom: per agent i an actor mu_i(o_i) on its own observation and a critic
+Q_i(x, a_1..a_N) on the joint observation x (all agents' observations) and every agent's action, each
+with an EMA target copy, a gradient pipeline and the shared config groups (``actor.*``, ``critic.*``
+override them as for TD3) -> per step: uniform random actions until ``learning_starts``, then each
+actor's sample -> replay of joint transitions with the agents' own rewards -> every
+``train_frequency`` steps ``gradient_steps`` updates of every agent on one minibatch, then the EMA
+targets. Members are seeds; the agents of a member are separate networks (one PopMLP each), so every
+reduction (clipping, losses, divergence) stays per member and per agent.
+
+Actions as the critics see them: a discrete agent's one-hot vector, a continuous agent's vector in
+its box (``center + half_range * tanh(net)``, TD3's squashing). Acting: a discrete agent samples
+argmax(logits + Gumbel noise) (a sample of softmax(logits)); a continuous one adds Gaussian noise
+(``exploration_noise`` x the half range), as TD3. The critic update of agent i (no gradient through y):
+    a'_j = onehot(argmax mu'_j(o'_j)) (discrete) or mu'_j(o'_j) (continuous), for every agent j
+    y_i  = r_i + gamma (1 - terminated) Q'_i(x', a'_1..a'_N)
+    critic loss_i = mean (Q_i(x, a) - y_i)^2
+The actor update of agent i: its action from the replayed o_i is replaced, the others' stay as replayed:
+    discrete:   a_i = Gumbel-softmax(logits, gumbel_temperature), straight-through one-hot when gumbel_hard
+    actor loss_i = -mean Q_i(x, a_1..a_i..a_N) + policy_reg * mean logits^2   (the paper's 1e-3)
+Targets: theta' <- (1 - tau) theta' + tau theta. A truncated episode bootstraps, a terminated one not.
+
+The instruments of the seed's symptom (an agent that repeats one action) are kept per agent over each
+log window from the actions the policy takes after ``learning_starts`` (a discrete agent's sample of
+softmax(logits), so a concentrated distribution shows; a continuous agent's mu(o) plus its noise):
+``rlexp.collapse.ActionWindow``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from functools import partial
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from rlexp.algos.td3 import ScaledTanh, locate, normal
+from rlexp.buffer import ReplayBuffer
+from rlexp.collapse import ActionWindow
+from rlexp.config import Config, MADDPGConfig
+from rlexp.diagnostics import activity_instruments, parameter_names, update_instruments
+from rlexp.evaluation import Policy
+from rlexp.grad import UpdateStats
+from rlexp.interventions import Interventions, Subject
+from rlexp.marl_envs import AgentSpace
+from rlexp.nets import soft_update_
+from rlexp.run import RunContext
+
+
+def gumbel(uniform: torch.Tensor) -> torch.Tensor:
+    """Standard Gumbel numbers -log(-log u) from uniforms in (0, 1)."""
+    return -torch.log(-torch.log(uniform.clamp(1e-10, 1 - 1e-7)))
+
+
+def gumbel_softmax(logits: torch.Tensor, noise: torch.Tensor, temperature: float, hard: bool) -> torch.Tensor:
+    """softmax((logits + noise) / temperature) [P, B, n]; ``hard``: its argmax one-hot forward with the
+    soft sample's gradient (straight-through)."""
+    soft = torch.softmax((logits + noise) / temperature, -1)
+    if not hard:
+        return soft
+    one_hot = F.one_hot(soft.argmax(-1), soft.shape[-1]).to(soft.dtype)
+    return one_hot - soft.detach() + soft
+
+
+class Agent:
+    """One agent's networks: actor, centralized critic, their targets and pipelines, and how its
+    actions look to the critics."""
+
+    def __init__(
+        self, ctx: RunContext, index: int, space: AgentSpace, obs_slice: slice, joint_obs: int, joint_act: int
+    ):
+        self.index, self.space, self.obs = index, space, obs_slice
+        self.name = f"agent{index}"
+        self.actor = ctx.make_net(space.obs_dim, space.action_dim, role="actor")
+        self.critic = ctx.make_net(joint_obs, 1, role="critic", extra_in=joint_act)
+        self.actor_target, self.critic_target = copy.deepcopy(self.actor), copy.deepcopy(self.critic)
+        self.actor_target.requires_grad_(False), self.critic_target.requires_grad_(False)
+        for net in (self.actor, self.critic, self.actor_target, self.critic_target):
+            net.eval()  # acting and targets use running statistics when a network has batch norm
+        self.actor_pipe, self.critic_pipe = ctx.make_pipeline(self.actor), ctx.make_pipeline(self.critic)
+        self.squash = None if space.discrete else ScaledTanh(space.low, space.high, ctx.device)
+        self.actor_names = parameter_names(self.actor, f"{self.name}.actor")
+        self.critic_names = parameter_names(self.critic, f"{self.name}.critic")
+
+    def target_action(self, next_obs: torch.Tensor) -> torch.Tensor:
+        """a'_i from the target actor on o'_i [P, B, obs_i]: one-hot argmax, or the squashed output."""
+        out = self.actor_target(next_obs[..., self.obs])
+        if self.squash is None:
+            return F.one_hot(out.argmax(-1), self.space.action_dim).float()
+        return self.squash(out)
+
+
+def joint_target(agents: list[Agent], next_obs: torch.Tensor) -> torch.Tensor:
+    """Every agent's target action, side by side [P, B, sum A] (no gradient)."""
+    with torch.no_grad():
+        return torch.cat([agent.target_action(next_obs) for agent in agents], -1)
+
+
+def critic_target(
+    agent: Agent,
+    next_obs: torch.Tensor,
+    next_actions: torch.Tensor,
+    reward: torch.Tensor,
+    terminated: torch.Tensor,
+    gamma: float,
+) -> torch.Tensor:
+    """y_i = r_i + gamma (1 - terminated) Q'_i(x', a') [P, B] (no gradient)."""
+    with torch.no_grad():
+        next_q = agent.critic_target(next_obs, next_actions).squeeze(-1)  # [P, B]
+        return reward + gamma * (1.0 - terminated) * next_q
+
+
+def policy_actions(agent: Agent, out: torch.Tensor, noise: torch.Tensor, algo: MADDPGConfig) -> torch.Tensor:
+    """The action agent i's actor gives the critic in its update, from its output [P, B, A_i]: the
+    Gumbel-softmax sample (discrete) or the squashed output (continuous, ``noise`` unused)."""
+    if agent.squash is None:
+        return gumbel_softmax(out, noise, algo.gumbel_temperature, algo.gumbel_hard)
+    return agent.squash(out)
+
+
+def evaluation_policy(agents: list[Agent], device: torch.device) -> Policy:
+    """The deterministic joint policy: normalized joint observations [P, N, D] -> one action array per
+    agent (argmax of the logits, or mu(o) clipped to the box)."""
+
+    def policy(obs: np.ndarray) -> list[np.ndarray]:
+        x = torch.from_numpy(obs).to(device)
+        with torch.no_grad():
+            return [greedy(agent, agent.actor(x[..., agent.obs])).cpu().numpy() for agent in agents]
+
+    return policy
+
+
+def greedy(agent: Agent, out: torch.Tensor) -> torch.Tensor:
+    """The policy's own choice from actor outputs [P, N, A_i]: argmax [P, N], or mu [P, N, A_i]."""
+    if agent.squash is None:
+        return out.argmax(-1)
+    low, high = agent.squash.center - agent.squash.half_range, agent.squash.center + agent.squash.half_range
+    return torch.minimum(torch.maximum(agent.squash(out), low), high)
+
+
+def train(ctx: RunContext) -> None:
+    """Train a MADDPG population (see the module docstring)."""
+    cfg, env, device, recorder = ctx.cfg, ctx.env, ctx.device, ctx.recorder
+    algo: MADDPGConfig = cfg.algo
+    members, num_envs, spaces = env.members, env.num_envs, env.agents
+    widths = [s.action_dim for s in spaces]
+    joint_act = sum(widths)
+    act_slices = [slice(a, b) for a, b in zip(np.cumsum([0, *widths])[:-1], np.cumsum(widths))]
+    agents = [Agent(ctx, i, s, env.slices[i], env.obs_dim, joint_act) for i, s in enumerate(spaces)]
+    n_agents = len(agents)
+    intervene_critics = ctx.interventions(
+        *(Subject(f"{a.name}.critic", a.critic, a.critic_pipe, (a.critic_target,)) for a in agents)
+    )
+    intervene_actors = [
+        Interventions(
+            cfg.intervention,
+            [Subject(f"{a.name}.actor", a.actor, a.actor_pipe, (a.actor_target,))],
+            ctx.seeds,
+            recorder.health,
+        )
+        for a in agents
+    ]
+    # a row's "action" holds the joint action (one-hot or vector per agent) then the agents' rewards
+    buffer = ReplayBuffer(members, algo.buffer_size, env.obs_dim, device, joint_act + n_agents)
+    window = ActionWindow(spaces, members, cfg.diagnostics)
+    recorder.window = window
+    r_max = np.ones(members)  # [P] largest |r| seen, at least 1: the value bound's scale
+    updates = 0
+
+    recorder.evaluate_with(evaluation_policy(agents, device))
+    obs = env.reset()  # [P, E, D] raw joint observations, on the host
+    ctx.obs_norm.update(obs)
+    prev_step = 0
+    saved = {
+        f"{a.name}.{k}": getattr(a, k)
+        for a in agents
+        for k in ("actor", "critic", "actor_target", "critic_target", "actor_pipe", "critic_pipe")
+    }
+    saved |= {"buffer": buffer, "interventions": intervene_critics}
+    loop = ctx.checkpoint_state(saved, lambda: dict(obs=obs, r_max=r_max, prev_step=prev_step, updates=updates))
+    if loop:
+        prev_step, updates = loop["prev_step"], loop["updates"]
+    for step in recorder.steps():
+        # act: uniform random actions until learning_starts, then every agent's policy sample
+        x = torch.from_numpy(ctx.obs_norm(obs)).to(device)  # [P, E, D]
+        actions, stored = [], []
+        with torch.no_grad():
+            for agent in agents:
+                s = agent.space
+                u = ctx.streams.uniform(num_envs * s.action_dim).reshape(members, num_envs, s.action_dim)
+                out = agent.actor(x[..., agent.obs])  # [P, E, A_i]
+                if s.discrete:
+                    if step <= algo.learning_starts:
+                        action = (u[..., 0] * s.action_dim).astype(np.int64).clip(max=s.action_dim - 1)
+                    else:
+                        action = (out + gumbel(torch.from_numpy(u).float().to(device))).argmax(-1).cpu().numpy()
+                    stored.append(np.eye(s.action_dim, dtype=np.float32)[action])  # [P, E, n]
+                else:
+                    if step <= algo.learning_starts:
+                        action = s.low + u * (s.high - s.low)
+                    else:
+                        noise = normal(u, u.shape, torch.device("cpu")).numpy() * algo.exploration_noise
+                        action = np.clip(greedy(agent, out).cpu().numpy() + noise * (s.high - s.low) / 2, s.low, s.high)
+                    stored.append(action.astype(np.float32))
+                actions.append(action)
+                if step > algo.learning_starts:  # the policy's own actions, not the uniform ones before
+                    window.add(agent.index, action, out)
+        result = env.step(actions)
+        recorder.check_observations(result.obs, step)
+        ctx.obs_norm.update(result.obs)
+        r_max = np.maximum(r_max, np.abs(result.agent_reward).max((1, 2)))
+        packed = np.concatenate([*stored, result.agent_reward.astype(np.float32)], -1)  # [P, E, A + N]
+        buffer.add(obs, packed, result.reward, result.obs, result.terminated, result.valid)
+        obs = result.next_obs
+
+        # learn
+        if step <= algo.learning_starts or step // algo.train_frequency == prev_step // algo.train_frequency:
+            prev_step = step
+            continue
+        prev_step = step
+        for _ in range(algo.gradient_steps):
+            batch = buffer.sample(ctx.streams.uniform(algo.batch_size))  # [P, B, ...]
+            if ctx.obs_norm.enabled:  # stored raw, normalized with the current statistics
+                batch = dataclasses.replace(
+                    batch, obs=ctx.obs_norm.tensor(batch.obs), next_obs=ctx.obs_norm.tensor(batch.next_obs)
+                )
+            joint_actions, rewards = (
+                batch.actions[..., :joint_act],
+                batch.actions[..., joint_act:],
+            )  # [P, B, A], [P, B, N]
+            next_actions = joint_target(agents, batch.next_obs)  # [P, B, A]
+            diagnose = recorder.diagnose(updates)
+            recorder.inject_param(agents[0].critic, step)  # debug.inject.what=param poisons agent 0's critic
+            results, stats, record = {}, {}, {}
+            for agent in agents:
+                i = agent.index
+                target = critic_target(
+                    agent, batch.next_obs, next_actions, rewards[..., i], batch.terminated, algo.gamma
+                )
+                agent.critic.train()
+                q = agent.critic(batch.obs, joint_actions).squeeze(-1)  # [P, B]
+                agent.critic.eval()
+                critic_update = agent.critic_pipe.step((q - target).square().mean(1), step, diagnose)
+                recorder.locate_divergence(
+                    critic_update,
+                    partial(
+                        locate,
+                        [agent.critic],
+                        [f"{agent.name}.critic"],
+                        agent.critic_names,
+                        batch.obs,
+                        joint_actions,
+                        critic_update,
+                    ),
+                )
+
+                agent.critic.requires_grad_(False)  # the actor's loss moves the actor only
+                agent.actor.train()
+                out = agent.actor(batch.obs[..., agent.obs])  # [P, B, A_i]
+                agent.actor.eval()
+                noise = gumbel(
+                    torch.from_numpy(ctx.streams.uniform(algo.batch_size * agent.space.action_dim))
+                    .float()
+                    .reshape(out.shape)
+                    .to(device)
+                )
+                mine = policy_actions(agent, out, noise, algo)
+                pieces = [joint_actions[..., : act_slices[i].start], mine, joint_actions[..., act_slices[i].stop :]]
+                actor_loss = -agent.critic(batch.obs, torch.cat(pieces, -1)).squeeze(-1).mean(1)  # [P]
+                if agent.squash is None and algo.policy_reg > 0:
+                    actor_loss = actor_loss + algo.policy_reg * out.square().mean((1, 2))
+                agent.critic.requires_grad_(True)
+                actor_update = agent.actor_pipe.step(actor_loss, step, diagnose)
+                recorder.locate_divergence(
+                    actor_update,
+                    partial(
+                        locate,
+                        [agent.actor],
+                        [f"{agent.name}.actor"],
+                        agent.actor_names,
+                        batch.obs[..., agent.obs],
+                        None,
+                        actor_update,
+                    ),
+                )
+                intervene_actors[i](updates + 1, batch.obs[..., agent.obs])
+                results[f"{agent.name}/actor_"] = actor_update
+                results[f"{agent.name}/critic_"] = critic_update
+                qd = q.detach()
+                stats |= {
+                    f"{agent.name}/q_mean": qd.mean(1),
+                    f"{agent.name}/q_std": qd.std(1),
+                    f"{agent.name}/q_max": qd.amax(1),
+                    f"{agent.name}/td_abs_mean": (qd - target).abs().mean(1),
+                }
+                if diagnose:
+                    record |= instruments(agent, batch.obs, joint_actions, target, actor_update, critic_update, cfg)
+            intervene_critics(updates + 1, batch.obs, joint_actions)
+            for agent in agents:
+                soft_update_(agent.actor_target, agent.actor, algo.tau)
+                soft_update_(agent.critic_target, agent.critic, algo.tau)
+            recorder.record_update(results, stats)
+            if diagnose:
+                grad_norm = torch.stack([u.grad_norm_pre_clip for u in results.values()]).amax(0)  # [P]
+                q_abs = torch.stack([record[f"{a.name}/q/abs_max"] for a in agents]).amax(0)
+                recorder.record_instruments(
+                    record,
+                    step,
+                    grad_norm,
+                    q_abs_max=q_abs,
+                    reward_scale=r_max,
+                    output_layer=f"agent0.critic.{len(agents[0].critic.layers) - 1}",
+                    update=updates,
+                )
+            updates += 1
+
+
+def instruments(
+    agent: Agent,
+    obs: torch.Tensor,
+    joint_actions: torch.Tensor,
+    target: torch.Tensor,
+    actor_update: UpdateStats,
+    critic_update: UpdateStats,
+    cfg: Config,
+) -> dict[str, torch.Tensor]:
+    """Agent i's instrument record ([P] each): its actor's and critic's layers, gradient norms before and
+    after clipping per layer, Q and TD statistics, and its actor's output saturation (discrete: the
+    fraction of samples whose largest action probability is > 0.99; continuous: |tanh| > 0.99)."""
+    name = agent.name
+    out, stats = activity_instruments(agent.actor, f"{name}.actor", obs[..., agent.obs], cfg.diagnostics)
+    q, critic_stats = activity_instruments(agent.critic, f"{name}.critic", obs, cfg.diagnostics, joint_actions)
+    stats.update(critic_stats)
+    stats.update(update_instruments(actor_update, agent.actor_names))
+    stats.update(update_instruments(critic_update, agent.critic_names))
+    with torch.no_grad():
+        q = q.squeeze(-1)
+        td = q - target
+        stats |= {
+            f"{name}/q/mean": q.mean(1),
+            f"{name}/q/std": q.std(1),
+            f"{name}/q/abs_max": q.abs().amax(1),
+            f"{name}/td/abs_max": td.abs().amax(1),
+            f"{name}/actor_grad_norm": actor_update.grad_norm_pre_clip,
+            f"{name}/actor_grad_norm_post_clip": actor_update.grad_norm_post_clip,
+            f"{name}/critic_grad_norm": critic_update.grad_norm_pre_clip,
+            f"{name}/critic_grad_norm_post_clip": critic_update.grad_norm_post_clip,
+        }
+        if agent.squash is None:
+            stats[f"{name}/policy/saturated"] = (torch.softmax(out, -1).amax(-1) > 0.99).float().mean(1)
+            stats[f"{name}/policy/logit_abs_max"] = out.abs().amax((1, 2))
+        else:
+            stats[f"{name}/policy/saturated"] = (torch.tanh(out).abs() > 0.99).float().mean((1, 2))
+    return {k: v.float() for k, v in stats.items()}

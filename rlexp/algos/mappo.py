@@ -1,0 +1,235 @@
+"""MAPPO (Yu et al. 2022) for a population of members: PPO with a centralized value function.
+
+Reads top to bottom: per agent a policy on its own observation (or, with ``share_parameters``, one
+policy for every agent, which then also sees its agent's one-hot index) and one centralized critic
+V(x) -> [N] on the joint observation x (one value per agent, each agent's own reward) -> per rollout
+``num_steps`` vector steps of acting -> GAE per agent -> ``update_epochs`` passes over
+``num_minibatches`` shuffled minibatches (each member shuffles with its own stream). The losses are
+PPO's (``rlexp.algos.ppo.ppo_losses``, per agent, advantages normalized per member and agent):
+    actor loss  = mean over agents of (clipped surrogate_i - ent_coef * entropy_i)
+    critic loss = vf_coef * mean over agents of value loss_i
+With separate policies each agent's term moves only its own policy; with a shared one the mean is
+the loss over every agent's samples. Episodes reset at once (``rlexp.marl_envs``): a truncated step
+bootstraps from V(its final observation), a terminated one from 0, and GAE never crosses an
+episode's end. Observations are normalized when ``obs_norm`` is on; rewards are used as they are
+(``reward_norm`` is not read) and the learning rate stays constant (``anneal_lr`` is not read).
+Evaluation plays each policy's mode (argmax, or the Gaussian's mean clipped to the box).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from rlexp.algos.ppo import Actor, Minibatch, gae, ppo_losses
+from rlexp.algos.td3 import locate
+from rlexp.collapse import ActionWindow
+from rlexp.config import MAPPOConfig
+from rlexp.diagnostics import parameter_names
+from rlexp.evaluation import Policy
+from rlexp.run import RunContext
+
+
+class Policies:
+    """The agents' policies: one ``Actor`` per agent, or one shared by all (its input: the agent's
+    observation and its one-hot index)."""
+
+    def __init__(self, ctx: RunContext, shared: bool) -> None:
+        env = ctx.env
+        self.agents, self.slices, self.shared = env.agents, env.slices, shared
+        n = len(self.agents)
+        extra = n if shared else 0
+        count = 1 if shared else n
+        self.actors = [
+            Actor(
+                ctx.make_net(self.agents[i].obs_dim + extra, self.agents[i].action_dim, role="actor"),
+                env.members,
+                self.agents[i].action_dim,
+                not self.agents[i].discrete,
+            )
+            for i in range(count)
+        ]
+        for actor in self.actors:
+            actor.eval()
+
+    def actor(self, i: int) -> Actor:
+        return self.actors[0 if self.shared else i]
+
+    def inputs(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        """Agent i's policy input from joint observations [..., D]: its slice (and its index, shared)."""
+        own = x[..., self.slices[i]]
+        if not self.shared:
+            return own
+        index = F.one_hot(torch.tensor(i), len(self.agents)).to(own).expand(*own.shape[:-1], -1)
+        return torch.cat([own, index], -1)
+
+    def outputs(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Every agent's policy output [P, B, A_i] on joint observations x [P, B, D]."""
+        return [self.actor(i).net(self.inputs(x, i)) for i in range(len(self.agents))]
+
+
+def mappo_losses(
+    policies: Policies,
+    obs: torch.Tensor,
+    minibatches: list[Minibatch],
+    new_values: torch.Tensor,
+    algo: MAPPOConfig,
+) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    """One minibatch's losses: the actor loss [P] of each policy (separate: agent i's own PPO actor loss;
+    shared: the mean over agents) and every PPO loss and statistic averaged over agents ([P] each).
+    ``obs`` [P, M, D] joint observations, ``minibatches[i]`` agent i's actions, old log-probs,
+    advantages, returns and values, ``new_values`` [P, M, N] the centralized critic's."""
+    per_agent = []
+    for i, (out, mb) in enumerate(zip(policies.outputs(obs), minibatches)):
+        log_prob, entropy = policies.actor(i).log_prob_entropy(None, mb.actions, out)
+        per_agent.append(ppo_losses(log_prob, entropy, new_values[..., i], mb, algo))
+    mean = {key: torch.stack([losses[key] for losses in per_agent]).mean(0) for key in per_agent[0]}
+    actor_losses = [mean["actor_loss"]] if policies.shared else [losses["actor_loss"] for losses in per_agent]
+    return actor_losses, mean
+
+
+def evaluation_policy(policies: Policies, device: torch.device) -> Policy:
+    """The deterministic joint policy: normalized joint observations [P, N, D] -> one action array per
+    agent (argmax of the logits, or the Gaussian's mean clipped to the box)."""
+
+    def act(obs: np.ndarray) -> list[np.ndarray]:
+        with torch.no_grad():
+            outs = policies.outputs(torch.from_numpy(obs).to(device))
+        return [
+            out.argmax(-1).cpu().numpy() if a.discrete else np.clip(out.cpu().numpy(), a.low, a.high)
+            for out, a in zip(outs, policies.agents)
+        ]
+
+    return act
+
+
+def train(ctx: RunContext) -> None:
+    """Train a MAPPO population (see the module docstring)."""
+    cfg, env, device, recorder = ctx.cfg, ctx.env, ctx.device, ctx.recorder
+    algo: MAPPOConfig = cfg.algo
+    members, E, D, agents = env.members, env.num_envs, env.obs_dim, env.agents
+    n, T = len(agents), algo.num_steps
+    policies = Policies(ctx, algo.share_parameters)
+    critic = ctx.make_net(D, n, role="critic")  # the centralized value V(x) -> one value per agent
+    critic.eval()
+    actor_pipes = [ctx.make_pipeline(actor) for actor in policies.actors]
+    critic_pipe = ctx.make_pipeline(critic)
+    actor_names = [parameter_names(a.net, f"actor{j}") for j, a in enumerate(policies.actors)]
+    critic_names = parameter_names(critic, "critic")
+    recorder.evaluate_with(evaluation_policy(policies, device))
+    window = ActionWindow(agents, members, cfg.diagnostics)
+    recorder.window = window
+
+    obs_buf = torch.zeros(T, members, E, D, device=device)  # normalized, as the networks saw them
+    actions_buf = [torch.zeros(T, members, E, *(() if a.discrete else (a.action_dim,)), device=device) for a in agents]
+    log_probs, values, next_values, rewards = (torch.zeros(T, members, E, n, device=device) for _ in range(4))
+    terminated, dones = torch.zeros(T, members, E, device=device), torch.zeros(T, members, E, device=device)
+    r_max = np.ones(members)
+    updates, t = 0, 0
+    obs = env.reset()
+    ctx.obs_norm.update(obs)
+    for step in recorder.steps():
+        # act: sample every agent's policy, each member from its own stream
+        x = torch.from_numpy(ctx.obs_norm(obs)).to(device)  # [P, E, D]
+        env_actions = []
+        with torch.no_grad():
+            for i, out in enumerate(policies.outputs(x)):
+                a, actor = agents[i], policies.actor(i)
+                u = torch.from_numpy(ctx.streams.uniform(E * a.action_dim).reshape(members, E, a.action_dim)).float()
+                action = actor.sample(out, u.to(device))
+                log_probs[t, ..., i] = actor.log_prob(out, action)
+                actions_buf[i][t] = action
+                action_np = action.cpu().numpy()
+                env_actions.append(action_np if a.discrete else np.clip(action_np, a.low, a.high))
+                window.add(i, env_actions[-1], out)
+            values[t] = critic(x)
+        result = env.step(env_actions)
+        recorder.check_observations(result.obs, step)
+        ctx.obs_norm.update(result.obs)
+        with torch.no_grad():  # V(the step's last observation): the bootstrap of a truncated step too
+            next_values[t] = critic(torch.from_numpy(ctx.obs_norm(result.obs)).to(device))
+        obs_buf[t] = x
+        rewards[t] = torch.from_numpy(result.agent_reward).float()
+        terminated[t] = torch.from_numpy(result.terminated).float()
+        dones[t] = torch.from_numpy(result.terminated | result.truncated).float()
+        r_max = np.maximum(r_max, np.abs(result.agent_reward).max((1, 2)))
+        obs = result.next_obs
+        t += 1
+        if t < T:
+            continue
+        t = 0
+
+        # GAE per agent: agents as extra environments [T, P, E * N]
+        def flat(v: torch.Tensor) -> torch.Tensor:
+            return v.reshape(T, members, E * n)
+
+        def per_agent(v: torch.Tensor) -> torch.Tensor:
+            return v.unsqueeze(-1).expand(T, members, E, n)
+
+        adv, ret = gae(
+            flat(rewards),
+            flat(values),
+            flat(next_values),
+            flat(per_agent(terminated)),
+            flat(per_agent(dones)),
+            algo.gamma,
+            algo.gae_lambda,
+        )
+        adv, ret = adv.view(T, members, E, n), ret.view(T, members, E, n)
+        batch = T * E
+        size = batch // algo.num_minibatches
+        samples = [
+            x.transpose(0, 1).reshape(members, batch, *x.shape[3:]) for x in (obs_buf, log_probs, adv, ret, values)
+        ]
+        obs_s, logp_s, adv_s, ret_s, val_s = samples  # [P, T*E, ...]
+        act_s = [a.transpose(0, 1).reshape(members, batch, *a.shape[3:]) for a in actions_buf]
+        valid = torch.ones(members, size, device=device)
+        for _ in range(algo.update_epochs):
+            order = torch.from_numpy(np.argsort(ctx.streams.uniform(batch), axis=1)).to(device)  # [P, T*E]
+            for m in range(algo.num_minibatches):
+                idx = order[:, m * size : (m + 1) * size]  # [P, M]
+
+                def take(v: torch.Tensor, idx: torch.Tensor = idx) -> torch.Tensor:
+                    return v.gather(1, idx.view(*idx.shape, *([1] * (v.dim() - 2))).expand(-1, -1, *v.shape[2:]))
+
+                mb_obs = take(obs_s)
+                mbs = [
+                    Minibatch(
+                        mb_obs,
+                        take(act_s[i]),
+                        take(logp_s)[..., i],
+                        take(adv_s)[..., i],
+                        take(ret_s)[..., i],
+                        take(val_s)[..., i],
+                        valid,
+                    )
+                    for i in range(n)
+                ]
+                for actor in policies.actors:
+                    actor.train()
+                critic.train()
+                actor_losses, losses = mappo_losses(policies, mb_obs, mbs, critic(mb_obs), algo)
+                for actor in policies.actors:
+                    actor.eval()
+                critic.eval()
+                diagnose = recorder.diagnose(updates)
+                results = {}
+                for j, (pipe, loss) in enumerate(zip(actor_pipes, actor_losses)):  # each reaches its own policy
+                    results[f"actor{j}_"] = pipe.step(loss, step, diagnose)
+                results["critic_"] = critic_pipe.step(losses["critic_loss"], step, diagnose)
+                for j, a in enumerate(policies.actors):
+                    recorder.locate_divergence(
+                        results[f"actor{j}_"],
+                        partial(locate, [a.net], [f"actor{j}"], actor_names[j], mb_obs, None, results[f"actor{j}_"]),
+                    )
+                recorder.locate_divergence(
+                    results["critic_"],
+                    partial(locate, [critic], ["critic"], critic_names, mb_obs, None, results["critic_"]),
+                )
+                recorder.record_update(
+                    results, {k: losses[k] for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")}
+                )
+                updates += 1

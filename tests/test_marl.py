@@ -1,0 +1,344 @@
+"""Multi-agent worlds (PettingZoo parallel, VMAS) and MADDPG: the losses against direct computations,
+member independence, the collapse instruments, a smoke run per env family and bad input."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from torch.nn import functional as F
+
+pytest.importorskip("pettingzoo", reason="pip install -e '.[marl]'")
+pytest.importorskip("mpe2", reason="pip install -e '.[marl]'")
+pytest.importorskip("vmas", reason="pip install -e '.[marl]'")
+
+from rlexp import marl_envs  # noqa: E402
+from rlexp.algos.maddpg import critic_target, gumbel_softmax  # noqa: E402
+from rlexp.build import validate  # noqa: E402
+from rlexp.collapse import ActionWindow  # noqa: E402
+from rlexp.config import ConfigError, DiagnosticsConfig, EnvConfig  # noqa: E402
+from rlexp.marl_envs import AgentSpace, population_env  # noqa: E402
+from rlexp.train import run_job  # noqa: E402
+
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+QUIET = ["logger.mode=disabled", "logger.progress=off", "device=cpu", "threads=1"]
+TINY = ["algo=maddpg", "network.hidden=[16,16]", "algo.batch_size=32", "eval.episodes=1", "eval.every=0", *QUIET]
+
+
+def compose_config(overrides: list[str]):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def read_metrics(out: Path, k: int) -> list[dict]:
+    return [
+        {key: v for key, v in json.loads(line).items() if not key.startswith("perf/")}
+        for line in (out / f"seed_{k}" / "metrics.jsonl").read_text().splitlines()
+    ]
+
+
+# ====================================================================== environments
+def random_actions(env, rng) -> list[np.ndarray]:
+    shape = (env.members, env.num_envs)
+    return [
+        rng.integers(0, a.action_dim, shape) if a.discrete else rng.uniform(-1, 1, (*shape, a.action_dim))
+        for a in env.agents
+    ]
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        EnvConfig(id="mpe2.simple_adversary_v3", api="pettingzoo", max_episode_steps=5),
+        EnvConfig(id="balance", api="vmas", num_envs=2, max_episode_steps=5),
+    ],
+    ids=["pettingzoo", "vmas"],
+)
+def test_a_member_steps_as_it_would_alone(cfg):
+    """Member 1 of seeds [0, 1] sees what a population of seed 1 alone sees (own seeds, own random state),
+    with per-agent spaces, the team reward the agents' sum, and episodes reset at once."""
+    pair, alone = population_env(cfg, [0, 1]), population_env(cfg, [1])
+    assert np.array_equal(pair.reset()[1], alone.reset()[0])
+    assert pair.obs_dim == sum(a.obs_dim for a in pair.agents)
+    rng = np.random.default_rng(0)
+    for _ in range(12):
+        actions = random_actions(pair, rng)
+        a, b = pair.step(actions), alone.step([x[1:] for x in actions])
+        assert np.array_equal(a.next_obs[1], b.next_obs[0]) and np.array_equal(a.agent_reward[1], b.agent_reward[0])
+        assert np.allclose(a.reward, a.agent_reward.sum(-1))
+    episodes = pair.take_episodes()
+    assert [n for _, n in episodes[0]] == [5, 5] * cfg.num_envs
+    assert np.allclose(episodes[0][0][0], pair.agent_returns()[0][0].sum())
+    pair.close(), alone.close()
+
+
+def test_simple_adversary_has_per_agent_spaces():
+    env = population_env(EnvConfig(id="mpe2.simple_adversary_v3", api="pettingzoo"), [0])
+    assert [(a.obs_dim, a.discrete, a.action_dim) for a in env.agents] == [(8, True, 5), (10, True, 5), (10, True, 5)]
+    assert env.slices[1] == slice(8, 18)
+
+
+# ====================================================================== losses
+def test_centralized_critic_target_is_the_direct_computation():
+    torch.manual_seed(0)
+    P, B, D, A = 2, 8, 6, 4
+    critic = torch.nn.Linear(D + A, 1)
+
+    class Holder:  # an agent's target critic: (x', a') -> Q'
+        def critic_target(self, x, a):
+            return critic(torch.cat([x, a], -1))
+
+    next_obs, next_actions = torch.randn(P, B, D), torch.randn(P, B, A)
+    reward, terminated = torch.randn(P, B), (torch.rand(P, B) < 0.3).float()
+    y = critic_target(Holder(), next_obs, next_actions, reward, terminated, 0.95)
+    for p in range(P):
+        for b in range(B):
+            q = critic(torch.cat([next_obs[p, b], next_actions[p, b]])).item()
+            expected = reward[p, b].item() + (0.0 if terminated[p, b] else 0.95 * q)
+            assert y[p, b].item() == pytest.approx(expected, rel=1e-6, abs=1e-6)
+    assert not y.requires_grad
+
+
+@pytest.mark.parametrize("hard", [True, False])
+def test_gumbel_softmax_gradient_is_the_soft_samples(hard):
+    """The straight-through sample's forward is the one-hot argmax and its gradient the soft sample's:
+    d softmax(z/t)_k / d logit_j = s_k (delta_kj - s_j) / t."""
+    torch.manual_seed(1)
+    logits = torch.randn(2, 3, 5, requires_grad=True)
+    noise = -torch.log(-torch.log(torch.rand(2, 3, 5)))
+    weights = torch.randn(2, 3, 5)
+    t = 0.7
+    sample = gumbel_softmax(logits, noise, t, hard)
+    (sample * weights).sum().backward()
+    soft = torch.softmax((logits.detach() + noise) / t, -1)
+    if hard:
+        assert torch.equal(sample.detach(), F.one_hot(soft.argmax(-1), 5).float())
+    else:
+        assert torch.allclose(sample.detach(), soft)
+    jacobian = (torch.diag_embed(soft) - soft[..., :, None] * soft[..., None, :]) / t  # [.., k, j]
+    expected = (weights[..., :, None] * jacobian).sum(-2)
+    assert torch.allclose(logits.grad, expected, atol=1e-6)
+
+
+# ====================================================================== collapse instruments
+def test_action_window_measures_repeats_entropy_and_flags_collapse():
+    agents = [AgentSpace("a", 2, True, 4), AgentSpace("b", 2, False, 1, np.array([-1.0]), np.array([1.0]))]
+    window = ActionWindow(agents, 2, DiagnosticsConfig(collapse_repeat=0.9, collapse_entropy=0.05))
+    logits = torch.zeros(2, 1, 4)
+    for t in range(8):
+        window.add(0, np.array([[1], [t % 4]]), logits)  # member 0 repeats action 1, member 1 cycles
+        window.add(1, np.array([[[0.95]], [[-0.95 + 0.25 * t]]]), torch.zeros(2, 1, 1))
+    metrics, collapsed = window.take(100)
+    assert metrics["agent0/action_repeat_rate"].tolist() == [7 / 8, 0.0]
+    assert metrics["agent0/action_entropy"].tolist() == [0.0, 1.0]
+    assert metrics["agent1/action_repeat_rate"].tolist() == [7 / 8, 0.0]
+    assert metrics["agent0/action_saturation"].tolist() == [0.0, 0.0]
+    assert collapsed == {
+        0: {"agent": "agent0", "step": 100, "instrument": "action_entropy", "value": 0.0, "bound": 0.05}
+    }
+
+
+# ====================================================================== runs
+def test_maddpg_smoke_on_each_env_family_with_per_agent_metrics(tmp_path):
+    for name, extra in {
+        "pettingzoo": ["env=simple_spread", "total_steps=300", "algo.learning_starts=100"],
+        "vmas": [
+            "env=vmas_navigation",
+            "env.num_envs=2",
+            "env.max_episode_steps=20",
+            "total_steps=300",
+            "algo.learning_starts=100",
+        ],
+    }.items():
+        job = run_job(compose_config(TINY + extra + ["logger.log_every=150", "diagnostics.every=2"]), tmp_path / name)
+        assert job["counts"]["ok"] == 1, name
+        last = read_metrics(tmp_path / name, 0)[-1]
+        for key in (
+            "train/agent0/critic_grad_norm",
+            "train/agent1/actor_grad_norm_post_clip",
+            "agent0/action_repeat_rate",
+            "agent1/action_entropy",
+            "agent0/policy/saturated",
+            "train/agent0/q_mean",
+            "episode/return_agent1",
+            "eval/return",
+        ):
+            assert key in last, (name, key)
+
+
+def test_poisoned_member_diverges_alone_and_the_others_are_bitwise_unchanged(tmp_path):
+    base = TINY + [
+        "env=simple_spread",
+        "num_seeds=3",
+        "total_steps=300",
+        "algo.learning_starts=100",
+        "logger.log_every=100",
+        "diagnostics.every=2",
+    ]
+    poison = ["debug.inject.member=1", "debug.inject.step=150", "debug.inject.what=param"]
+    base_job = run_job(compose_config(base), tmp_path / "base")
+    job = run_job(compose_config(base + poison), tmp_path / "poisoned")
+    assert base_job["counts"]["ok"] == 3
+    assert job["counts"] == {"ok": 2, "diverged": 1, "crashed": 0}
+    member = job["members"][1]
+    assert member["divergence"]["cause"] == "nonfinite_param"
+    assert member["divergence"]["where"] == "agent0.critic.0.weight"
+    for k in (0, 2):
+        assert read_metrics(tmp_path / "poisoned", k) == read_metrics(tmp_path / "base", k), k
+
+
+# ====================================================================== bad input
+@pytest.mark.parametrize(
+    "overrides,key,text",
+    [
+        (["algo=td3", "env=simple_spread"], "algo", "use algo=maddpg"),
+        (["algo=maddpg", "env=simple_spread", "env.id=mpe2.simple_sprad_v3"], "env.id", "mpe2.simple_spread_v3"),
+        (["algo=maddpg", "env=vmas_navigation", "env.id=navigaton"], "env.id", "navigation"),
+        (["algo=maddpg"], "algo", "multi-agent env"),
+        (["algo=maddpg", "env=simple_spread", "diagnostics.collapse_repeat=2"], "diagnostics.collapse_repeat", ""),
+    ],
+)
+def test_bad_multi_agent_input_is_one_line(overrides, key, text):
+    with pytest.raises(ConfigError) as err:
+        validate(compose_config(overrides))
+    assert err.value.key == key and text in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_missing_extra_names_the_install_command(monkeypatch):
+    real = marl_envs.importlib.import_module
+
+    def without_vmas(name, *args):
+        if name == "vmas":
+            raise ModuleNotFoundError("No module named 'vmas'", name="vmas")
+        return real(name, *args)
+
+    monkeypatch.setattr(marl_envs.importlib, "import_module", without_vmas)
+    with pytest.raises(ConfigError) as err:
+        validate(compose_config(["algo=maddpg", "env=vmas_balance"]))
+    assert "pip install -e '.[marl]'" in str(err.value)
+
+
+# ====================================================================== MAPPO
+@pytest.mark.parametrize("shared", [True, False])
+def test_mappo_clipped_objective_is_the_direct_computation(shared):
+    """Each agent's clipped surrogate (advantages normalized per member) minus the entropy bonus, from
+    torch.distributions; shared: their mean for the one policy; separate: agent i's for policy i."""
+    from omegaconf import OmegaConf
+
+    from rlexp.algos.mappo import Policies, mappo_losses
+    from rlexp.algos.ppo import Minibatch
+    from rlexp.run import RunContext
+
+    overrides = ["algo=mappo", "env=simple_spread", "num_seeds=2", f"algo.share_parameters={shared}", *QUIET]
+    ctx = RunContext.create(OmegaConf.to_object(compose_config(overrides)), torch.device("cpu"))
+    policies, algo = Policies(ctx, shared), ctx.cfg.algo
+    gen = torch.Generator().manual_seed(0)
+    P, M, n = 2, 16, 3
+    obs = torch.randn(P, M, ctx.env.obs_dim, generator=gen)
+    mbs = [
+        Minibatch(
+            obs,
+            torch.randint(0, 5, (P, M), generator=gen),
+            -1.6 + 0.3 * torch.randn(P, M, generator=gen),
+            torch.randn(P, M, generator=gen),
+            torch.randn(P, M, generator=gen),
+            torch.randn(P, M, generator=gen),
+            torch.ones(P, M),
+        )
+        for _ in range(n)
+    ]
+    actor_losses, _ = mappo_losses(policies, obs, mbs, torch.randn(P, M, n, generator=gen), algo)
+    expected = []
+    for i, mb in enumerate(mbs):
+        own = obs[..., ctx.env.slices[i]]
+        net_in = torch.cat([own, F.one_hot(torch.tensor(i), n).float().expand(P, M, n)], -1) if shared else own
+        dist = torch.distributions.Categorical(logits=policies.actor(i).net(net_in))
+        ratio = torch.exp(dist.log_prob(mb.actions) - mb.log_probs)
+        adv = (mb.advantages - mb.advantages.mean(1, keepdim=True)) / (mb.advantages.std(1, keepdim=True) + 1e-8)
+        clipped = ratio.clamp(1 - algo.clip_coef, 1 + algo.clip_coef)
+        surrogate = torch.maximum(-adv * ratio, -adv * clipped).mean(1)
+        expected.append(surrogate - algo.ent_coef * dist.entropy().mean(1))
+    if shared:
+        expected = [torch.stack(expected).mean(0)]
+    assert len(actor_losses) == len(expected) == len(policies.actors)
+    for got, want in zip(actor_losses, expected):
+        assert torch.allclose(got, want, atol=1e-6)
+    if not shared:  # agent 0's loss reaches only agent 0's policy
+        actor_losses[0].sum().backward()
+        assert all(p.grad is None or not p.grad.any() for p in policies.actors[1].parameters())
+    ctx.env.close(), ctx.evaluator.close()
+
+
+def test_mappo_smoke_with_separate_policies_on_vmas(tmp_path):
+    overrides = [
+        "algo=mappo",
+        "env=vmas_balance",
+        "env.num_envs=2",
+        "env.max_episode_steps=20",
+        "algo.num_steps=32",
+        "total_steps=128",
+        "algo.share_parameters=false",
+        "network.hidden=[16,16]",
+        "logger.log_every=64",
+        "eval.episodes=1",
+        *QUIET,
+    ]
+    job = run_job(compose_config(overrides), tmp_path)
+    assert job["counts"]["ok"] == 1
+    last = read_metrics(tmp_path, 0)[-1]
+    assert {"train/actor2_grad_norm", "train/critic_loss", "agent1/action_entropy", "eval/return"} <= set(last)
+
+
+def test_mappo_sharing_refuses_agents_of_different_spaces():
+    with pytest.raises(ConfigError) as err:
+        validate(compose_config(["algo=mappo", "env=simple_adversary"]))
+    assert err.value.key == "algo.share_parameters"
+
+
+# ====================================================================== the seed_marl presets
+SEED_MARL_CHANGES = {
+    "none": set(),
+    "clipping_global_norm": {"clipping.name"},
+    "last_layer_small": {"init.last_layer"},
+    "layer_norm": {"normalization.name"},
+    "batch_norm": {"normalization.name"},
+    "tanh": {"activation.name"},
+    "softsign": {"activation.name"},
+    "fewer_layers": {"network.hidden"},
+    "obs_norm": {"obs_norm.enabled"},
+    "policy_reg": {"algo.policy_reg"},
+    "lr_1e-3": {"optimizer.lr"},
+}
+
+
+def flat(cfg, prefix: str = "") -> dict:
+    from omegaconf import OmegaConf
+
+    out = {}
+    for key, value in (OmegaConf.to_container(cfg) if prefix == "" else cfg).items():
+        if isinstance(value, dict):
+            out |= flat(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+@pytest.mark.slow  # composes 12 configs (~8 s)
+def test_seed_marl_fixes_change_one_thing_each():
+    presets = sorted(p.stem for p in (Path(CONF_DIR) / "experiment" / "seed_marl").glob("*.yaml"))
+    assert sorted(SEED_MARL_CHANGES) == sorted(p.replace("clip_", "clipping_") for p in presets)
+    base_cfg = compose_config(["+experiment=seed_marl"])
+    validate(base_cfg)
+    base = flat(base_cfg)
+    assert (base["algo.name"], base["env.id"], base["activation.name"], base["clipping.name"]) == (
+        "maddpg",
+        "mpe2.simple_spread_v3",
+        "relu",
+        "none",
+    )
+    for preset in presets:
+        changed = flat(compose_config([f"+experiment=seed_marl/{preset}"]))
+        moved = {k for k in base if changed.get(k) != base[k]}
+        assert moved == SEED_MARL_CHANGES[preset.replace("clip_", "clipping_")], preset
