@@ -164,6 +164,7 @@ class SequenceReplay(ReplayBuffer):
         self.ptr = np.zeros((members, num_envs), dtype=np.int64)
         self.size = np.zeros((members, num_envs), dtype=np.int64)
         self._filling = True  # kept for the checkpoint's buffer state
+        self.frames = None  # observations are stored as float32 rows (no uint8 frames)
         self._row_base = np.arange(members)[:, None] * self.rows  # [P, 1]
         self._env_base = np.arange(num_envs)[None, :] * self.ring  # [1, E]
 

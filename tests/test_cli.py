@@ -35,6 +35,8 @@ from rlexp.build import validate
 from rlexp.cells import cell_name, job_settings, swept_keys
 from rlexp.cli import check_command_line, job_overrides, needs_whole_check
 from rlexp.config import NON_CELL_KEYS, ConfigError, EnvConfig
+from rlexp.envs import check_env_id
+from rlexp.marl_envs import is_multi_agent
 from rlexp.registry import SCHEMAS, register
 from rlexp.wandb_files import read_records as read_wandb_records
 from rlexp.wandb_files import run_dirs
@@ -78,7 +80,9 @@ def options(group: str) -> list[str]:
 
 
 def needs_box2d(env_id: str) -> bool:
-    return "box2d" in str(gym.spec(env_id).entry_point).lower()
+    """Whether a gymnasium id's entry point is a Box2D world (an id of an optional family, MinAtar or
+    ALE, is not: it is registered only once its package is imported)."""
+    return env_id in gym.registry and "box2d" in str(gym.spec(env_id).entry_point).lower()
 
 
 BOX2D_INSTALLED = importlib.util.find_spec("Box2D") is not None
@@ -382,20 +386,48 @@ def test_every_group_has_options():
         assert options(group), f"conf/{group}/ has no option"
 
 
+def partners(group: str, option: str, cfg: Any) -> list[str]:
+    """The overrides that make an option valid with the defaults: an algorithm with an env of its kind
+    of actions or agents, a torso with its kind of observations, an env with an algorithm (and torso)
+    that handles it."""
+    if group == "algo" and ALGOS[option].multi_agent:
+        return ["env=simple_spread"]
+    if group == "algo" and "discrete" not in ALGOS[option].action_spaces:
+        return ["env=pendulum"]
+    if group == "network":
+        return {"mlp": [], "lstm": ["algo=ppo"], "cnn": ["env=minatar_breakout"], "nature_cnn": ["env=atari_breakout"]}[
+            option
+        ]
+    if group != "env":
+        return []
+    if is_multi_agent(cfg.env):
+        return ["algo=maddpg"]
+    if cfg.env.id.startswith("MinAtar/"):
+        return ["network=cnn"]
+    if cfg.env.id.startswith("ALE/"):  # a smaller replay than the default's 100k frame stacks
+        return ["network=nature_cnn", "algo.buffer_size=1000"]
+    if not needs_box2d(cfg.env.id) and isinstance(gym.make(cfg.env.id).action_space, gym.spaces.Box):
+        return ["algo=td3"]
+    return []
+
+
 @pytest.mark.parametrize("group,option", ALL_OPTIONS, ids=[f"{g}={o}" for g, o in ALL_OPTIONS])
 def test_every_option_composes_and_validates(group, option):
     cfg = compose_config([f"{group}={option}"])
-    # pair a continuous-action algorithm with a continuous environment, and the other way round
-    if group == "algo" and "discrete" not in ALGOS[option].action_spaces:
-        cfg = compose_config([f"{group}={option}", "env=pendulum"])
-    if group == "env" and not needs_box2d(cfg.env.id) and isinstance(gym.make(cfg.env.id).action_space, gym.spaces.Box):
-        cfg = compose_config([f"{group}={option}", "algo=td3"])
+    env_cfg = compose_config([f"{group}={option}", *partners(group, option, cfg)]).env
+    if not is_multi_agent(env_cfg):
+        try:
+            check_env_id(env_cfg.id)  # registers an optional family's ids (MinAtar, ALE)
+        except ConfigError as err:
+            pytest.skip(str(err))  # its extra is missing: the line names the install command
+    cfg = compose_config([f"{group}={option}", *partners(group, option, cfg)])
     node = cfg[group]
     if group == "env":
-        assert node.id in gym.registry, f"conf/env/{option}.yaml: {node.id} is not a registered gymnasium id"
         assert OmegaConf.get_type(node) is EnvConfig
-        if needs_box2d(node.id) and not BOX2D_INSTALLED:
-            pytest.skip("needs box2d (its error is tested in test_box2d_env_without_box2d_names_the_extra)")
+        if not is_multi_agent(node):
+            assert node.id in gym.registry, f"conf/env/{option}.yaml: {node.id} is not a registered gymnasium id"
+            if needs_box2d(node.id) and not BOX2D_INSTALLED:
+                pytest.skip("needs box2d (its error is tested in test_box2d_env_without_box2d_names_the_extra)")
     else:
         assert node.name == option, f"conf/{group}/{option}.yaml names {node.name!r}"
         # the yaml is backed by its option's schema, so Hydra refuses unknown keys and wrong types
@@ -403,13 +435,9 @@ def test_every_option_composes_and_validates(group, option):
     validate(cfg)  # raises ConfigError on a bad value
 
 
-@pytest.mark.parametrize("group", [g for g in GROUPS if g != "env"])
-def test_every_schema_option_has_a_yaml(group):
-    assert set(SCHEMAS[group]) == set(options(group))
-
-
 def test_box2d_env_without_box2d_names_the_extra():
-    box2d_options = [o for o in options("env") if needs_box2d(compose_config([f"env={o}"]).env.id)]
+    envs = [compose_config([f"env={o}"]).env for o in options("env")]
+    box2d_options = [o for o, e in zip(options("env"), envs) if not is_multi_agent(e) and needs_box2d(e.id)]
     if not box2d_options:
         pytest.skip("no box2d environment in conf/env")
     if BOX2D_INSTALLED:
@@ -488,7 +516,7 @@ def test_hydras_refusals_are_one_line_with_the_fix(bad_runs, case):
 COMMAND_LINE_REFUSALS = {
     "+total_step=1000": ["config error: total_step: ", "did you mean total_steps=1000?"],
     "algo.gama=0.9": ["config error: algo.gama: ", "did you mean algo.gamma=0.9?"],
-    "algo=dqnn": ["config error: algo: unknown option 'dqnn'", "did you mean algo=dqn?", "a2c, ddpg, dqn, ppo, td3"],
+    "algo=dqnn": ["config error: algo: unknown option 'dqnn'", "did you mean algo=dqn?", "a2c, ddpg, dqn, maddpg"],
     "+experiment=nan_hunt/tahn": ["config error: experiment: ", "did you mean experiment=nan_hunt/tanh"],
     "hydra/launcher=rlexp_jobli": ["config error: hydra/launcher: ", "did you mean hydra/launcher=rlexp_joblib"],
     "algo.double=maybe": ["config error: algo.double: 'maybe' is not true or false", "(default false)"],

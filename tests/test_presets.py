@@ -128,6 +128,7 @@ def test_bench_smoke_writes_consistent_figures(tmp_path):
             "diagnostics",
             "startup",
             "ppo_vs_sb3",
+            "minatar_vs_sb3",
             "--out",
             str(out),
         ],
