@@ -490,8 +490,17 @@ def _validate_agents(cfg: DictConfig) -> tuple[int, int]:
 FILES_RESERVED = 64  # descriptors a job holds besides its members' (Python, torch, W&B's service, Hydra's log)
 FLOAT = 4  # bytes of a float32
 ENV_BYTES = 64 * 1024  # one environment's state (a CartPole or a Box2D world), generously
-# networks trained per member
-NETWORKS = {"dqn": 1, "ppo": 2, "a2c": 2, "ddpg": 2, "td3": 3, "sac": 3, "muzero_lite": 3, "maddpg": 4, "mappo": 2}
+NETS_PER_MEMBER = {  # networks trained per member
+    "dqn": 1,
+    "ppo": 2,
+    "a2c": 2,
+    "ddpg": 2,
+    "td3": 3,
+    "sac": 3,
+    "muzero_lite": 3,
+    "maddpg": 4,
+    "mappo": 2,
+}
 COPIES = 5  # per parameter: itself, its gradient, two optimizer moments, a target network's copy
 
 
@@ -513,7 +522,7 @@ def memory_per_member(cfg: DictConfig, obs_dim: int, action_dim: int, frames: bo
     algo, env = cfg.algo, cfg.env
     hidden = [list(cfg[role].hidden or cfg.network.hidden) for role in ("actor", "critic")]
     widest = max(hidden, key=sum)
-    nets = NETWORKS.get(algo.name, 3) * _mlp_params([obs_dim + action_dim, *widest, action_dim + 1])
+    nets = NETS_PER_MEMBER.get(algo.name, 3) * _mlp_params([obs_dim + action_dim, *widest, action_dim + 1])
     replay = 0
     if algo.name in ("dqn", "ddpg", "td3", "sac", "muzero_lite", "maddpg"):
         row = (1 if algo.name in ("dqn", "muzero_lite") else action_dim) + 2  # action | reward | done
