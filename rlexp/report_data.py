@@ -60,7 +60,8 @@ class Normalization:
 
     random: float
     reference: float
-    source: str  # "table" (NORMALIZATION in rlexp.report_stats) or "grid" (min and max over this grid)
+    source: str  # "table" (NORMALIZATION in rlexp.report_stats), "random" (its random return, the grid's max)
+    # or "grid" (min and max over this grid)
 
 
 @dataclass

@@ -67,11 +67,13 @@ def _normalization(report: Report) -> str:
     rows = [
         [
             escape(task),
-            _num(n.random),
-            _num(n.reference),
-            "random-policy return and gymnasium's solved threshold (rlexp.report_stats.NORMALIZATION)"
-            if n.source == "table"
-            else "no reference known: the smallest and largest score of this grid",
+            _num(n.random, ".2f"),
+            _num(n.reference, ".2f"),
+            {
+                "table": "random-policy return and gymnasium's solved threshold (rlexp.report_stats.NORMALIZATION)",
+                "random": "random-policy return (rlexp.report_stats.NORMALIZATION); no reference known: "
+                "the largest score of this grid",
+            }.get(n.source, "no reference known: the smallest and largest score of this grid"),
         ]
         for task, n in report.normalization.items()
     ]

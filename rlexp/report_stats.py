@@ -15,15 +15,28 @@ import numpy as np
 from rlexp.report_data import ESTIMATES, Normalization
 
 # env id -> (return of a uniformly random policy, reference return): normalized score =
-# (return − random) / (reference − random). The reference is the return gymnasium registers as solving
-# the env (``spec.reward_threshold``) where it has one; Pendulum has none: −150, a solved swing-up.
-NORMALIZATION = {
-    "CartPole-v1": (22.0, 475.0),
-    "CartPole-v0": (22.0, 195.0),
+# (return − random) / (reference − random). random: the mean return of 100 uniformly random episodes
+# (seeds 0..99, the env's own time limit; ``python scripts/random_returns.py``, docs/report.md; CartPole-v0:
+# v1's episodes, none reaches 200 steps). reference: the return gymnasium registers as solving the env
+# (``spec.reward_threshold``) where it has one; Pendulum has none: −150, a solved swing-up; None (Walker2d,
+# MinAtar: no registered threshold): the grid's largest score.
+NORMALIZATION: dict[str, tuple[float, float | None]] = {
+    "CartPole-v1": (24.96, 475.0),
+    "CartPole-v0": (24.96, 195.0),
     "Acrobot-v1": (-500.0, -100.0),
     "MountainCar-v0": (-200.0, -110.0),
-    "Pendulum-v1": (-1200.0, -150.0),
-    "LunarLander-v3": (-180.0, 200.0),
+    "MountainCarContinuous-v0": (-33.31, 90.0),
+    "Pendulum-v1": (-1197.18, -150.0),
+    "LunarLander-v3": (-191.0, 200.0),
+    "HalfCheetah-v5": (-267.71, 4800.0),
+    "Hopper-v5": (17.04, 3800.0),
+    "Walker2d-v5": (1.93, None),
+    "Ant-v5": (-47.46, 6000.0),
+    "MinAtar/Asterix-v0": (0.51, None),
+    "MinAtar/Breakout-v0": (0.56, None),
+    "MinAtar/Freeway-v0": (0.19, None),
+    "MinAtar/Seaquest-v0": (0.08, None),
+    "MinAtar/SpaceInvaders-v0": (2.97, None),
 }
 
 
@@ -48,16 +61,20 @@ def finite(value: Any) -> bool:
 
 # ----------------------------------------------------------------------------- scores
 def normalizations(rows: Sequence[dict[str, Any]], tasks: Sequence[str], key: str) -> dict[str, Normalization]:
-    """Each task's normalization: NORMALIZATION's random and reference returns, else (an env without
-    one) the smallest and largest raw score (``key``) of the grid's members that ran."""
+    """Each task's normalization: NORMALIZATION's random and reference returns ("table"); its random return
+    and the largest raw score (``key``) of the grid's members that ran ("random": no reference known);
+    else (an env not in the table) the smallest and largest such score ("grid")."""
     out = {}
     for task in tasks:
-        if task in NORMALIZATION:
-            out[task] = Normalization(*NORMALIZATION[task], "table")
+        random, reference = NORMALIZATION.get(task, (None, None))
+        if reference is not None:
+            out[task] = Normalization(random, reference, "table")
             continue
         values = [r[key] for r in rows if r["env"] == task and r["status"] != "crashed" and finite(r[key])]
         lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
-        out[task] = Normalization(lo, hi if hi > lo else lo + 1.0, "grid")
+        if random is not None:
+            lo, hi = random, max(values, default=random)
+        out[task] = Normalization(lo, hi if hi > lo else lo + 1.0, "grid" if random is None else "random")
     return out
 
 

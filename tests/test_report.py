@@ -25,7 +25,7 @@ from test_cli import cli_env, read_wandb_records, read_wandb_run
 
 from rlexp.report import build_report, instrument_panels, write_outputs
 from rlexp.report_html import render_html
-from rlexp.report_stats import bootstrap_iqm, iqm_fast, performance_profiles, poi_fast
+from rlexp.report_stats import NORMALIZATION, bootstrap_iqm, iqm_fast, normalizations, performance_profiles, poi_fast
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium")
@@ -383,11 +383,12 @@ def test_instrument_curves_draw_each_members_records_per_cell(synthetic, tmp_pat
 
 def test_scoring_rule_switches_how_diverged_members_count(synthetic):
     """--diverged-score: frozen keeps a diverged member's score, zero gives it the random policy's
-    return (CartPole-v1: 22), drop leaves it out; n scored/total says how many entered."""
+    return (CartPole-v1's in NORMALIZATION), drop leaves it out; n scored/total says how many entered."""
     cell = "activation=tanh,init=he"  # B, members 0 and 3 diverged
+    random = NORMALIZATION["CartPole-v1"][0]
     expected = {
         "frozen": (B, 8),
-        "zero": ([22.0, *B[1:3], 22.0, *B[4:]], 8),
+        "zero": ([random, *B[1:3], random, *B[4:]], 8),
         "drop": ([b for k, b in enumerate(B) if k not in (0, 3)], 6),
     }
     for rule, (scores, n) in expected.items():
@@ -401,7 +402,7 @@ def test_scoring_rule_switches_how_diverged_members_count(synthetic):
 def test_interval_estimates_poi_matrix_and_curves_match_direct_computations(synthetic):
     report = build_report(synthetic, reps=100, seed=3)
     x = np.array(A).reshape(-1, 1)
-    gamma = 475.0  # CartPole-v1's reference return: the optimality gap's threshold
+    gamma = NORMALIZATION["CartPole-v1"][1]  # CartPole-v1's reference return: the optimality gap's threshold
 
     def four(s: np.ndarray) -> np.ndarray:
         return np.array(
@@ -465,7 +466,9 @@ def test_two_envs_an_empty_metrics_file_and_a_crashed_job_label_every_figure_hon
     write_outputs(report)
     assert report.tasks == ["Acrobot-v1", "CartPole-v1"] and report.normalized
     relu = {s.cell: s for s in report.cells}["activation=relu"]
-    normalized = [(a - 22.0) / (475.0 - 22.0) for a in A] + [(r + 500.0) / 400.0 for r in acro]
+    (cart_random, cart_ref), (acro_random, acro_ref) = NORMALIZATION["CartPole-v1"], NORMALIZATION["Acrobot-v1"]
+    normalized = [(a - cart_random) / (cart_ref - cart_random) for a in A]
+    normalized += [(r - acro_random) / (acro_ref - acro_random) for r in acro]
     assert relu.iqm == pytest.approx(trim_mean(normalized, 0.25))
     assert (relu.total, relu.members, relu.scored) == (24, 16, 16)
     assert relu.median_by_task == {"CartPole-v1": np.median(A), "Acrobot-v1": np.median(acro)}
@@ -477,8 +480,8 @@ def test_two_envs_an_empty_metrics_file_and_a_crashed_job_label_every_figure_hon
         "<th>IQM normalized final return [95% CI]</th>",
         "<th>median raw final return · Acrobot-v1</th>",
         "<th>median raw final return · CartPole-v1</th>",
-        '<td>Acrobot-v1</td><td class="num">-500.0</td><td class="num">-100.0</td>',
-        '<td>CartPole-v1</td><td class="num">22.0</td><td class="num">475.0</td>',
+        f'<td>Acrobot-v1</td><td class="num">{acro_random:.2f}</td><td class="num">{acro_ref:.2f}</td>',
+        f'<td>CartPole-v1</td><td class="num">{cart_random:.2f}</td><td class="num">{cart_ref:.2f}</td>',
         '<td class="num">16/24</td>',  # n ran/total and n scored/total of relu
         "--diverged-score frozen</code>",
         "members of a crashed job are left out of every statistic",
@@ -494,6 +497,24 @@ def test_two_envs_an_empty_metrics_file_and_a_crashed_job_label_every_figure_hon
     cells = {r["cell"]: r for r in csv.DictReader(open(root / "cells.csv"))}
     assert cells["activation=relu"]["wandb_runs"].split() == [f"run{j}m{k}" for j in (0, 2, 4) for k in range(8)]
     assert [r["wandb_run"] for r in grid(root) if r["job"] == "1"] == [f"run1m{k}" for k in range(8)]
+
+
+def test_normalization_falls_back_to_the_grid_where_the_table_has_no_reference():
+    """A table entry with a reference: both from the table; a random return without one: the grid's
+    largest score as reference; an env not in the table: the grid's smallest and largest score."""
+    rows = [
+        {"env": env, "status": status, "final": value}
+        for env in ("CartPole-v1", "MinAtar/Breakout-v0", "Unknown-v0")
+        for status, value in (("ok", 3.0), ("diverged", 9.0), ("crashed", 50.0), ("ok", float("nan")))
+    ]
+    norms = normalizations(rows, ["CartPole-v1", "MinAtar/Breakout-v0", "Unknown-v0"], "final")
+    breakout = NORMALIZATION["MinAtar/Breakout-v0"]
+    assert breakout[1] is None
+    assert [(n.random, n.reference, n.source) for n in norms.values()] == [
+        (*NORMALIZATION["CartPole-v1"], "table"),
+        (breakout[0], 9.0, "random"),
+        (3.0, 9.0, "grid"),
+    ]
 
 
 # ---------------------------------------------------------------------- bad input
