@@ -267,7 +267,8 @@ def _load_recorder(recorder: Recorder, state: dict[str, Any]) -> None:
 
 
 def _optimizer_state(pipeline: GradientPipeline) -> dict[str, Any]:
-    """The optimizer's state tensors ([P, N] moments; 0-dim step counts, shared), flags and hyperparameters."""
+    """The optimizer's state tensors ([P, N'] moments, rows padded; 0-dim step counts, shared), flags
+    and hyperparameters."""
     optimizer = pipeline.optimizer
     state: dict[str, Any] = {
         "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]

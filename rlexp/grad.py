@@ -203,7 +203,8 @@ class GradientPipeline:
     gradient into a flat gradient buffer. Norms, global-norm clipping, the finiteness checks, the
     restore of frozen members and the optimizer step then each run once over the buffer instead of
     once per tensor; what they compute is unchanged (every operation is per member or elementwise).
-    The optimizer (``optimizer``, a config) is built over the flat buffer.
+    The optimizer (``optimizer``, a config) is built over the flat buffer, its rows padded to whole
+    64-byte blocks (see ``__init__``).
 
     ``storage_moves`` counts the pipelines built (each replaces its parameters' storage): a fast
     path holding views of parameter memory (PopMLP.inference) makes them anew when it changes.
@@ -222,9 +223,16 @@ class GradientPipeline:
     ) -> None:
         members = params[0].shape[0]
         with torch.no_grad():
-            self.flat = torch.cat([p.detach().reshape(members, -1) for p in params], 1)  # [P, N]
-        self.flat_grad = torch.zeros_like(self.flat)  # [P, N]
-        self.flat.grad = self.flat_grad
+            flat = torch.cat([p.detach().reshape(members, -1) for p in params], 1)  # [P, N]
+        # the optimizer steps rows padded with zeros to whole 64-byte blocks [P, N']: a CPU kernel's
+        # vector body and its scalar remainder loop round differently, and with N' a multiple of every
+        # vector width no element falls in the remainder, so the last member's bits never depend on P
+        block = 64 // flat.element_size()
+        self._padded = flat.new_zeros(members, -(-flat.shape[1] // block) * block)  # [P, N']
+        self._padded.grad = torch.zeros_like(self._padded)  # [P, N'], padding: 0 forever
+        self.flat = self._padded[:, : flat.shape[1]]  # [P, N] views
+        self.flat_grad = self._padded.grad[:, : flat.shape[1]]
+        self.flat.copy_(flat)
         self._before = torch.empty_like(self.flat)  # the parameters before a step
         offset = 0
         self._offsets: dict[int, int] = {}  # id(parameter) -> its first column in the buffers
@@ -240,11 +248,11 @@ class GradientPipeline:
         self._sizes = [p[0].numel() for p in params]
         # members differing in their optimizer or clipping: each run of equal members' configs steps
         # (clips) its rows [a, b) of the buffers with its own rule and numbers; one run when all agree
-        self.optimizers = []  # (a, b, optimizer over flat[a:b])
+        self.optimizers = []  # (a, b, optimizer over the padded rows [a, b))
         for a, b, config in member_runs(optimizer, members):
-            rows = self.flat if (a, b) == (0, members) else self.flat[a:b]  # a view: member rows are contiguous
-            if rows is not self.flat:
-                rows.grad = self.flat_grad[a:b]
+            rows = self._padded if (a, b) == (0, members) else self._padded[a:b]  # a view: rows are contiguous
+            if rows is not self._padded:
+                rows.grad = self._padded.grad[a:b]
             self.optimizers.append((a, b, make_optimizer([rows], config)))
         self.optimizer = self.optimizers[0][2] if len(self.optimizers) == 1 else None  # None: per-member groups
         self.clippers = member_runs(clipping, members)  # (a, b, config)

@@ -1,9 +1,11 @@
 """Optimizers (the ``optimizer`` config group).
 
 All are elementwise, so one optimizer over stacked [P, ...] tensors equals P optimizers, one per
-member. ``rmsprop_tf`` reproduces tf.train.RMSPropOptimizer (TensorFlow 1.x) exactly; the others run
-torch.optim's own ops bit for bit. None is a torch.optim.Optimizer, whose first construction in a
-process imports torch._dynamo (about 1.2 s of start-up): each is a ``OneGroup``.
+member (bitwise given rows of whole 64-byte blocks, as GradientPipeline pads them: a CPU kernel's
+scalar remainder loop rounds differently from its vector body). ``rmsprop_tf`` reproduces
+tf.train.RMSPropOptimizer (TensorFlow 1.x) exactly; the others run torch.optim's own ops bit for bit.
+None is a torch.optim.Optimizer, whose first construction in a process imports torch._dynamo (about
+1.2 s of start-up): each is a ``OneGroup``.
 """
 
 from __future__ import annotations
