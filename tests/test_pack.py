@@ -90,11 +90,15 @@ def test_fault_injection_poisons_that_member_of_each_cell_in_a_pack(tmp_path):
 
 
 @pytest.mark.slow
-def test_members_differing_in_intervention_numbers_train_in_a_pack_as_alone(tmp_path):
-    # shrink_perturb only: under redo and reset a member's last bits already depend on the population's
-    # size in a job of its own (num_seeds=2 vs 4), so packs of them match alone only to rounding
-    base = [*DQN, "intervention=shrink_perturb", "intervention.every=8"]
-    variants = [["intervention.shrink=0.5"], ["intervention.perturb=0.05", "optimizer=rmsprop"]]
+@pytest.mark.parametrize(
+    "option,variants",
+    [
+        ("shrink_perturb", [["intervention.shrink=0.5"], ["intervention.perturb=0.05", "optimizer=rmsprop"]]),
+        ("redo", [["intervention.tau=0.05"], ["intervention.tau=0.2", "optimizer=rmsprop"]]),
+    ],
+)
+def test_members_differing_in_intervention_numbers_train_in_a_pack_as_alone(tmp_path, option, variants):
+    base = [*DQN, f"intervention={option}", "intervention.every=8"]
     jobs = assert_packed_equals_alone(tmp_path, base, variants)
     assert all(m["status"] == "ok" for j in jobs for m in j["members"])
 
