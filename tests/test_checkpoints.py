@@ -122,6 +122,42 @@ RUNS = {  # (overrides, crash step, checkpoint step continued from)
         250,
         150,
     ),
+    "maddpg": (  # every agent's networks, targets and pipelines, and the action window's state
+        [
+            "algo=maddpg",
+            "env=simple_spread",
+            "total_steps=300",
+            "num_seeds=2",
+            "network.hidden=[16,16]",
+            "algo.learning_starts=100",
+            "algo.batch_size=32",
+            "logger.log_every=40",
+            "checkpoint.every=120",  # inside an episode (25 steps)
+            "eval.every=150",
+            "eval.episodes=1",
+        ],
+        210,
+        120,
+    ),
+    "mappo": (  # separate policies, a checkpoint inside a rollout, observation normalization
+        [
+            "algo=mappo",
+            "env=simple_spread",
+            "total_steps=256",
+            "num_seeds=2",
+            "network.hidden=[16,16]",
+            "algo.num_steps=16",
+            "algo.num_minibatches=2",
+            "algo.update_epochs=2",
+            "logger.log_every=24",
+            "checkpoint.every=72",  # inside an episode (25 steps)
+            "eval.every=128",
+            "eval.episodes=1",
+            "obs_norm.enabled=true",
+        ],
+        130,
+        72,
+    ),
     "muzero_lite": (
         [
             "algo=muzero_lite",
