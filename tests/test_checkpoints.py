@@ -4,7 +4,8 @@ A job interrupted by ``debug.crash_at_step`` and resumed from its checkpoint (wi
 ends bitwise as the uninterrupted job: every metrics record (perf/ aside), every member summary
 (wall time aside) and every tensor of the final checkpoint, for DQN (a member diverged before the
 checkpoint, gymnasium's CartPole stepped one by one), PPO (a checkpoint inside a rollout, CartPoles
-stepped together, observation and reward normalization) and TD3 (Pendulum). A member's file alone
+stepped together, observation and reward normalization), TD3 (Pendulum), and MADDPG and MAPPO on
+PettingZoo's simple_spread (checkpoints inside an episode; MAPPO's inside a rollout). A member's file alone
 loads as a population of one and evaluates as the member did in its population. Bad input: a
 checkpoint of another config is refused in one line, a cut-off one is moved aside and the job runs
 again from scratch, and rlexp.evaluate on a dir without checkpoints says how to write them. A
