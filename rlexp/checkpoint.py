@@ -186,7 +186,82 @@ def _load_gym(env: gym.Env, state: dict[str, Any]) -> None:
         setattr(layers[int(level)], name, value)
 
 
+_PZ_SKIP = {"scenario", "viewer", "screen", "game_font", "action_spaces", "observation_spaces", "state_space"}
+
+
+def _pz_parts(obj: Any, path: str, seen: set[int]) -> list[tuple[str, Any, Any, Any]]:
+    """Every value a PettingZoo environment's objects hold (the env, its wrappers, its world and the
+    world's entities): (path, holder, key, value) with plain values, arrays and random generators."""
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    parts = []
+    for key, value in vars(obj).items():
+        if key in _PZ_SKIP or key.startswith("_ezpickle"):
+            continue
+        here = f"{path}.{key}"
+        if isinstance(value, np.random.Generator):
+            parts.append((here, obj, key, json.dumps(value.bit_generator.state)))
+        elif type(value).__module__.split(".")[0] in ("mpe2", "pettingzoo"):
+            parts += _pz_parts(value, here, seen)
+        elif isinstance(value, list) and value and all(hasattr(v, "__dict__") for v in value):
+            for i, item in enumerate(value):
+                parts += _pz_parts(item, f"{here}.{i}", seen)
+        elif isinstance(value, (np.ndarray, np.generic, *PLAIN, list, dict)):
+            parts.append((here, obj, key, np.asarray(value) if isinstance(value, np.generic) else value))
+    return parts
+
+
+def _pz_value(value: Any, current: Any) -> Any:
+    """A saved PettingZoo value as the environment holds it (arrays and numpy scalars back from tensors)."""
+    if isinstance(current, np.random.Generator):
+        current.bit_generator.state = json.loads(value)
+        return current
+    if isinstance(value, torch.Tensor):
+        array = value.numpy().copy()
+        return array.dtype.type(array.item()) if isinstance(current, np.generic) else array
+    if isinstance(value, list):
+        return [v.numpy().copy() if isinstance(v, torch.Tensor) else v for v in value]
+    return value
+
+
+def _marl_env_state(env: Any) -> dict[str, Any]:
+    """A multi-agent population's state: episode counters and, for PettingZoo, every environment's
+    objects (VMAS environments start new episodes on restore)."""
+    P, E = env.members, env.num_envs
+    state = {
+        "ep_return": env._ep_return.reshape(P, E, -1),
+        "ep_length": env._ep_length.reshape(P, E),
+        "episodes": PerMember(env.episodes),
+        "last_returns": PerMember(env.last_returns),
+        "episode_count": env.episode_count,
+    }
+    if env.api == "pettingzoo":
+        pz = [{path: value for path, _, _, value in _pz_parts(e, "env", set())} for e in env.envs]
+        state["pz"] = PerMember([pz[k * E : (k + 1) * E] for k in range(P)])
+    return state
+
+
+def _load_marl_env(env: Any, state: dict[str, Any]) -> bool:
+    n = env.members * env.num_envs
+    env._ep_return = state["ep_return"].numpy().reshape(n, -1).copy()
+    env._ep_length = state["ep_length"].numpy().reshape(n).copy()
+    env.episodes = [[tuple(e) for e in member] for member in state["episodes"]]
+    env.last_returns = [deque(r, maxlen=d.maxlen) for r, d in zip(state["last_returns"], env.last_returns)]
+    env.episode_count = state["episode_count"].numpy().copy()
+    if env.api != "pettingzoo":
+        env._obs = env.reset().reshape(n, -1)  # new episodes: the loop's observations are replaced by these
+        return False
+    for e, saved in zip(env.envs, (s for member in state["pz"] for s in member)):
+        for path, holder, key, _ in _pz_parts(e, "env", set()):
+            if path in saved:
+                setattr(holder, key, _pz_value(saved[path], getattr(holder, key)))
+    return True
+
+
 def _env_state(env: PopulationEnv) -> dict[str, Any]:
+    if hasattr(env, "agent_names"):
+        return _marl_env_state(env)
     P, E = env.members, env.num_envs
     state = {
         "done": env._done.reshape(P, E),
@@ -206,6 +281,8 @@ def _env_state(env: PopulationEnv) -> dict[str, Any]:
 def _load_env(env: PopulationEnv, state: dict[str, Any]) -> bool:
     """Restore the training environments; False when some environment's state is not all Python
     attributes (MuJoCo, Box2D): those start new episodes instead, from their restored generators."""
+    if hasattr(env, "agent_names"):
+        return _load_marl_env(env, state)
     n = env.members * env.num_envs
     env._done = state["done"].numpy().reshape(n).copy()
     env._ep_return = state["ep_return"].numpy().reshape(n).copy()

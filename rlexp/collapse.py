@@ -73,6 +73,26 @@ class ActionWindow:
         self._saturated[:, index] += sat.sum(1).cpu().numpy()
         self._steps[index] += envs
 
+    def checkpoint(self) -> dict[str, Any]:
+        """The window's state as loop variables for ``RunContext.checkpoint_state``: arrays [P, ...]
+        (restored in place), each agent's previous choice [P, E, dims] (None before its first) and the
+        per-agent step counts."""
+        state: dict[str, Any] = {f"window_prev{i}": prev for i, prev in enumerate(self._prev)}
+        state |= {f"window_hist{i}": hist for i, hist in enumerate(self._hist)}
+        return state | {
+            "window_repeats": self._repeats,
+            "window_saturated": self._saturated,
+            "window_collapsed": self.collapsed,
+            "window_steps": self._steps.tolist(),
+        }
+
+    def restore(self, loop: dict[str, Any]) -> None:
+        """Take back the state ``checkpoint`` gave, from the restored loop variables."""
+        for i in range(len(self.agents)):
+            prev = loop[f"window_prev{i}"]
+            self._prev[i] = prev.numpy().copy() if isinstance(prev, torch.Tensor) else prev
+        self._steps = np.array(loop["window_steps"], dtype=float)
+
     def take(self, step: int) -> tuple[dict[str, np.ndarray], dict[int, dict[str, Any]]]:
         """The window's metrics ({name: [P]}) and the members newly collapsed at log step ``step``
         ({member: {agent, step, instrument, value, bound}}); starts a new window."""

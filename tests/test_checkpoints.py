@@ -4,7 +4,8 @@ A job interrupted by ``debug.crash_at_step`` and resumed from its checkpoint (wi
 ends bitwise as the uninterrupted job: every metrics record (perf/ aside), every member summary
 (wall time aside) and every tensor of the final checkpoint, for DQN (a member diverged before the
 checkpoint, gymnasium's CartPole stepped one by one), PPO (a checkpoint inside a rollout, CartPoles
-stepped together, observation and reward normalization) and TD3 (Pendulum). A member's file alone
+stepped together, observation and reward normalization), TD3 (Pendulum), and MADDPG and MAPPO on
+PettingZoo's simple_spread (checkpoints inside an episode; MAPPO's inside a rollout). A member's file alone
 loads as a population of one and evaluates as the member did in its population. Bad input: a
 checkpoint of another config is refused in one line, a cut-off one is moved aside and the job runs
 again from scratch, and rlexp.evaluate on a dir without checkpoints says how to write them. A
@@ -121,6 +122,42 @@ RUNS = {  # (overrides, crash step, checkpoint step continued from)
         ],
         250,
         150,
+    ),
+    "maddpg": (  # every agent's networks, targets and pipelines, and the action window's state
+        [
+            "algo=maddpg",
+            "env=simple_spread",
+            "total_steps=300",
+            "num_seeds=2",
+            "network.hidden=[16,16]",
+            "algo.learning_starts=100",
+            "algo.batch_size=32",
+            "logger.log_every=40",
+            "checkpoint.every=120",  # inside an episode (25 steps)
+            "eval.every=150",
+            "eval.episodes=1",
+        ],
+        210,
+        120,
+    ),
+    "mappo": (  # separate policies, a checkpoint inside a rollout, observation normalization
+        [
+            "algo=mappo",
+            "env=simple_spread",
+            "total_steps=256",
+            "num_seeds=2",
+            "network.hidden=[16,16]",
+            "algo.num_steps=16",
+            "algo.num_minibatches=2",
+            "algo.update_epochs=2",
+            "logger.log_every=24",
+            "checkpoint.every=72",  # inside an episode (25 steps)
+            "eval.every=128",
+            "eval.episodes=1",
+            "obs_norm.enabled=true",
+        ],
+        130,
+        72,
     ),
     "muzero_lite": (
         [

@@ -291,6 +291,29 @@ def test_mappo_smoke_with_separate_policies_on_vmas(tmp_path):
     assert {"train/actor2_grad_norm", "train/critic_loss", "agent1/action_entropy", "eval/return"} <= set(last)
 
 
+def test_mappo_with_diagnostics_records_every_policys_and_the_critics_layers(tmp_path):
+    overrides = [
+        "algo=mappo",
+        "env=simple_spread",
+        "algo.share_parameters=false",
+        "algo.num_steps=16",
+        "total_steps=64",
+        "network.hidden=[16,16]",
+        "logger.log_every=32",
+        "diagnostics.every=1",
+        "eval.episodes=0",
+        *QUIET,
+    ]
+    run_job(compose_config(overrides), tmp_path)
+    last = read_metrics(tmp_path, 0)[-1]
+    for net in ("actor0", "actor1", "actor2", "critic"):
+        for key in ("grad_norm", "grad_norm_post", "param_norm", "update_ratio"):
+            assert all(np.isfinite(last[f"{key}/{net}.{layer}"]) for layer in range(3)), f"{key}/{net}"
+        assert {f"dormant/{net}.0", f"srank/{net}.1"} <= set(last)
+    assert not any(key.startswith("grad_norm/actor3") for key in last)
+    assert last["v/abs_max"] >= max(abs(last["v/min"]), abs(last["v/max"]))
+
+
 def test_mappo_sharing_refuses_agents_of_different_spaces():
     with pytest.raises(ConfigError) as err:
         validate(compose_config(["algo=mappo", "env=simple_adversary"]))

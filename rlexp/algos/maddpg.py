@@ -180,9 +180,12 @@ def train(ctx: RunContext) -> None:
         for k in ("actor", "critic", "actor_target", "critic_target", "actor_pipe", "critic_pipe")
     }
     saved |= {"buffer": buffer, "interventions": intervene_critics}
-    loop = ctx.checkpoint_state(saved, lambda: dict(obs=obs, r_max=r_max, prev_step=prev_step, updates=updates))
+    loop = ctx.checkpoint_state(
+        saved, lambda: dict(obs=obs, r_max=r_max, prev_step=prev_step, updates=updates) | window.checkpoint()
+    )
     if loop:
         prev_step, updates = loop["prev_step"], loop["updates"]
+        window.restore(loop)
     for step in recorder.steps():
         # act: uniform random actions until learning_starts, then every agent's policy sample
         x = torch.from_numpy(ctx.obs_norm(obs)).to(device)  # [P, E, D]

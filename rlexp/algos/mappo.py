@@ -27,9 +27,11 @@ from torch.nn import functional as F
 from rlexp.algos.ppo import Actor, Minibatch, gae, ppo_losses
 from rlexp.algos.td3 import locate
 from rlexp.collapse import ActionWindow
-from rlexp.config import MAPPOConfig
-from rlexp.diagnostics import parameter_names
+from rlexp.config import DiagnosticsConfig, MAPPOConfig
+from rlexp.diagnostics import activity_instruments, parameter_names, update_instruments
 from rlexp.evaluation import Policy
+from rlexp.grad import UpdateStats
+from rlexp.nets import PopMLP
 from rlexp.run import RunContext
 
 
@@ -131,6 +133,20 @@ def train(ctx: RunContext) -> None:
     updates, t = 0, 0
     obs = env.reset()
     ctx.obs_norm.update(obs)
+    saved = {f"actor{j}": a for j, a in enumerate(policies.actors)} | {"critic": critic, "critic_pipe": critic_pipe}
+    saved |= {f"actor{j}_pipe": pipe for j, pipe in enumerate(actor_pipes)}
+    collected = (obs_buf, *actions_buf, log_probs, values, next_values, rewards, terminated, dones)  # [T, P, ...]
+    loop = ctx.checkpoint_state(
+        saved,
+        lambda: (
+            {f"rollout_{i}": x.transpose(0, 1) for i, x in enumerate(collected)}  # [P, T, ...] views
+            | dict(obs=obs, r_max=r_max, t=t, updates=updates)
+            | window.checkpoint()
+        ),
+    )
+    if loop:  # continued from a checkpoint
+        t, updates = loop["t"], loop["updates"]
+        window.restore(loop)
     for step in recorder.steps():
         # act: sample every agent's policy, each member from its own stream
         x = torch.from_numpy(ctx.obs_norm(obs)).to(device)  # [P, E, D]
@@ -232,4 +248,44 @@ def train(ctx: RunContext) -> None:
                 recorder.record_update(
                     results, {k: losses[k] for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")}
                 )
+                if diagnose:
+                    record = instruments(policies, critic, mb_obs, results, actor_names, critic_names, cfg.diagnostics)
+                    grad_norm = torch.stack([u.grad_norm_pre_clip for u in results.values()]).amax(0)  # [P]
+                    recorder.record_instruments(
+                        record,
+                        step,
+                        grad_norm,
+                        q_abs_max=record["v/abs_max"],
+                        reward_scale=r_max,
+                        output_layer=f"critic.{len(critic.layers) - 1}",
+                        update=updates,
+                    )
                 updates += 1
+
+
+def instruments(
+    policies: Policies,
+    critic: PopMLP,
+    obs: torch.Tensor,
+    results: dict[str, UpdateStats],
+    actor_names: list[list[str]],
+    critic_names: list[str],
+    diag: DiagnosticsConfig,
+) -> dict[str, torch.Tensor]:
+    """Per-member instrument record ([P] each) after a diagnosed update on joint observations ``obs``
+    [P, M, D]: each policy's layers (``actor{j}``; a shared policy on agent 0's input) and the critic's,
+    their per-layer gradient norms before and after clipping, parameter norms and update ratios, and
+    the centralized values (``v/*`` over every agent's value)."""
+    stats: dict[str, torch.Tensor] = {}
+    for j, actor in enumerate(policies.actors):
+        stats |= activity_instruments(actor.net, f"actor{j}", policies.inputs(obs, j), diag)[1]
+        stats |= update_instruments(results[f"actor{j}_"], actor_names[j])
+    v, critic_stats = activity_instruments(critic, "critic", obs, diag)  # [P, M, N]
+    stats |= critic_stats | update_instruments(results["critic_"], critic_names)
+    stats |= {
+        "v/mean": v.mean((1, 2)),
+        "v/min": v.amin((1, 2)),
+        "v/max": v.amax((1, 2)),
+        "v/abs_max": v.abs().amax((1, 2)),
+    }
+    return {k: x.float() for k, x in stats.items()}
