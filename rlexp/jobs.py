@@ -481,6 +481,24 @@ def job_summary(
     }
 
 
+def trained_summary(
+    config: dict[str, Any],
+    cell: str,
+    choices: dict[str, str],
+    members: list[dict[str, Any]],
+    wall_s: float,
+    error: str | None,
+    first_step_at: str | None,
+    threads: int,
+) -> dict[str, Any]:
+    """``job_summary`` of a job whose trainer ran (alone or in a pack), with the ISO 8601 time of its
+    first env step (start-up benchmarks) and the torch threads it ran with."""
+    return job_summary(config, cell, choices, members, wall_s, error) | {
+        "first_step_at": first_step_at,
+        "threads": threads,
+    }
+
+
 def record_crash(
     out_dir: Path, config: dict[str, Any], cell: str, choices: dict[str, str], exc: BaseException, wall_s: float
 ) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlexp.config import NON_CELL_KEYS, ConfigError
-from rlexp.jobs import _flatten, hold_dir, job_summary, record_crash, release_dir, start_job, write_json
+from rlexp.jobs import _flatten, hold_dir, record_crash, release_dir, start_job, trained_summary, write_json
 from rlexp.run import Algorithm, RunContext
 
 
@@ -164,9 +164,8 @@ def _train(
         for (i, cell, config), size in zip(todo, sizes):
             own = members[first_member : first_member + size]
             first_member += size
-            job = job_summary(config, cell.name, cell.choices, own, wall, error)
-            job["first_step_at"] = recorder.first_step_at
-            job["threads"] = torch.get_num_threads()
+            threads = torch.get_num_threads()
+            job = trained_summary(config, cell.name, cell.choices, own, wall, error, recorder.first_step_at, threads)
             job["packed_with"] = len(todo)  # cells trained in this population
             write_json(cell.out_dir / "summary.json", job)
             results[i] = job

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlexp.checkpoint import CheckpointError, Checkpoints
 from rlexp.config import ConfigError
-from rlexp.jobs import hold_dir, job_summary, record_crash, release_dir, start_job, write_json
+from rlexp.jobs import hold_dir, record_crash, release_dir, start_job, trained_summary, write_json
 from rlexp.loggers import print_summary
 from rlexp.run import Algorithm, RunContext
 
@@ -104,9 +104,10 @@ def _run_held(
         interrupts.stopping = True
         try:
             members = recorder.close(error)  # the members' summaries, then the job's, then W&B
-            job = job_summary(config, cell, choices, members, time.perf_counter() - recorder.start_time, error)
-            job["first_step_at"] = recorder.first_step_at  # ISO 8601 time of the first env step (start-up benchmarks)
-            job["threads"] = torch.get_num_threads()  # the torch threads the job ran with
+            wall = time.perf_counter() - recorder.start_time
+            job = trained_summary(
+                config, cell, choices, members, wall, error, recorder.first_step_at, torch.get_num_threads()
+            )
             write_json(out_dir / "summary.json", job)
         finally:
             try:
