@@ -468,6 +468,8 @@ def test_experiment_preset_composes_and_applies(preset):
     for entry in defaults:
         for key, option in entry.items():
             group = key.replace("override", "").strip().lstrip("/")
+            if group.startswith("hydra/"):  # the sweeper or launcher: not in the job's config
+                continue
             if group == "env":
                 assert cfg.env.id == OmegaConf.load(CONF / "env" / f"{option}.yaml").id
             else:

@@ -1,0 +1,187 @@
+"""Optuna studies over rlexp jobs (``hydra/sweeper=rlexp_optuna``, ``+experiment=optuna_dqn``): a trial's value
+from its job's summary, a diverged trial failed with its cause, a batch of trials trained as one pack, a
+study resumed from its storage beside the sweep dir, and the line a missing extra gives."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from test_cli import compose_config, describe, run_cli
+from test_grid import compose_hydra, file_hashes
+
+from hydra_plugins.rlexp_optuna_sweeper import optuna_sweeper
+from hydra_plugins.rlexp_optuna_sweeper.optuna_sweeper import RlexpOptunaSweeper, trial_outcome
+from rlexp.algos import ALGOS
+from rlexp.pack import Cell, plan_packs
+
+INSTALL = "pip install -e '.[optuna]'"
+
+
+def member(k: int, status: str = "ok", eval_return: float | None = None, final: float = 9.0, step=None, cause=None):
+    return {
+        "status": status,
+        "member": k,
+        "eval_return": eval_return,
+        "final_return": final,
+        "diverged_at_step": step,
+        "divergence": {"cause": cause, "where": "q.1"} if cause else None,
+    }
+
+
+def interquartile_mean(xs: list[float]) -> float:
+    """rliable's IQM written out: drop the lowest and the highest quarter (floor), average the rest."""
+    xs = sorted(xs)
+    cut = len(xs) // 4
+    kept = xs[cut : len(xs) - cut]
+    return sum(kept) / len(kept)
+
+
+# ====================================================================== a trial's value and its failure
+def test_a_trials_value_is_the_objective_of_its_members_final_evaluation():
+    returns = [500.0, 12.0, 230.5, 97.25, 311.0]
+    summary = {"status": "ok", "members": [member(k, eval_return=r) for k, r in enumerate(returns)]}
+    value, attrs = trial_outcome(summary, "iqm")
+    assert value == interquartile_mean(returns)
+    assert attrs == {"status": "ok", "members": 5, "score": "iqm of eval_return"}
+    assert trial_outcome(summary, "mean")[0] == sum(returns) / len(returns)
+    # without an evaluation for every member, the training returns (the report's rule)
+    summary["members"][2]["eval_return"] = None
+    finals = [float(9 + k) for k in range(5)]
+    for m, final in zip(summary["members"], finals):
+        m["final_return"] = final
+    value, attrs = trial_outcome(summary, "iqm")
+    assert (value, attrs["score"]) == (interquartile_mean(finals), "iqm of final_return")
+
+
+def test_a_trial_with_a_diverged_member_fails_with_the_earliest_cause():
+    members = [
+        member(0, eval_return=500.0),
+        member(1, "diverged", 20.0, step=3200, cause="value_explosion"),
+        member(2, "diverged", None, step=1100, cause="nonfinite_grad"),
+    ]
+    value, attrs = trial_outcome({"status": "diverged", "members": members}, "iqm")
+    assert value is None
+    assert attrs == {
+        "status": "diverged",
+        "members": 3,
+        "diverged": 2,
+        "cause": "nonfinite_grad",
+        "where": "q.1",
+        "diverged_at_step": 1100,
+        "diverged_member": 2,
+    }
+    assert (
+        optuna_sweeper.failure_line(attrs)
+        == "2 of 3 members diverged (first: member 2, nonfinite_grad in q.1 at env step 1100)"
+    )
+
+
+# ====================================================================== the preset
+def test_preset_searches_per_member_keys_so_a_batch_is_one_pack(tmp_path):
+    cfg = compose_hydra(["+experiment=optuna_dqn", f"hydra.sweep.dir={tmp_path}"])
+    sweeper = cfg.hydra.sweeper
+    assert sweeper._target_.endswith("rlexp_optuna_sweeper.optuna_sweeper.RlexpOptunaSweeper")
+    assert (sweeper.direction, sweeper.study_name, sweeper.objective) == ("maximize", "optuna_dqn", "iqm")
+    assert sweeper.storage == f"sqlite:///{tmp_path}/optuna.db"
+    assert cfg.hydra.launcher._target_.endswith("PackedLauncher")
+    assert (cfg.algo.name, cfg.env.id, cfg.clipping.name, cfg.algo.target_update) == (
+        "dqn",
+        "CartPole-v1",
+        "global_norm",
+        "hard",
+    )
+    searched = sorted(sweeper.params)
+    assert searched == ["algo.target_update_period", "clipping.max_norm", "optimizer.lr"]
+    member_keys = ALGOS["dqn"].member_keys
+    assert all(any(k == m or k.startswith(f"{m}.") for m in member_keys) for k in searched)
+    # two trials of a batch, as the sweeper's overrides make them: one pack
+    trials = [
+        ["optimizer.lr=0.0003", "algo.target_update_period=17", "clipping.max_norm=0.4"],
+        ["optimizer.lr=0.02", "algo.target_update_period=900", "clipping.max_norm=60.0"],
+    ]
+    cells = [Cell(compose_config(["+experiment=optuna_dqn", *t]), tmp_path / str(k)) for k, t in enumerate(trials)]
+    assert [len(p) for p in plan_packs(cells, lambda algo: ALGOS[algo].member_keys, 96)] == [2]
+
+
+def test_without_optuna_the_sweeper_names_the_extra(monkeypatch, capsys):
+    """The extra missing: rlexp and its plugins import (the sweeper's node names only the sweeper); the
+    sweeper, once a command uses it, refuses in one line with the install command."""
+    config = importlib.import_module("hydra_plugins.rlexp_optuna_sweeper.config")
+    for name in [m for m in sys.modules if m == "optuna" or m.startswith(("optuna.", "hydra_plugins.hydra_optuna"))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.delitem(sys.modules, "hydra_plugins.rlexp_optuna_sweeper._impl", raising=False)
+    for name in ("optuna", "hydra_plugins.hydra_optuna_sweeper"):
+        monkeypatch.setitem(sys.modules, name, None)  # importing it raises ImportError
+    try:
+        assert importlib.reload(config).node == {"_target_": config.TARGET}
+        with pytest.raises(SystemExit) as stop:
+            RlexpOptunaSweeper(objective="iqm", n_trials=2)
+    finally:
+        monkeypatch.undo()
+        importlib.reload(config)  # the plugin's node again, for the other tests of this process
+    assert stop.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("config error: hydra/sweeper: rlexp_optuna needs"), lines
+    assert lines[0].endswith(INSTALL)
+
+
+# ====================================================================== a study, for real
+STUDY = [
+    "+experiment=optuna_dqn",
+    "hydra.sweeper.n_trials=4",
+    "hydra.sweeper.n_jobs=2",  # 2 batches of 2 trials
+    "hydra.launcher.n_jobs=1",  # the pack in this process: no worker to start
+    "total_steps=400",
+    "num_seeds=2",
+    "algo.learning_starts=100",
+    "eval.episodes=2",
+    "logger.mode=disabled",
+    "logger.progress=off",
+]
+DIVERGE = ["hydra.sweeper.n_trials=2", "debug.inject.what=grad", "debug.inject.member=1", "debug.inject.step=200"]
+
+
+def load_trials(sweep: Path):
+    optuna = pytest.importorskip("optuna", reason=INSTALL)
+    return optuna.load_study(study_name="optuna_dqn", storage=f"sqlite:///{sweep}/optuna.db").trials
+
+
+def test_a_study_trains_batches_packed_fails_divergences_and_resumes(tmp_path):
+    pytest.importorskip("optuna", reason=INSTALL)
+    sweep = tmp_path / "sweep"
+    first = run_cli([*STUDY, f"hydra.sweep.dir={sweep}"], tmp_path / "first")
+    assert first.returncode == 0, describe(first)
+    assert first.stdout.count("rlexp_packed: 2 jobs in 1 packs") == 2, describe(first)  # each batch one pack
+    trials = load_trials(sweep)
+    assert [t.number for t in trials] == [0, 1, 2, 3]
+    for t in trials:
+        job = json.loads((sweep / str(t.number) / "summary.json").read_text())
+        assert t.state.name == "COMPLETE" and job["status"] == "ok" and job["packed_with"] == 2
+        assert t.value == interquartile_mean([m["eval_return"] for m in job["members"]])
+        assert t.user_attrs["job_dir"] == str(sweep / str(t.number))
+        assert job["config"]["optimizer"]["lr"] == t.params["optimizer.lr"]
+        assert job["config"]["algo"]["target_update_period"] == t.params["algo.target_update_period"]
+        assert job["config"]["clipping"]["max_norm"] == t.params["clipping.max_norm"]
+    before = {k: file_hashes(sweep / str(k)) for k in range(4)}
+
+    # the same study again, its member 1 poisoned: trials 4 and 5, failed with their cause
+    again = run_cli([*STUDY, *DIVERGE, f"hydra.sweep.dir={sweep}"], tmp_path / "again")
+    assert again.returncode == 0, describe(again)
+    assert "1 of 2 members diverged (first: member 1, nonfinite_grad" in again.stdout + again.stderr
+    trials = load_trials(sweep)
+    assert [t.number for t in trials] == [0, 1, 2, 3, 4, 5]
+    assert {k: file_hashes(sweep / str(k)) for k in range(4)} == before  # nothing of the first run touched
+    old = [t.params for t in trials[:4]]
+    for t in trials[4:]:
+        job = json.loads((sweep / str(t.number) / "summary.json").read_text())
+        diverged = job["members"][1]
+        assert t.state.name == "FAIL" and t.value is None and t.params not in old  # reseeded: new draws
+        assert job["status"] == "diverged" and diverged["status"] == "diverged"
+        assert t.user_attrs["cause"] == diverged["divergence"]["cause"] == "nonfinite_grad"
+        assert t.user_attrs["where"] == diverged["divergence"]["where"]
+        assert t.user_attrs["diverged_at_step"] == diverged["diverged_at_step"]
+        assert (t.user_attrs["diverged"], t.user_attrs["diverged_member"]) == (1, 1)
