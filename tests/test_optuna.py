@@ -118,6 +118,7 @@ def test_without_optuna_the_sweeper_names_the_extra(monkeypatch, capsys):
         monkeypatch.setitem(sys.modules, name, None)  # importing it raises ImportError
     try:
         assert importlib.reload(config).node == {"_target_": config.TARGET}
+        assert compose_hydra(["+experiment=optuna_dqn"]).hydra.sweeper.sampler.seed == 0  # the preset composes
         with pytest.raises(SystemExit) as stop:
             RlexpOptunaSweeper(objective="iqm", n_trials=2)
     finally:
