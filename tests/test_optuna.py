@@ -80,6 +80,47 @@ def test_a_trial_with_a_diverged_member_fails_with_the_earliest_cause():
     )
 
 
+def test_each_job_is_reported_to_its_running_trial(tmp_path):
+    """StudySweeper.report: a value, a failure line for a divergence, the error of a crash or a refusal."""
+    optuna = pytest.importorskip("optuna", reason=INSTALL)
+    from hydra.core.utils import JobReturn, JobStatus
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.rlexp_optuna_sweeper._impl import StudySweeper
+
+    shipped = dict(sampler=None, direction="maximize", storage=None, study_name=None, n_trials=4, n_jobs=4)
+    shipped |= dict(max_failure_rate=1.0, search_space=None, custom_search_space=None, params=None)
+    sweeper = StudySweeper(objective="mean", **shipped)
+    study = optuna.create_study(direction="maximize")
+
+    def job(k: int, status: JobStatus, value) -> JobReturn:
+        (tmp_path / str(k)).mkdir(exist_ok=True)
+        hydra_cfg = OmegaConf.create({"hydra": {"runtime": {"output_dir": str(tmp_path / str(k))}}})
+        return JobReturn(status=status, _return_value=value, hydra_cfg=hydra_cfg)
+
+    ok = {"status": "ok", "members": [member(0, eval_return=200.0), member(1, eval_return=100.0)]}
+    bad = [member(0, eval_return=9.0), member(1, "diverged", None, step=7, cause="c")]
+    (tmp_path / "2").mkdir()
+    (tmp_path / "2" / "summary.json").write_text("{}")  # a crash leaves its summary; a refusal nothing
+    returns = [
+        job(0, JobStatus.COMPLETED, ok),
+        job(1, JobStatus.COMPLETED, {"status": "diverged", "members": bad}),
+        job(2, JobStatus.FAILED, RuntimeError("boom")),
+        job(3, JobStatus.FAILED, RuntimeError("config error: x: bad")),
+    ]
+    trials = [study.ask() for _ in returns]
+    for trial, ret in zip(trials, returns):
+        sweeper.report(trial, ret)
+    assert returns[0].return_value == 150.0
+    assert returns[1].return_value == "1 of 2 members diverged (first: member 1, c in q.1 at env step 7)"
+    attrs = [study.trials[k].user_attrs for k in range(4)]
+    assert [a["job_dir"] for a in attrs] == [str(tmp_path / str(k)) for k in range(4)]
+    assert [a["status"] for a in attrs] == ["ok", "diverged", "crashed", "refused"]
+    assert (attrs[1]["cause"], attrs[1]["diverged_at_step"]) == ("c", 7)
+    assert (attrs[2]["error"], attrs[3]["error"]) == ("boom", "config error: x: bad")
+    assert sweeper.crashed == ["trial 2: boom", "trial 3: config error: x: bad"]
+
+
 # ====================================================================== the preset
 def test_preset_searches_per_member_keys_so_a_batch_is_one_pack(tmp_path):
     cfg = compose_hydra(["+experiment=optuna_dqn", f"hydra.sweep.dir={tmp_path}"])

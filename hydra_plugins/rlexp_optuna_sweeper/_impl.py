@@ -72,14 +72,16 @@ class StudySweeper(OptunaSweeperImpl):
     def report(self, trial: Trial, ret: JobReturn) -> None:
         """Record job ``ret`` on its running ``trial`` (user attributes) and turn its summary into the
         trial's value, or into the line that fails it."""
-        trial.set_user_attr("job_dir", OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir"))
+        job_dir = OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir")
+        trial.set_user_attr("job_dir", job_dir)
         if ret.status != JobStatus.COMPLETED:  # crashed or refused: the sweeper fails it with the error
             error = "failed"
             try:
                 _ = ret.return_value  # raises the job's error
             except Exception as err:
                 error = str(err)
-            trial.set_user_attr("status", "crashed")
+            crashed = (Path(job_dir) / "summary.json").is_file()  # a refused job writes nothing
+            trial.set_user_attr("status", "crashed" if crashed else "refused")
             trial.set_user_attr("error", error)
             self.crashed.append(f"trial {trial.number}: {error}")
             return

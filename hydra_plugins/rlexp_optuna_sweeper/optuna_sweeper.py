@@ -10,8 +10,9 @@ study), with four changes (``_impl.StudySweeper``):
 - a trial with a diverged member fails (``TrialState.FAIL``), as a result, not an error: its job is
   returned as a value that is no number, which the sweeper records as failed without stopping the
   study (a crashed or refused job fails the trial and stops the study after its batch unless
-  ``max_failure_rate`` allows it). NaN is not used: optuna 2.10 refuses to complete a trial with NaN and
-  the shipped sweeper then tells the failure with the value again, which raises and ends the sweep;
+  ``max_failure_rate`` allows it; the command then exits with code 1 at its end). NaN is not used:
+  optuna 2.10 refuses to complete a trial with NaN and the shipped sweeper then tells the failure with
+  the value again, which raises and ends the sweep;
 - job ``k`` is trial ``k``: the job numbers (``hydra.job.num``, the job dirs) continue the study's trial
   numbers when the study is resumed (the shipped sweeper starts every invocation at job 0, into the dirs
   of the study's first trials), and a seeded sampler is seeded with ``seed + trials so far`` (a resumed
