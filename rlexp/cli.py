@@ -134,8 +134,8 @@ def _expand(lists: list[list[str]]) -> list[list[str]]:
 
 def job_overrides(sweep: Sequence[str]) -> list[list[str]]:
     """The override lists of a multirun's jobs, as Hydra's basic sweeper makes them: ``sweep`` is the
-    sweeper's params then the command line; a later override of a key replaces an earlier one. A sweep
-    that is not a list of values (``interval(0, 1)``: another sweeper's) is left out."""
+    sweeper's params then the command line; a later override of a key replaces an earlier one. An
+    interval (``interval(0, 1)``: a search's range, e.g. the Optuna sweeper's) gives its two ends."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     per_key: dict[str, list[str]] = {}
@@ -144,6 +144,9 @@ def job_overrides(sweep: Sequence[str]) -> list[list[str]]:
         if override.is_sweep_override():
             if override.is_discrete_sweep():
                 per_key[key] = [f"{key}={v}" for v in override.sweep_string_iterator()]
+            elif override.is_interval_sweep():
+                interval = override.value()
+                per_key[key] = [f"{key}={interval.start}", f"{key}={interval.end}"]
             else:
                 per_key.pop(key, None)
         else:
