@@ -17,7 +17,8 @@ finished: it is neither ranked nor copied.
 
 Explore changes the member's config (``member_cfgs``, so ``ctx.member_values`` follows) and the
 algorithm's per-member values: ``optimizer.lr`` through ``GradientPipeline.set_optimizers``, an
-algorithm's key through the [P, 1] array it handed over (DQN: its ε schedule's fraction).
+algorithm's key through the [P, 1] array it handed over (DQN: its ε schedule's fraction). DQN varies
+``optimizer.lr`` and ``algo.exploration_fraction``, TD3 and DDPG ``optimizer.lr`` (both networks').
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def check_pbt(cfg: Any, varies: tuple[str, ...]) -> None:
         raise ConfigError(
             "pbt.interval",
             f"{pbt.interval}: algo={cfg.algo.name} has no population-based training",
-            "use algo=dqn, or pbt.interval=0",
+            "use algo=dqn, td3 or ddpg, or pbt.interval=0",
         )
     for key in pbt.hyperparameters:
         if key not in varies:
