@@ -135,13 +135,16 @@ def copy_member(
     j: int, k: int, modules: list[nn.Module], pipelines: list[GradientPipeline], statistics: list[RunningMeanStd]
 ) -> None:
     """Copy member j's training state into member k: every [P, ...] parameter and buffer of ``modules``
-    (online and target networks), each pipeline's optimizer state rows (moments; the step counts are
+    (online and target networks) and the instruments' theta_0 of them, each pipeline's optimizer state rows (moments; the step counts are
     equal in every run) and L2-init anchor, each normalizer's statistics. Every other member's rows
     are untouched."""
     for module in modules:
         for t in (*module.parameters(), *module.buffers()):
             if t.dim() >= 1:
                 t[k] = t[j]
+        initial = getattr(module, "initial", None)  # weight_change's theta_0 (rlexp.diagnostics.keep_initial)
+        if initial is not None:
+            initial.flat[k], initial.norms[k] = initial.flat[j], initial.norms[j]
     for pipeline in pipelines:
         (a, _, held), (b, _, mine) = (next(r for r in pipeline.optimizers if r[0] <= m < r[1]) for m in (j, k))
         for (source, _), (target, _) in zip(held.state(), mine.state()):

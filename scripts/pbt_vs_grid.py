@@ -1,12 +1,12 @@
 """Env steps to a final evaluation >= a threshold: a PBT run against a grid of fixed settings (docs/pbt.md).
 
-    python scripts/pbt_vs_grid.py <PBT job dir> <grid sweep dir> [--threshold 475]
+    python scripts/pbt_vs_grid.py <PBT job or sweep dir> <grid sweep dir> [--threshold 475]
 
 Reads each member's ``eval/return`` rows (metrics.jsonl). A curve *reaches* the threshold at the first
 evaluation step from which every later evaluation of it, the last one included, is >= the threshold
 (never, when the last one is below). Curves:
 
-* PBT: the best member at each evaluation step (the population's best current member);
+* PBT: the best member at each evaluation step (the population's best current member), per PBT job;
 * each grid cell: the median over its members at each step; the best fixed setting is the cell that
   reaches it first;
 * the grid's best cell at each step (the same statistic as PBT's, over independent cells).
@@ -43,6 +43,14 @@ def reached(curve: dict[int, float], threshold: float) -> int | None:
     return first
 
 
+def job_dirs(root: Path) -> list[Path]:
+    """``root`` when it is a job dir, else the job dirs under it (a sweep), in their order."""
+    if (root / "summary.json").exists():
+        return [root]
+    jobs = [d for d in root.iterdir() if (d / "summary.json").exists()]
+    return sorted(jobs, key=lambda d: int(d.name) if d.name.isdigit() else d.name)
+
+
 def _cell(job_dir: Path) -> str:
     summary = json.loads((job_dir / "summary.json").read_text())
     return summary.get("cell", job_dir.name)
@@ -56,12 +64,23 @@ def main() -> None:
     args = parser.parse_args()
     t = args.threshold
 
-    pbt = evaluations(args.pbt)
-    best = {s: max(v) for s, v in pbt.items()}
-    finals = list(pbt.values())[-1]
-    rows = [("PBT, best member", reached(best, t), best[max(best)], sum(v >= t for v in finals), len(finals))]
+    rows = []
+    for job in job_dirs(args.pbt):
+        pbt = evaluations(job)
+        best = {s: max(v) for s, v in pbt.items()}
+        finals = list(pbt.values())[-1]
+        seed = json.loads((job / "summary.json").read_text())["config"]["seed"]
+        rows.append(
+            (
+                f"PBT seed {seed}, best member",
+                reached(best, t),
+                best[max(best)],
+                sum(v >= t for v in finals),
+                len(finals),
+            )
+        )
     cells = {}
-    for job in sorted((d for d in args.grid.iterdir() if (d / "summary.json").exists()), key=lambda d: d.name):
+    for job in job_dirs(args.grid):
         cells[_cell(job)] = evaluations(job)
     medians = {c: {s: float(np.median(v)) for s, v in e.items()} for c, e in cells.items()}
     steps = sorted({s for m in medians.values() for s in m})
