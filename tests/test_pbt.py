@@ -21,6 +21,7 @@ from rlexp.build import validate
 from rlexp.config import AdamConfig, ClippingConfig, ConfigError, RegularizationConfig
 from rlexp.grad import GradientPipeline, Health
 from rlexp.normalize import RunningMeanStd
+from rlexp.pack import Cell, run_pack
 from rlexp.pbt import copy_member, initial_configs, with_value
 from rlexp.report import build_report
 from rlexp.report_html import render_html
@@ -204,3 +205,9 @@ def test_pbt_settings_are_refused_with_the_key():
         with pytest.raises(ConfigError) as err:
             validate(compose_config(overrides))
         assert err.value.key == key, (key, str(err.value))
+
+
+def test_a_pbt_job_is_never_packed(tmp_path):
+    cfg = compose_config(["num_seeds=2", "pbt.interval=1000", "eval.every=1000", "logger.mode=disabled"])
+    (result,) = run_pack([Cell(cfg, tmp_path / "0")], prepare)
+    assert isinstance(result, ConfigError) and result.key == "pbt.interval", result
