@@ -135,9 +135,9 @@ def copy_member(
     j: int, k: int, modules: list[nn.Module], pipelines: list[GradientPipeline], statistics: list[RunningMeanStd]
 ) -> None:
     """Copy member j's training state into member k: every [P, ...] parameter and buffer of ``modules``
-    (online and target networks) and the instruments' theta_0 of them, each pipeline's optimizer state rows (moments; the step counts are
-    equal in every run) and L2-init anchor, each normalizer's statistics. Every other member's rows
-    are untouched."""
+    (online and target networks) and their instruments' theta_0, each pipeline's optimizer state rows
+    (moments; the step counts are equal in every run) and L2-init anchor, each normalizer's statistics.
+    Every other member's rows are untouched."""
     for module in modules:
         for t in (*module.parameters(), *module.buffers()):
             if t.dim() >= 1:
@@ -244,7 +244,8 @@ class PopulationBasedTraining:
         return records
 
     def wandb_config(self, k: int) -> dict[str, Any]:
-        """Member k's W&B config update at a round: ``pbt_member`` {round, parent (last copy), values}."""
+        """Member k's W&B config at the start (round 0) and at a round: ``pbt_member`` {round, parent (of
+        its last copy, or None), its values}."""
         last = self.lineage[k][-1] if self.lineage[k] else None
         values = {HYPERPARAMETERS[key].name: v for key, v in self.hyperparameters(k).items()}
         return {"pbt_member": {"round": self.rounds, "parent": last["parent"] if last else None, **values}}

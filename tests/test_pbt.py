@@ -178,7 +178,7 @@ def test_a_dqn_round_changes_only_the_copied_member_and_logs_its_lineage(tmp_pat
     (row,) = rounds[k]
     assert row["pbt/parent"] == event["parent"] and row["pbt/lr"] == event["new"]["optimizer.lr"]
     assert row["pbt/old/exploration_fraction"] == event["old"]["algo.exploration_fraction"]
-    # the W&B run's config follows the round
+    # the W&B run's config follows the round (an update made while the run opens waits for it: the latest wins)
     (log,) = sorted(wandb_run_dir(pbt_dir / f"seed_{k}").glob("run-*.wandb"))
     updates = [_items(r.config.update) for r in read_records(log) if r.WhichOneof("record_type") == "config"]
     member = [u["pbt_member"] for u in updates if "pbt_member" in u]
