@@ -226,7 +226,7 @@ class PopulationBasedTraining:
         for k in bottom:
             j = top[int(self.rng.integers(n))]
             old = self.hyperparameters(k)
-            self.exploit(j, k)
+            copy_member(j, k, self.modules, self.pipelines, self.statistics)  # exploit
             new = {}
             for key, value in self.hyperparameters(j).items():
                 factor = float(self.rng.choice(self.cfg.factors))
@@ -253,11 +253,6 @@ class PopulationBasedTraining:
     def summary(self, k: int) -> dict[str, Any]:
         """Member k's ``pbt`` entry of summary.json: its final values and its copies."""
         return {"hyperparameters": self.hyperparameters(k), "rounds": self.rounds, "lineage": self.lineage[k]}
-
-    # ------------------------------------------------------------ exploit, explore
-    def exploit(self, j: int, k: int) -> None:
-        """Copy member j's training state into member k (``copy_member``)."""
-        copy_member(j, k, self.modules, self.pipelines, self.statistics)
 
     def explore(self, k: int, new: dict[str, float]) -> None:
         """Set member k's values of the varied keys (the optimizers follow once the round's copies are done)."""
