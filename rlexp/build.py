@@ -35,6 +35,7 @@ from rlexp.loggers import WANDB_MODES, resolve_wandb_mode
 from rlexp.marl_envs import MultiAgentPopulationEnv, check_marl_env, is_multi_agent
 from rlexp.nets import NORMALIZATIONS, check_normalization
 from rlexp.optim import check_optimizer
+from rlexp.pbt import check_pbt
 from rlexp.registry import SCHEMAS
 
 
@@ -208,6 +209,7 @@ def validate(cfg: DictConfig) -> None:
     require(every >= 0, "checkpoint.every", every, "an integer >= 0 (env steps per member; 0 = off)")
     _validate_networks(cfg)
     _check_algo(cfg.algo)
+    check_pbt(cfg, ALGOS[cfg.algo.name].pbt_keys)
     if is_multi_agent(cfg.env):
         check_marl_env(cfg.env)
     else:

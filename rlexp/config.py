@@ -600,6 +600,32 @@ class CheckpointConfig:
     replay: bool = knob(False, "save the replay buffer too: a resumed run then ends bitwise as an uninterrupted one")
 
 
+# ---------------------------------------------------------------- population-based training
+@dataclass
+class PBTConfig:
+    """Population-based training (Jaderberg et al. 2017) inside one population: docs/pbt.md."""
+
+    interval: int = knob(
+        0,
+        "env steps per member between PBT rounds (each at the first log step at or after a multiple, never at the "
+        "end); 0 = off",
+    )
+    fraction: float = knob(
+        0.25, "the bottom fraction of the ranked members; each copies a member of the top fraction; in (0, 0.5]"
+    )
+    window: int = knob(1, "a member's score: the mean of its latest `window` evaluations since its last copy")
+    hyperparameters: list[str] = knob(
+        ["optimizer.lr", "algo.exploration_fraction"],
+        "the keys sampled per member and perturbed after a copy (dqn: optimizer.lr, algo.exploration_fraction; "
+        "td3, ddpg: optimizer.lr)",
+    )
+    factors: list[float] = knob([0.8, 1.25], "a copied member's value times one of these, drawn uniformly (each > 0)")
+    lr: list[float] = knob([1.0e-4, 1.0e-2], "optimizer.lr's initial range [low, high], sampled log-uniformly")
+    exploration_fraction: list[float] = knob(
+        [0.05, 0.5], "algo.exploration_fraction's initial range [low, high], sampled uniformly"
+    )
+
+
 # ---------------------------------------------------------------- logging, top level
 @dataclass
 class LoggerConfig:
@@ -637,6 +663,7 @@ class Config:
     eval: EvalConfig = knob(EvalConfig, "evaluation: deterministic episodes on separate environments, every algorithm")
     diagnostics: DiagnosticsConfig = knob(DiagnosticsConfig, "instruments: per-layer statistics, histograms")
     debug: DebugConfig = knob(DebugConfig, "fault injection and crashes, for tests")
+    pbt: PBTConfig = knob(PBTConfig, "population-based training over the population's members (dqn, td3, ddpg)")
     checkpoint: CheckpointConfig = knob(CheckpointConfig, "checkpoints to continue a job from (resume=true)")
     logger: LoggerConfig = knob(LoggerConfig, "W&B and console")
     total_steps: int = knob(50_000, "environment steps per member")

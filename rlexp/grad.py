@@ -255,6 +255,7 @@ class GradientPipeline:
                 rows.grad = self._padded.grad[a:b]
             self.optimizers.append((a, b, make_optimizer([rows], config)))
         self.optimizer = self.optimizers[0][2] if len(self.optimizers) == 1 else None  # None: per-member groups
+        self.lr_factor = 1.0  # the schedule's factor (scale_lr)
         self.clippers = member_runs(clipping, members)  # (a, b, config)
         self.clipping = self.clippers[0][2]
         self.clip = CLIPPERS[self.clipping.name]
@@ -307,9 +308,49 @@ class GradientPipeline:
 
     def scale_lr(self, factor: float) -> None:
         """Set every member's learning rate to its configured one times ``factor`` (a schedule)."""
+        self.lr_factor = factor
         for _, _, optimizer in self.optimizers:
             for group in optimizer.param_groups:
                 group["lr"] = optimizer.base_lr * factor
+
+    @torch.no_grad()
+    def set_optimizers(self, configs: list[OptimizerConfig]) -> None:
+        """Give the members new optimizer configs at run time (population-based training changes a
+        member's lr), keeping every member's optimizer state.
+
+        The runs are split anew from ``configs`` (``member_runs``: maximal runs of equal configs, each one
+        optimizer over its rows ``[a, b)`` of the padded buffer, a view); each member's state rows
+        (``optimizer.state()``: moments) move from the run that held them into the new one, and the
+        runs' counters (Adam's step count, SGD's first step: equal in every run, since every run steps
+        at every update) carry over. A member computes in a run what it computes alone (rows of whole
+        64-byte blocks), so a member whose config is unchanged steps bitwise as before; one whose lr
+        changed steps with exactly its new lr (times the schedule's ``lr_factor``). A per-member lr
+        tensor would need another kernel than torch's fused ones, and change every member's bits.
+        A member keeps its optimizer kind and flags (only its numbers may change).
+        """
+        members = self.flat.shape[0]
+        old = self.optimizers
+        self.optimizers = []
+        for a, b, config in member_runs(configs, members):
+            rows = self._padded if (a, b) == (0, members) else self._padded[a:b]
+            if rows is not self._padded:
+                rows.grad = self._padded.grad[a:b]
+            optimizer = make_optimizer([rows], config)
+            for k in range(a, b):  # member k's state rows, from the run that held them
+                c, _, previous = next(run for run in old if run[0] <= k < run[1])
+                for (state, _), (held, _) in zip(optimizer.state(), previous.state()):
+                    state[k - a].copy_(held[k - c])
+            previous = next(run for run in old if run[0] <= a < run[1])[2]
+            for name, value in vars(previous).items():  # counters shared by a run's members
+                if isinstance(value, bool):
+                    setattr(optimizer, name, value)
+                elif isinstance(value, list) and all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in value):
+                    for mine, held in zip(getattr(optimizer, name), value):
+                        mine.copy_(held)
+            for group in optimizer.param_groups:
+                group["lr"] = optimizer.base_lr * self.lr_factor
+            self.optimizers.append((a, b, optimizer))
+        self.optimizer = self.optimizers[0][2] if len(self.optimizers) == 1 else None
 
     def _clip_runs(self, norm: torch.Tensor) -> None:
         """Clip each run of members [a, b) with its own rule and bounds, on views of its rows."""

@@ -76,6 +76,7 @@ class MemberLog:
         else:
             self._run = wandb_run
         self._waiting: list[tuple[dict[str, Any], int]] = []  # logged before the run was open
+        self._config_waiting: dict[str, Any] = {}  # config updates made before the run was open
 
     @property
     def logs_to_wandb(self) -> bool:
@@ -89,6 +90,9 @@ class MemberLog:
             for payload, step in self._waiting:
                 self._run.log(payload, step=step)
             self._waiting = []
+            if self._config_waiting:
+                self._run.config.update(self._config_waiting, allow_val_change=True)
+                self._config_waiting = {}
         return self._run
 
     def log_wandb(self, payload: dict[str, Any], step: int) -> None:
@@ -100,6 +104,15 @@ class MemberLog:
             run.log(payload, step=step)
         elif self._opening is not None:
             self._waiting.append((payload, step))
+
+    def update_wandb_config(self, values: dict[str, Any]) -> None:
+        """Change values of the member's W&B config (population-based training's hyperparameters; queued
+        while the run opens); nothing when disabled."""
+        run = self._wandb(wait=False)
+        if run is not None:
+            run.config.update(values, allow_val_change=True)
+        elif self._opening is not None:
+            self._config_waiting.update(values)
 
     def resend(self) -> None:
         """Send what metrics.jsonl holds to the W&B run (a job continued from its checkpoint: the records

@@ -106,6 +106,12 @@ def run_pack(
                 if recorded is not None:
                     results[i] = recorded
                     continue
+                if cell.cfg.pbt.interval > 0:
+                    raise ConfigError(
+                        "pbt.interval",
+                        f"{cell.cfg.pbt.interval}: a PBT population is one job, never packed with other cells",
+                        "run it with hydra/launcher=basic or rlexp_joblib, or set pbt.interval=0",
+                    )
                 prepare(cell.cfg)  # validates (ConfigError)
                 todo.append((i, cell, config))
             except ConfigError as err:

@@ -101,6 +101,8 @@ class Recorder:
         self.checkpoint: Callable[[int], None] | None = None  # writes a checkpoint at an env step (checkpoint.every)
         self.window: Any = None  # multi-agent: rlexp.collapse.ActionWindow, read at each log step
         self.collapses: dict[int, dict[str, Any]] = {}  # member -> the agent that collapsed, when, what moved first
+        # population-based training (rlexp.pbt): its rounds at log steps, its metrics, W&B config and summary
+        self.population: Any = None
 
     # ------------------------------------------------------------ for algorithms
     def steps(self) -> Iterator[int]:
@@ -123,9 +125,14 @@ class Recorder:
             yield step
             if step // log_every > (step - per_step) // log_every or step >= self.cfg.total_steps:
                 previous = self._last_log_step
-                if self._policy is not None and self.evaluator.due(step, previous):
+                evaluated = self._policy is not None and self.evaluator.due(step, previous)
+                if evaluated:
                     self._evaluate()
-                self._log(step)
+                extra = {}
+                if self.population is not None:  # a PBT round (between two env steps) ranks this evaluation
+                    mask = self._evaluated if evaluated else None
+                    extra = self.population.log_step(step, previous, mask, self.eval_returns)
+                self._log(step, extra)
                 last = step >= self.cfg.total_steps or all(self.member_done)
                 if self.checkpoint is not None and (last or step // every > previous // every):
                     self.checkpoint(step)
@@ -367,7 +374,10 @@ class Recorder:
             runs.opened_all()
         self._inject_rows = [k for k in range(self.members) if self.local[k] == self.cfg.debug.inject.member]
 
-    def _log(self, step: int) -> None:
+    def _log(self, step: int, extra: dict[int, dict[str, Any]] | None = None) -> None:
+        """Write each running member's record of log step ``step``; ``extra``: member -> metrics of a
+        PBT round (its W&B config follows)."""
+        extra = extra or {}
         now = time.perf_counter()
         elapsed = now - self._last_log_time
         sps = (step - self._last_log_step) / max(elapsed, 1e-9)
@@ -413,6 +423,9 @@ class Recorder:
             metrics.update({name: values[k] for name, values in counts.items()})
             record = {name: values[k] for name, values in instruments.items()}
             metrics.update(record)
+            if k in extra:
+                metrics.update(extra[k])
+                log.update_wandb_config(self.population.wandb_config(k))
             log.log(step, metrics)
             if k in collapsed:
                 self.collapses[k] = {**collapsed[k], "first_moved": self.histories[k].first_moved()}
@@ -463,6 +476,8 @@ class Recorder:
             }
         if k in self.collapses:
             summary["collapse"] = self.collapses[k]
+        if self.population is not None:
+            summary["pbt"] = self.population.summary(k)
         if error is not None:
             summary["error"] = error
         self.member_summaries[k] = summary

@@ -301,6 +301,16 @@ def render_html(report: Report) -> str:
     else:
         parts.append("<p>No member diverged.</p>")
 
+    lineage = _lineage_rows(report)
+    if lineage:
+        parts.append("<h2>Population-based training</h2>")
+        parts.append(
+            '<p class="note">Each copy of a PBT round (docs/pbt.md): the member copied the parent\'s weights, '
+            "optimizer state and normalizer statistics, then took the parent's hyperparameters times a factor "
+            "(old → new).</p>"
+            + _table(["job", "round", "step", "member", "parent", "old → new"], lineage, (1, 2, 3, 4))
+        )
+
     parts.append("<h2>Crashed jobs</h2>")
     if crashed_jobs:
         rows = [[escape(j.name), escape(j.cell), str(len(j.members)), escape(j.error or "")] for j in crashed_jobs]
@@ -324,6 +334,20 @@ def render_html(report: Report) -> str:
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>rlexp report: '
         f"{escape(report.root.name)}</title><style>{CSS}</style></head>\n<body>\n{body}\n</body></html>\n"
     )
+
+
+def _lineage_rows(report: Report) -> list[list[str]]:
+    """One row per copy of a population-based training round, from the members' ``pbt.lineage``."""
+    events = []
+    for job in report.jobs:
+        for member in job.members:
+            for e in (member.get("pbt") or {}).get("lineage") or []:
+                events.append((job.name, e["round"], e["step"], member.get("member"), e["parent"], e["old"], e["new"]))
+    rows = []
+    for name, round_, step, member, parent, old, new in sorted(events, key=lambda e: e[:4]):
+        changes = "<br>".join(f"{escape(key)}: {old[key]:.3g} → {value:.3g}" for key, value in new.items())
+        rows.append([escape(name), str(round_), str(step), str(member), str(parent), changes])
+    return rows
 
 
 def to_number(value: Any) -> float | None:

@@ -39,6 +39,7 @@ from rlexp.interventions import Interventions, Subject
 from rlexp.marl_envs import MultiAgentPopulationEnv, population_env
 from rlexp.nets import PopMLP, weight_parameters
 from rlexp.normalize import ObsNormalizer, RewardScaler
+from rlexp.pbt import PopulationBasedTraining, initial_configs
 from rlexp.recorder import Recorder
 from rlexp.recurrent import RecurrentNet
 from rlexp.streams import MemberStreams, member_generator
@@ -119,10 +120,12 @@ class RunContext:
 
         ``member_cfgs`` and ``seeds`` (a pack of cells, ``rlexp.pack``): each member's config and seed;
         they agree with ``cfg`` but for the per-member keys (``rlexp.members``). By default member k
-        has ``cfg`` and seed ``cfg.seed + k``, for ``cfg.num_seeds`` members.
+        has ``cfg`` and seed ``cfg.seed + k``, for ``cfg.num_seeds`` members; with ``pbt.interval`` > 0,
+        ``cfg`` with PBT's initial draws of its hyperparameters (``rlexp.pbt.initial_configs``).
         """
         seeds = [cfg.seed + k for k in range(cfg.num_seeds)] if seeds is None else seeds
-        member_cfgs = [cfg] * len(seeds) if member_cfgs is None else member_cfgs
+        if member_cfgs is None:
+            member_cfgs = initial_configs(cfg, len(seeds)) if cfg.pbt.interval > 0 else [cfg] * len(seeds)
         torch.manual_seed(cfg.seed)
         env = population_env(cfg.env, seeds)
         gamma = member_values(member_cfgs, "algo.gamma")
@@ -139,7 +142,12 @@ class RunContext:
         return member_values(self.member_cfgs or [self.cfg] * self.members, key)
 
     def shared(self, *keys: str) -> bool:
-        """True when every member has the same value of each key (the population's scalar path)."""
+        """True when every member has the same value of each key (the population's scalar path) and
+        population-based training does not vary it (``pbt.hyperparameters``)."""
+        if self.cfg.pbt.interval > 0:
+            varied = self.cfg.pbt.hyperparameters
+            if any(v == k or v.startswith(f"{k}.") for k in keys for v in varied):
+                return False
         return all(len({repr(v) for v in self.member_values(k)}) == 1 for k in keys)
 
     def member_tensor(self, key: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -212,6 +220,21 @@ class RunContext:
         interventions = Interventions(cfg, list(subjects), self.seeds, self.recorder.health)
         self.recorder.counts = interventions.counts
         return interventions
+
+    def population_based_training(
+        self, objects: dict[str, Part], values: dict[str, np.ndarray | None]
+    ) -> PopulationBasedTraining | None:
+        """PBT over the algorithm's state (``pbt.*``; None when ``pbt.interval`` is 0), once its networks
+        are built: ``objects`` as handed to ``checkpoint_state``, ``values`` each varied algo key's
+        [P, 1] array the algorithm reads (changed in place). The recorder runs its rounds at log steps."""
+        if self.cfg.pbt.interval == 0:
+            return None
+        statistics = [self.obs_norm.stats, self.reward_norm.stats]
+        pbt = PopulationBasedTraining(self.cfg, self.member_cfgs, objects, statistics, values, self.recorder.health)
+        self.recorder.population = pbt
+        for k, log in enumerate(self.recorder.logs):  # each member's W&B config: its own starting values
+            log.update_wandb_config(pbt.wandb_config(k))
+        return pbt
 
     def checkpoint_state(self, objects: dict[str, Part], loop: Loop) -> dict[str, Any] | None:
         """Hand the algorithm's state to the checkpoints, once its networks are built and before its loop.

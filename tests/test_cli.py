@@ -267,6 +267,14 @@ BAD_VALUES = {
     "logger_mode_bogus": (["logger.mode=bogus"], "logger.mode", ["bogus"]),
     "eval_episodes_negative": (["eval.episodes=-1"], "eval.episodes", ["-1"]),
     "redo_tau_above_one": (["intervention=redo", "intervention.tau=1.5"], "intervention.tau", ["1.5", "(0, 1]"]),
+    "pbt_fraction_above_half": (["pbt.fraction=0.6"], "pbt.fraction", ["0.6", "(0, 0.5]"]),
+    "pbt_factor_not_positive": (["pbt.factors=[0.8,0.0]"], "pbt.factors", ["[0.8, 0.0]", "factors > 0"]),
+    "pbt_interval_negative": (["pbt.interval=-1"], "pbt.interval", ["-1", "0 = off"]),
+    "pbt_hyperparameter_not_per_member": (
+        ["num_seeds=2", "pbt.interval=1000", "pbt.hyperparameters=[algo.gamma]"],
+        "pbt.hyperparameters",
+        ["'algo.gamma'", "optimizer.lr, algo.exploration_fraction"],
+    ),
     "reset_beyond_the_network": (
         ["intervention=reset", "intervention.layers=4"],
         "intervention.layers",

@@ -30,6 +30,8 @@ class AlgoSpec:
     # of cells differing only in these, rlexp.pack); () = none: cells are packed only when equal
     member_keys: tuple[str, ...] = ()
     multi_agent: bool = False  # trains the agents of a multi-agent env (env.api pettingzoo, vmas)
+    # keys population-based training may vary per member at run time (rlexp.pbt); () = no PBT
+    pbt_keys: tuple[str, ...] = ()
 
 
 # every algorithm that builds its networks and pipelines through the context (rlexp.run)
@@ -39,14 +41,16 @@ DQN_KEYS = ("algo.gamma", "algo.tau", "algo.target_update_period", "algo.start_e
 DQN_KEYS += ("algo.exploration_fraction",)
 PPO_KEYS = ("algo.gamma", "algo.gae_lambda")
 TD3_KEYS = ("algo.gamma", "algo.tau")
+DQN_PBT_KEYS = ("optimizer.lr", "algo.exploration_fraction")
+TD3_PBT_KEYS = ("optimizer.lr",)
 
 
 ALGOS: dict[str, AlgoSpec] = {
-    "dqn": AlgoSpec(dqn.train, DQNConfig, ("discrete",), CONTEXT_KEYS + DQN_KEYS),
+    "dqn": AlgoSpec(dqn.train, DQNConfig, ("discrete",), CONTEXT_KEYS + DQN_KEYS, pbt_keys=DQN_PBT_KEYS),
     "ppo": AlgoSpec(ppo.train, ActorCriticConfig, ("discrete", "continuous"), CONTEXT_KEYS + PPO_KEYS),
     "a2c": AlgoSpec(ppo.train, A2CConfig, ("discrete", "continuous"), CONTEXT_KEYS + PPO_KEYS),
-    "ddpg": AlgoSpec(td3.train, DDPGConfig, ("continuous",), CONTEXT_KEYS + TD3_KEYS),
-    "td3": AlgoSpec(td3.train, TD3Config, ("continuous",), CONTEXT_KEYS + TD3_KEYS),
+    "ddpg": AlgoSpec(td3.train, DDPGConfig, ("continuous",), CONTEXT_KEYS + TD3_KEYS, pbt_keys=TD3_PBT_KEYS),
+    "td3": AlgoSpec(td3.train, TD3Config, ("continuous",), CONTEXT_KEYS + TD3_KEYS, pbt_keys=TD3_PBT_KEYS),
     "sac": AlgoSpec(sac.train, SACConfig, ("continuous",)),
     "muzero_lite": AlgoSpec(muzero_lite.train, MuZeroLiteConfig, ("discrete",)),
     "maddpg": AlgoSpec(maddpg.train, MADDPGConfig, ("discrete", "continuous"), multi_agent=True),

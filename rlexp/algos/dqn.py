@@ -265,6 +265,8 @@ def train(ctx: RunContext) -> None:
         "interventions": intervene,
     }
     loop = ctx.checkpoint_state(saved, lambda: dict(obs=obs, r_max=r_max, updates=updates, prev_step=prev_step))
+    # pbt.*: the recorder's log steps copy members' state and change their lr and ε schedule's fraction
+    ctx.population_based_training(saved, {"algo.exploration_fraction": eps_schedule[2] if eps_schedule else None})
     if loop:  # continued from a checkpoint; without its replay the buffer refills for learning_starts steps
         updates, prev_step = loop["updates"], loop["prev_step"]
         learn_from = learn_from if cfg.checkpoint.replay else prev_step + algo.learning_starts

@@ -176,6 +176,7 @@ def train(ctx: RunContext) -> None:
     loop = ctx.checkpoint_state(
         saved, lambda: dict(obs=obs, r_max=r_max, prev_step=prev_step, critic=critic_updates, actor=actor_updates)
     )
+    ctx.population_based_training(saved, {})  # pbt.*: the recorder's log steps copy members, change their lr
     if loop:  # continued from a checkpoint; without its replay the buffer refills for learning_starts steps
         prev_step, critic_updates, actor_updates = loop["prev_step"], loop["critic"], loop["actor"]
         learn_from = learn_from if cfg.checkpoint.replay else prev_step + algo.learning_starts
