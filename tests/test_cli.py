@@ -716,6 +716,8 @@ def test_run_wandb_offline_runs_read_back(single_run):
         evals = [row["eval/return"] for row in rows if "eval/return" in row]
         assert evals and wb["summary"]["eval/return"] == {"last": evals[-1], "max": max(evals)}
         assert wb["exit_code"] == 0
+        # the installed packages: once per job, in member 0's run
+        assert (wandb_run_dir(seed_dir) / "files" / "requirements.txt").is_file() == (k == 0)
         # gradient and activation histograms went to W&B (the first update is one that records them)
         hist_keys = {key for row in wb["histograms"] for key in row if key.startswith("hist/")}
         for name in ("hist/grad/q.0.weight", "hist/activation/q.0"):
