@@ -55,7 +55,7 @@ def copy_matrices(dst: torch.Tensor, src: torch.Tensor) -> None:
     """``dst.copy_(src)`` for [P, rows, cols] matrices: a large transposed ``src`` (a weight's gradient
     from a batched matmul) goes member by member, where torch copies a 2-D transpose in blocks, about
     twice as fast as one strided 3-D copy (a copy: the same values either way)."""
-    if src.dim() == 3 and src.stride(1) == 1 and src[0].numel() >= TRANSPOSED_COPY_MIN:
+    if src.dim() == 3 and src.stride(1) == 1 and src.shape[1] * src.shape[2] >= TRANSPOSED_COPY_MIN:
         for d, s in zip(dst, src):
             d.copy_(s)
     else:
