@@ -49,7 +49,7 @@ ALGOS: dict[str, AlgoSpec] = {
     "ddpg": AlgoSpec(td3.train, DDPGConfig, ("continuous",), CONTEXT_KEYS + TD3_KEYS),
     "td3": AlgoSpec(td3.train, TD3Config, ("continuous",), CONTEXT_KEYS + TD3_KEYS),
     "sac": AlgoSpec(sac.train, SACConfig, ("continuous",), CONTEXT_KEYS + SAC_KEYS),
-    "muzero_lite": AlgoSpec(muzero_lite.train, MuZeroLiteConfig, ("discrete",)),
+    "muzero_lite": AlgoSpec(muzero_lite.train, MuZeroLiteConfig, ("discrete",), CONTEXT_KEYS),
     "maddpg": AlgoSpec(maddpg.train, MADDPGConfig, ("discrete", "continuous"), multi_agent=True),
     "mappo": AlgoSpec(mappo.train, MAPPOConfig, ("discrete", "continuous"), multi_agent=True),
 }
