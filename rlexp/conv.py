@@ -134,7 +134,7 @@ def convolve_backward(
         members,
         [input_grad, True, True],
     )
-    grad_weight = grad_kernels.permute(0, 2, 3, 1).reshape(kernels.shape[0] // out, out, -1)  # [P, out, k*k*C]
+    grad_weight = grad_kernels.permute(0, 2, 3, 1).reshape(members, out, -1)  # [P, out, k * k * C]
     grad_x = None
     if input_grad:
         grad_x = grad_maps.reshape(batch, members, g.channels, g.height, g.width).transpose(0, 1)
