@@ -307,10 +307,16 @@ def test_missing_extra_names_its_install_command(monkeypatch, module, env, extra
 
 
 @pytest.mark.parametrize("family", ["minatar", "atari"])
-def test_dqn_smoke_per_image_family(tmp_path, family):
+def test_dqn_smoke_per_image_family(tmp_path, monkeypatch, family):
     """DQN runs end to end on each image family with instruments, an intervention, clipping (MinAtar) and
-    batch norm (Atari) on (tiny budgets)."""
+    batch norm (Atari) on (tiny budgets); MinAtar's network trains by its written backward, batch norm over
+    channels through autograd."""
+    from rlexp.nets import PopMLP
     from rlexp.train import run_job
+
+    calls = []
+    real = PopMLP.backward_to_grads
+    monkeypatch.setattr(PopMLP, "backward_to_grads", lambda self, *a: calls.append(1) or real(self, *a))
 
     if family == "minatar":
         pytest.importorskip("minatar", reason="pip install -e '.[minatar]'")
@@ -326,3 +332,4 @@ def test_dqn_smoke_per_image_family(tmp_path, family):
     assert job["status"] == "ok"
     metrics = (tmp_path / "seed_0" / "metrics.jsonl").read_text()
     assert "dormant/q.0" in metrics and "srank/q.0" in metrics
+    assert len(calls) == (200 if family == "minatar" else 0)  # one per update
