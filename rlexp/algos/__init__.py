@@ -39,7 +39,7 @@ DQN_KEYS = ("algo.gamma", "algo.tau", "algo.target_update_period", "algo.start_e
 DQN_KEYS += ("algo.exploration_fraction",)
 PPO_KEYS = ("algo.gamma", "algo.gae_lambda")
 TD3_KEYS = ("algo.gamma", "algo.tau")
-SAC_KEYS = ("algo.gamma", "algo.tau")
+SAC_KEYS = TD3_KEYS  # read as TD3 reads them
 
 
 ALGOS: dict[str, AlgoSpec] = {
