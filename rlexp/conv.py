@@ -20,8 +20,11 @@ is elementwise (crelu doubles the channels). Observers see a convolution's hidde
 positions, Sokar et al. 2023's convention), the feature ranks those of the flattened maps
 [P, B, H * W * C].
 
-Convolutions have neither a written backward nor a numpy form: a network with one trains through
-autograd and acts through torch (``PopMLP`` falls back by itself).
+Plain and weight-normalized convolutions have a written backward (``convolve_backward``: autograd's
+view backwards and ATen's ``convolution_backward``, bit for bit), as do elementwise activations on
+maps, so MinAtar's network trains without autograd; spectral norm, batch norm over channels and crelu
+on maps have none, and no convolution has a numpy form: such a network trains through autograd and
+acts through torch (``PopMLP`` falls back by itself).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from rlexp.activations import ACTIVATIONS, Activation, PopActivation
-from rlexp.component import Component
+from rlexp.component import Component, ensure_grads
 from rlexp.config import ActivationConfig, ConfigError, NetworkConfig, NormalizationConfig
 from rlexp.nets import (
     NORMALIZATIONS,
@@ -72,34 +75,111 @@ class Geometry:
         return self.kernel * self.kernel * self.channels
 
 
-def convolve(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, g: Geometry) -> torch.Tensor:
-    """Each member's convolution: maps x [P, B, H * W * C] (or [P, B, C * H * W] channels-first), kernels
-    weight [P, out, k * k * C] (a patch's values in the order row, column, channel), bias [P, out] ->
-    [P, B, Ho * Wo * out], channels-last."""
+def _maps(x: torch.Tensor, g: Geometry) -> torch.Tensor:
+    """The members' input maps x [P, B, H * W * C] (channels-first: [P, B, C * H * W]) as the grouped
+    convolution's input [B, P * C, H, W]."""
     members, batch = x.shape[:2]
-    out, k = weight.shape[1], g.kernel
     if g.channels_first:
         maps = x.view(members, batch, g.channels, g.height, g.width)
     else:
         maps = x.view(members, batch, g.height, g.width, g.channels).permute(0, 1, 4, 2, 3)
-    maps = maps.transpose(0, 1).reshape(batch, members * g.channels, g.height, g.width)  # [B, P * C, H, W]
-    kernels = weight.reshape(members * out, k, k, g.channels).permute(0, 3, 1, 2)  # [P * out, C, k, k]
-    y = F.conv2d(maps, kernels, bias.reshape(-1), stride=g.stride, groups=members)  # [B, P * out, Ho, Wo]
-    y = y.view(batch, members, out, g.out_height, g.out_width).permute(1, 0, 3, 4, 2)  # [P, B, Ho, Wo, out]
+    return maps.transpose(0, 1).reshape(batch, members * g.channels, g.height, g.width)
+
+
+def _kernels(weight: torch.Tensor, g: Geometry) -> torch.Tensor:
+    """The members' kernels weight [P, out, k * k * C] as the grouped convolution's [P * out, C, k, k]."""
+    members, out = weight.shape[:2]
+    return weight.reshape(members * out, g.kernel, g.kernel, g.channels).permute(0, 3, 1, 2)
+
+
+def _members_out(y: torch.Tensor, members: int, g: Geometry) -> torch.Tensor:
+    """The grouped convolution's output y [B, P * out, Ho, Wo] as maps [P, B, Ho * Wo * out], channels-last."""
+    batch = y.shape[0]
+    y = y.view(batch, members, -1, g.out_height, g.out_width).permute(1, 0, 3, 4, 2)  # [P, B, Ho, Wo, out]
     return y.reshape(members, batch, -1)
+
+
+def convolve(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, g: Geometry) -> torch.Tensor:
+    """Each member's convolution: maps x [P, B, H * W * C] (or [P, B, C * H * W] channels-first), kernels
+    weight [P, out, k * k * C] (a patch's values in the order row, column, channel), bias [P, out] ->
+    [P, B, Ho * Wo * out], channels-last."""
+    members = x.shape[0]
+    y = F.conv2d(_maps(x, g), _kernels(weight, g), bias.reshape(-1), stride=g.stride, groups=members)
+    return _members_out(y, members, g)  # [B, P * out, Ho, Wo] -> [P, B, Ho * Wo * out]
+
+
+def convolve_backward(
+    saved: tuple, grad: torch.Tensor, g: Geometry, input_grad: bool
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """The gradients autograd gives through ``convolve`` for ``saved`` = (x, maps, kernels, bias) and the
+    gradient ``grad`` [P, B, Ho * Wo * out] wrt its output: (wrt x or None, wrt weight [P, out, k * k * C],
+    wrt bias [P, out]). Each view's backward is autograd's (``reshape`` to the view's input sizes, the
+    inverse ``permute``) and the convolution's is ATen's ``convolution_backward`` with autograd's arguments,
+    so the values are bit for bit ``backward``'s."""
+    x, maps, kernels, bias = saved
+    members, batch = x.shape[:2]
+    out = kernels.shape[0] // members
+    grad = grad.reshape(members, batch, g.out_height, g.out_width, out).permute(1, 0, 4, 2, 3)
+    grad = grad.reshape(batch, members * out, g.out_height, g.out_width)  # [B, P * out, Ho, Wo]
+    grad_maps, grad_kernels, grad_bias = torch.ops.aten.convolution_backward(
+        grad,
+        maps,
+        kernels,
+        [bias.numel()],
+        [g.stride, g.stride],
+        [0, 0],
+        [1, 1],
+        False,
+        [0, 0],
+        members,
+        [input_grad, True, True],
+    )
+    grad_weight = grad_kernels.permute(0, 2, 3, 1).reshape(members, out, -1)  # [P, out, k * k * C]
+    grad_x = None
+    if input_grad:
+        grad_x = grad_maps.reshape(batch, members, g.channels, g.height, g.width).transpose(0, 1)
+        if not g.channels_first:
+            grad_x = grad_x.permute(0, 1, 3, 4, 2)  # [P, B, H, W, C]
+        grad_x = grad_x.reshape(x.shape)
+    return grad_x, grad_weight, grad_bias.view(members, out)
 
 
 class _Convolution:
     """Mixin making a population linear layer (plain, weight-normalized or spectral) a convolution with
-    its effective weight as the members' kernels: [P, B, H * W * C] -> [P, B, Ho * Wo * out]."""
+    its effective weight as the members' kernels: [P, B, H * W * C] -> [P, B, Ho * Wo * out]. Its written
+    backward (``convolve_backward``, then the linear layer's ``_weight_grads`` from the gradient wrt the
+    effective weight) is autograd's bit for bit; the layer kind declares whether it has one."""
 
-    written_backward = False
     geometry: Geometry
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.geometry.scale != 1.0:
             x = x * self.geometry.scale
         return convolve(x, self.effective_weight(), self.bias, self.geometry)  # type: ignore[attr-defined]
+
+    def forward_saved(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+        """``forward`` without autograd, and what ``backward_to_grads`` needs."""
+        g = self.geometry
+        if g.scale != 1.0:
+            x = x * g.scale
+        weights = self._weights_saved()  # (None, the effective weight, ...): the linear layer's record
+        maps, kernels, bias = _maps(x, g), _kernels(weights[1], g), self.bias.reshape(-1)  # type: ignore[attr-defined]
+        y = F.conv2d(maps, kernels, bias, stride=g.stride, groups=x.shape[0])
+        return _members_out(y, x.shape[0], g), ((x, maps, kernels, bias), weights)
+
+    def _weights_saved(self) -> tuple:
+        """What the linear layer's ``_weight_grads`` reads, in its ``forward_saved`` record's order."""
+        raise NotImplementedError(f"{type(self).__name__} has no written backward")
+
+    def backward_to_grads(self, saved: tuple, grad: torch.Tensor, input_grad: bool = True) -> torch.Tensor | None:
+        """Writes the parameters' gradients for ``grad`` [P, B, Ho * Wo * out] wrt the output and returns
+        the one wrt the input (None without ``input_grad``), as autograd does."""
+        conv, weights = saved
+        grad_x, grad_weight, grad_bias = convolve_backward(conv, grad, self.geometry, input_grad)
+        ensure_grads(self.weight, self.bias)  # type: ignore[attr-defined]
+        self.bias.grad.copy_(grad_bias)  # type: ignore[attr-defined]
+        self._weight_grads(weights, grad_weight)  # type: ignore[attr-defined]
+        return grad_x
 
     def fast_forward(self) -> Callable[[torch.Tensor], torch.Tensor]:
         return self.forward
@@ -111,9 +191,15 @@ class _Convolution:
 class PopConv(_Convolution, PopLinear):
     """A population convolution (weight [P, out, k*k*in], bias [P, out])."""
 
+    def _weights_saved(self) -> tuple:
+        return None, self.weight
+
 
 class PopWeightNormConv(_Convolution, PopWeightNormLinear):
     """A weight-normalized population convolution: each filter w_o = g_o v_o / ||v_o||."""
+
+    def _weights_saved(self) -> tuple:
+        return None, *self._scaled()
 
 
 class PopSpectralNormConv(_Convolution, PopSpectralNormLinear):
@@ -155,7 +241,7 @@ class ChannelActivation(PopActivation):
 
     def __init__(self, entry: Activation, cfg: ActivationConfig, channels: int) -> None:
         super().__init__(entry, cfg)
-        self.written_backward = False
+        self.written_backward = self.written_backward and self.width == 1  # elementwise: PopActivation's
         self.channels = channels
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:

@@ -48,6 +48,20 @@ Observer = Callable[[int, str, torch.Tensor], None]
 
 
 # ---------------------------------------------------------------- linear layers
+TRANSPOSED_COPY_MIN = 16_384  # elements per member's matrix from which one 2-D copy per member is faster
+
+
+def copy_matrices(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)`` for [P, rows, cols] matrices: a large transposed ``src`` (a weight's gradient
+    from a batched matmul) goes member by member, where torch copies a 2-D transpose in blocks, about
+    twice as fast as one strided 3-D copy (a copy: the same values either way)."""
+    if src.dim() == 3 and src.stride(1) == 1 and src.shape[1] * src.shape[2] >= TRANSPOSED_COPY_MIN:
+        for d, s in zip(dst, src):
+            d.copy_(s)
+    else:
+        dst.copy_(src)
+
+
 class PopLinear(Component):
     """y = x W^T + b for each member: x [P, B, in] -> [P, B, out]."""
 
@@ -99,7 +113,7 @@ class PopLinear(Component):
 
     def _weight_grads(self, saved: tuple, grad_weight: torch.Tensor) -> None:
         """Write the gradients that come from the one wrt the weight used, [P, out, in]."""
-        self.weight.grad.copy_(grad_weight)
+        copy_matrices(self.weight.grad, grad_weight)
 
     def fast_forward(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """``forward`` as one raw op on detached views of the parameters (no-grad acting)."""

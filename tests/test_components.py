@@ -135,6 +135,23 @@ def test_pop_linear_forward_is_f_linear_per_member():
         torch.testing.assert_close(y[p], x[p] @ layer.weight[p].T + layer.bias[p])
 
 
+@pytest.mark.parametrize("members", [1, 3])
+@pytest.mark.parametrize("shape", [(8, 16), (128, 160)], ids=["small", "per_member"])
+def test_copy_matrices_copies_transposed_and_plain_sources(members, shape):
+    """copy_matrices: dst equals src whichever path it takes (a transposed source above the size bound
+    goes member by member), into a view of a wider buffer as the pipeline's gradients are."""
+    from rlexp.nets import TRANSPOSED_COPY_MIN, copy_matrices
+
+    rows, cols = shape
+    assert (rows * cols >= TRANSPOSED_COPY_MIN) == (shape == (128, 160))
+    flat = torch.zeros(members, rows * cols + 16)
+    dst = flat[:, : rows * cols].view(members, rows, cols)
+    for src in (torch.randn(members, cols, rows).mT, torch.randn(members, rows, cols)):
+        copy_matrices(dst, src)
+        assert torch.equal(dst, src)
+    assert torch.equal(flat[:, rows * cols :], torch.zeros(members, 16))
+
+
 def test_pop_linear_gradient_is_per_member():
     torch.manual_seed(1)
     layer = PopLinear(2, 3, 4)

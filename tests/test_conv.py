@@ -157,6 +157,52 @@ def test_members_never_mix(norm):
     assert not torch.equal(a[1], b[1])
 
 
+TWO_CONVS = CNNConfig(name="cnn", conv=[[8, 3, 1], [6, 3, 2]], hidden=[12])  # 10x10 -> 8x8 -> 3x3
+
+
+@pytest.mark.parametrize("members", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize(
+    "norm,activation,network,space",
+    [
+        ("none", "relu", None, MINATAR),
+        ("none", "tanh", TWO_CONVS, gym.spaces.Box(0, 255, (3, 10, 10), dtype="uint8")),
+        ("weight", "relu", TWO_CONVS, MINATAR),
+        ("layer", "elu", TWO_CONVS, MINATAR),
+    ],
+    ids=["cnn", "two_convs_frames", "weight_norm", "layer_norm"],
+)
+def test_written_backward_is_autograd_bit_for_bit(members, dtype, norm, activation, network, space):
+    """forward_saved + backward_to_grads against autograd on the same network: outputs and every
+    parameter's gradient bitwise equal (convolutions after the first get their input's gradient too)."""
+    net = make(norm, activation, network, space, members).to(dtype)
+    assert net.analytic_backward
+    with torch.no_grad():  # biases of both signs, so every activation's derivative is exercised
+        for p in net.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel()), dtype=dtype))
+    g = torch.Generator().manual_seed(3)
+    high = 255 if space.dtype == "uint8" else 1
+    x = torch.randint(0, high + 1, (members, 32, space.shape[0] * 100), generator=g).to(dtype)
+    grad_out = torch.randn(members, 32, 6, generator=g, dtype=dtype)
+    expected = net(x)
+    expected.backward(grad_out)
+    autograd = [p.grad.clone() for p in net.parameters()]
+    for p in net.parameters():  # stale values must be overwritten, not added to
+        p.grad.fill_(123.0)
+    out, saved = net.forward_saved(x)
+    assert not out.requires_grad and torch.equal(out, expected.detach())
+    net.backward_to_grads(saved, grad_out)
+    for (name, p), e in zip(net.named_parameters(), autograd):
+        assert torch.equal(p.grad, e), name
+        assert p.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("norm,activation", [("spectral", "relu"), ("batch", "relu"), ("none", "crelu")])
+def test_autograd_where_no_written_backward(norm, activation):
+    """Spectral norm, batch norm over channels and crelu on maps have no written backward: autograd trains."""
+    assert not make(norm, activation).analytic_backward
+
+
 def test_dormant_channels_and_redo_per_channel():
     """A channel whose bias keeps it at 0 is dormant (scored over batch and positions); redo gives it fresh
     incoming weights and zeroes its columns in the next layer (every position's)."""
@@ -261,10 +307,16 @@ def test_missing_extra_names_its_install_command(monkeypatch, module, env, extra
 
 
 @pytest.mark.parametrize("family", ["minatar", "atari"])
-def test_dqn_smoke_per_image_family(tmp_path, family):
+def test_dqn_smoke_per_image_family(tmp_path, monkeypatch, family):
     """DQN runs end to end on each image family with instruments, an intervention, clipping (MinAtar) and
-    batch norm (Atari) on (tiny budgets)."""
+    batch norm (Atari) on (tiny budgets); MinAtar's network trains by its written backward, batch norm over
+    channels through autograd."""
+    from rlexp.nets import PopMLP
     from rlexp.train import run_job
+
+    calls = []
+    real = PopMLP.backward_to_grads
+    monkeypatch.setattr(PopMLP, "backward_to_grads", lambda self, *a: calls.append(1) or real(self, *a))
 
     if family == "minatar":
         pytest.importorskip("minatar", reason="pip install -e '.[minatar]'")
@@ -280,3 +332,4 @@ def test_dqn_smoke_per_image_family(tmp_path, family):
     assert job["status"] == "ok"
     metrics = (tmp_path / "seed_0" / "metrics.jsonl").read_text()
     assert "dormant/q.0" in metrics and "srank/q.0" in metrics
+    assert len(calls) == (200 if family == "minatar" else 0)  # one per update

@@ -126,6 +126,9 @@ PPO = ["algo=ppo", "env=cartpole", "total_steps=512", "num_seeds=2", "network.hi
 PPO += ["logger.log_every=256", "logger.progress=off"]
 TD3 = ["algo=td3", "env=pendulum", "total_steps=300", "num_seeds=2", "network.hidden=[16,16]"]
 TD3 += ["algo.learning_starts=100", "algo.batch_size=32", "logger.log_every=150", "logger.progress=off"]
+SAC = ["algo=sac", *TD3[1:]]
+MUZERO = ["algo=muzero_lite", "env=cartpole", "total_steps=400", "num_seeds=2", "algo.learning_starts=200"]
+MUZERO += ["algo.batch_size=16", "logger.log_every=200", "logger.progress=off"]
 GRID = [  # the stability grid's init x clipping x optimizer options
     [f"init={i}", f"clipping={c}", f"optimizer={o}"]
     for i in ("xavier", "he", "orthogonal")
@@ -150,8 +153,18 @@ GRID = [  # the stability grid's init x clipping x optimizer options
             [[], ["optimizer=rmsprop", "clipping=global_norm", "init=he"], ["algo.gamma=0.9", "algo.tau=0.05"]],
             marks=pytest.mark.slow,
         ),
+        (
+            SAC,  # alpha's Adam takes each member's optimizer.lr
+            [[], ["optimizer=rmsprop", "clipping=global_norm", "init=he"], ["algo.gamma=0.9", "algo.tau=0.05"]]
+            + [["optimizer.lr=0.002", "regularization.l2=0.01"]],
+        ),
+        (
+            MUZERO,
+            [[], ["optimizer=rmsprop", "clipping=global_norm", "init=he"]]
+            + [["optimizer.lr=0.002", "regularization.l2=0.01"]],
+        ),
     ],
-    ids=["ppo", "td3"],
+    ids=["ppo", "td3", "sac", "muzero_lite"],
 )
 def test_actor_critic_members_train_in_a_pack_as_alone(tmp_path, base, variants):
     assert_packed_equals_alone(tmp_path, base, variants)

@@ -41,6 +41,7 @@ DQN_KEYS = ("algo.gamma", "algo.tau", "algo.target_update_period", "algo.start_e
 DQN_KEYS += ("algo.exploration_fraction",)
 PPO_KEYS = ("algo.gamma", "algo.gae_lambda")
 TD3_KEYS = ("algo.gamma", "algo.tau")
+SAC_KEYS = TD3_KEYS  # read as TD3 reads them
 DQN_PBT_KEYS = ("optimizer.lr", "algo.exploration_fraction")
 TD3_PBT_KEYS = ("optimizer.lr",)
 
@@ -51,8 +52,8 @@ ALGOS: dict[str, AlgoSpec] = {
     "a2c": AlgoSpec(ppo.train, A2CConfig, ("discrete", "continuous"), CONTEXT_KEYS + PPO_KEYS),
     "ddpg": AlgoSpec(td3.train, DDPGConfig, ("continuous",), CONTEXT_KEYS + TD3_KEYS, pbt_keys=TD3_PBT_KEYS),
     "td3": AlgoSpec(td3.train, TD3Config, ("continuous",), CONTEXT_KEYS + TD3_KEYS, pbt_keys=TD3_PBT_KEYS),
-    "sac": AlgoSpec(sac.train, SACConfig, ("continuous",)),
-    "muzero_lite": AlgoSpec(muzero_lite.train, MuZeroLiteConfig, ("discrete",)),
+    "sac": AlgoSpec(sac.train, SACConfig, ("continuous",), CONTEXT_KEYS + SAC_KEYS),
+    "muzero_lite": AlgoSpec(muzero_lite.train, MuZeroLiteConfig, ("discrete",), CONTEXT_KEYS),
     "maddpg": AlgoSpec(maddpg.train, MADDPGConfig, ("discrete", "continuous"), multi_agent=True),
     "mappo": AlgoSpec(mappo.train, MAPPOConfig, ("discrete", "continuous"), multi_agent=True),
 }

@@ -40,6 +40,7 @@ from rlexp.config import AdamConfig, ClippingConfig, DiagnosticsConfig, Regulari
 from rlexp.diagnostics import activity_instruments, parameter_names, update_instruments
 from rlexp.grad import GradientPipeline, UpdateStats
 from rlexp.interventions import Subject
+from rlexp.members import member_runs
 from rlexp.nets import PopMLP, soft_update_
 from rlexp.run import RunContext
 
@@ -75,22 +76,27 @@ def sac_target(
     algo: SACConfig,
     alpha: torch.Tensor,
     noise: torch.Tensor,
+    gamma: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The entropy-regularized bootstrap target y [P, B] from alpha [P] and standard normal ``noise``
-    [P, B, A] for the next action (no gradient)."""
+    [P, B, A] for the next action (no gradient); ``gamma`` [P, 1]: each member's discount (default
+    ``algo.gamma`` for all)."""
     with torch.no_grad():
         a, log_prob = squashed_sample(actor(batch.next_obs), noise, algo.log_std_min, algo.log_std_max)
         next_action = squash.center + squash.half_range * a  # [P, B, A]
         next_q = torch.stack([c(batch.next_obs, next_action).squeeze(-1) for c in critic_targets]).amin(0)  # [P, B]
         soft_q = next_q - alpha.unsqueeze(1) * log_prob
-        return batch.rewards + algo.gamma * (1.0 - batch.terminated) * soft_q
+        return batch.rewards + (algo.gamma if gamma is None else gamma) * (1.0 - batch.terminated) * soft_q
 
 
-def alpha_pipeline(log_alpha: LogAlpha, lr: float, ctx: RunContext) -> GradientPipeline:
-    """log alpha's own optimizer: Adam at ``lr``, no clipping, no penalty (member health shared)."""
+def alpha_pipeline(log_alpha: LogAlpha, ctx: RunContext) -> GradientPipeline:
+    """log alpha's own optimizer: Adam at each member's ``optimizer.lr``, no clipping, no penalty (member
+    health shared)."""
+    lrs = ctx.member_values("optimizer.lr")
+    adam = [AdamConfig(name="adam", lr=lr) for lr in lrs] if len(set(lrs)) > 1 else AdamConfig(name="adam", lr=lrs[0])
     return GradientPipeline(
         [log_alpha.value],
-        AdamConfig(name="adam", lr=lr),
+        adam,
         ClippingConfig(name="none"),
         RegularizationConfig(),
         [],
@@ -124,7 +130,7 @@ def train(ctx: RunContext) -> None:
         net.eval()  # acting and targets use running statistics when a network has batch norm
     log_alpha = LogAlpha(members, algo.alpha, device)
     actor_pipe, critic_pipe = ctx.make_pipeline(actor), ctx.make_pipeline(critics)
-    alpha_pipe = alpha_pipeline(log_alpha, cfg.optimizer.lr, ctx)
+    alpha_pipe = alpha_pipeline(log_alpha, ctx)
     intervene = ctx.interventions(  # intervention.*, every few updates
         Subject("actor", actor, actor_pipe),
         *(Subject(p, c, critic_pipe, (t,)) for p, c, t in zip(["critic", "critic2"], critics, critic_targets)),
@@ -135,6 +141,9 @@ def train(ctx: RunContext) -> None:
     buffer = ReplayBuffer(members, algo.buffer_size, obs_dim, device, action_dim)
     r_max = np.ones(members)  # [P] largest |r| seen (after scaling), at least 1: the value bound's scale
     updates = 0
+    # per-member hyperparameters (members that differ in them; None: every member has algo's)
+    gamma = None if ctx.shared("algo.gamma") else ctx.member_tensor("algo.gamma").unsqueeze(1)  # [P, 1]
+    tau = algo.tau if ctx.shared("algo.tau") else member_runs(ctx.member_values("algo.tau"), members)
 
     act = actor.inference()  # acting: the same forward, no gradient, less overhead per call
     recorder.evaluate_with(evaluation_policy(lambda x: act(x)[..., :action_dim], squash, device, low, high))
@@ -193,7 +202,7 @@ def train(ctx: RunContext) -> None:
             alpha_update = alpha_pipe.step(alpha_loss, step) if algo.autotune else None
 
             # critics
-            target = sac_target(actor, list(critic_targets), squash, batch, algo, alpha, noise_next)  # [P, B]
+            target = sac_target(actor, list(critic_targets), squash, batch, algo, alpha, noise_next, gamma)  # [P, B]
             critics.train()
             q_pred = [c(batch.obs, batch.actions).squeeze(-1) for c in critics]  # each [P, B]
             critics.eval()
@@ -214,7 +223,7 @@ def train(ctx: RunContext) -> None:
             recorder.locate_divergence(
                 actor_update, partial(locate, [actor], ["actor"], actor_names, batch.obs, None, actor_update)
             )
-            soft_update_(critic_targets, critics, algo.tau)
+            soft_update_(critic_targets, critics, tau)
             intervene(updates + 1, batch.obs, batch.actions)  # after the actor's backward, which reads its weights
 
             q_detached, log_prob_detached = q_pred[0].detach(), log_prob.detach()
