@@ -736,9 +736,9 @@ def test_all_members_diverged_ends_early_and_the_table_names_cause_and_where(tmp
     logged: list[int] = []
     original_log = Recorder._log
 
-    def spy_log(self, step):
+    def spy_log(self, step, *rest):
         logged.append(step)
-        return original_log(self, step)
+        return original_log(self, step, *rest)
 
     monkeypatch.setattr(Recorder, "_log", spy_log)
     cfg = compose_config(BASE + [f"num_seeds={seeds}", "divergence.q_bound_factor=0.001"])
