@@ -235,23 +235,30 @@ def main() -> None:
             flag = "--" + key.replace("_", "-")
             print(f"{flag}: {value} is not a positive multiple of {BATCH} (BenchMARL's frames per batch)")
             raise SystemExit(2)
+
+    def frames(algo: str) -> int:
+        return getattr(args, f"{algo}_frames")
+
     record = {"settings": vars(args), "versions": versions(args.benchmarl_python), "overrides": {}, "runs": []}
-    for task in args.tasks:
-        for algo in args.algos:
-            frames = getattr(args, f"{algo}_frames")
-            bm = benchmarl_settings(args.benchmarl_python, task, algo)
-            overrides = rlexp_overrides(task, algo, bm, frames)
-            record["overrides"][f"{task}/{algo}"] = {"benchmarl": bm, "rlexp": overrides}
-            for i, seed in enumerate(args.seeds):
-                for side in ("rlexp", "benchmarl") if i % 2 == 0 else ("benchmarl", "rlexp"):  # alternate the first
-                    if side == "rlexp":
-                        result = run_rlexp(task, algo, seed, frames, args, overrides)
-                    else:
-                        result = run_benchmarl(task, algo, seed, frames, args)
-                    record["runs"].append({"task": task, "algo": algo, "seed": seed, "side": side, **result})
-                    print(json.dumps({k: v for k, v in record["runs"][-1].items() if k != "curve"}), flush=True)
-                    record["summary"] = summarize(record["runs"])
-                    Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+    cells = [(task, algo) for task in args.tasks for algo in args.algos]
+    for task, algo in cells:
+        bm = benchmarl_settings(args.benchmarl_python, task, algo)
+        record["overrides"][f"{task}/{algo}"] = {
+            "benchmarl": bm,
+            "rlexp": rlexp_overrides(task, algo, bm, frames(algo)),
+        }
+    for i, seed in enumerate(args.seeds):  # seed by seed: a cut-short invocation has every cell's first seeds
+        for task, algo in cells:
+            for side in ("rlexp", "benchmarl") if i % 2 == 0 else ("benchmarl", "rlexp"):  # alternate the first
+                if side == "rlexp":
+                    overrides = record["overrides"][f"{task}/{algo}"]["rlexp"]
+                    result = run_rlexp(task, algo, seed, frames(algo), args, overrides)
+                else:
+                    result = run_benchmarl(task, algo, seed, frames(algo), args)
+                record["runs"].append({"task": task, "algo": algo, "seed": seed, "side": side, **result})
+                print(json.dumps({k: v for k, v in record["runs"][-1].items() if k != "curve"}), flush=True)
+                record["summary"] = summarize(record["runs"])
+                Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
     for row in record["summary"]:
         print(json.dumps(row))
 
