@@ -138,12 +138,12 @@ def rlexp_overrides(task: str, algo: str, bm: dict, frames: int) -> list[str]:
             "algo.clip_vloss=false", "algo.norm_adv=false",  # ClipPPOLoss as BenchMARL makes it
             f"algo.share_parameters={str(exp['share_policy_params']).lower()}",
         ]  # fmt: skip
-    # MADDPG: BenchMARL anneals its Gaussian noise linearly from eps_init to eps_end over a third of the
-    # frames; rlexp's noise is constant: its mean over the run
+    # MADDPG: BenchMARL's Gaussian noise sigma falls linearly from eps_init to eps_end over a third of the
+    # frames, stepped after each batch; rlexp's is constant: that schedule's mean over the batches
     third = exp["exploration_anneal_frames"] or frames // 3
-    noise = (third * (exp["exploration_eps_init"] + exp["exploration_eps_end"]) / 2 + (frames - third) * exp[
-        "exploration_eps_end"
-    ]) / frames  # fmt: skip
+    start, end = exp["exploration_eps_init"], exp["exploration_eps_end"]
+    sigmas = [max(end, start - (start - end) * b * BATCH / third) for b in range(frames // BATCH)]
+    noise = sum(sigmas) / len(sigmas)
     assert alg["loss_function"] == "l2" and exp["off_policy_init_random_frames"] == 0
     return common + [
         f"env.num_envs={exp['off_policy_n_envs_per_worker']}",
