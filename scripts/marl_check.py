@@ -15,8 +15,8 @@ Then:
 
 Both sides run with BenchMARL's yaml defaults (experiment, algorithm, VMAS task, MLP), read from the
 venv at the start; rlexp gets the overrides that set the same (``rlexp_overrides``; the differences
-that remain are listed in docs/marl.md). Each (task, algorithm, seed) runs rlexp and BenchMARL, the
-first side alternating from one seed to the next; each trains on the algorithm's frame budget
+that remain are listed in docs/marl.md). Each (task, algorithm, seed) runs rlexp and BenchMARL, rlexp
+first for an even seed, BenchMARL first for an odd one; each trains on the algorithm's frame budget
 (environment steps: BenchMARL's ``max_n_frames``, rlexp's ``total_steps``) and is evaluated every
 ``--eval-every`` frames and at the end on ``--eval-episodes`` deterministic episodes. Returns are per
 agent: BenchMARL logs each episode's reward summed over steps and averaged over agents, rlexp the
@@ -247,9 +247,9 @@ def main() -> None:
             "benchmarl": bm,
             "rlexp": rlexp_overrides(task, algo, bm, frames(algo)),
         }
-    for i, seed in enumerate(args.seeds):  # seed by seed: a cut-short invocation has every cell's first seeds
+    for seed in args.seeds:  # seed by seed: a cut-short invocation has every cell's first seeds
         for task, algo in cells:
-            for side in ("rlexp", "benchmarl") if i % 2 == 0 else ("benchmarl", "rlexp"):  # alternate the first
+            for side in ("rlexp", "benchmarl") if seed % 2 == 0 else ("benchmarl", "rlexp"):  # the first alternates
                 if side == "rlexp":
                     overrides = record["overrides"][f"{task}/{algo}"]["rlexp"]
                     result = run_rlexp(task, algo, seed, frames(algo), args, overrides)
