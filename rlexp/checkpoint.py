@@ -9,7 +9,8 @@ for bit. A file holds tensors, numbers, strings, lists and dicts only:
 then a rename).
 
 Parts: ``env/`` (the training environments: CartPoles' arrays, each gymnasium environment's Python
-state and random generator, the episode bookkeeping), ``streams/`` and ``eval_streams/`` (the
+state and random generator, a PettingZoo environment's objects, a VMAS environment's tensors and
+random state, the episode bookkeeping), ``streams/`` and ``eval_streams/`` (the
 members' torch generators and their drawn pools), ``obs_norm/``, ``reward_norm/``, ``recorder/``
 (health, divergence records, the latest instruments, counters), ``torch_rng``, and what the
 algorithm hands over (``ctx.checkpoint_state``): ``<object>/...`` for its networks, pipelines
@@ -225,9 +226,49 @@ def _pz_value(value: Any, current: Any) -> Any:
     return value
 
 
+def _is_vmas(value: Any) -> bool:
+    return type(value).__module__.split(".")[0] == "vmas"
+
+
+def _vmas_parts(obj: Any, path: str, seen: set[int]) -> list[tuple[str, Any, Any, Any]]:
+    """Every tensor and plain value a VMAS environment's objects hold (the environment, its scenario,
+    world, entities, their states and sensors): (path, holder, key, value)."""
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    parts = []
+    for key, value in vars(obj).items():
+        here = f"{path}.{key}"
+        if isinstance(value, (torch.Tensor, *PLAIN)):
+            parts.append((here, obj, key, value))
+        elif _is_vmas(value):
+            parts += _vmas_parts(value, here, seen)
+        elif isinstance(value, list | dict):
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for k, item in items:
+                if isinstance(item, torch.Tensor) and isinstance(value, list):
+                    parts.append((f"{here}.{k}", value, k, item))
+                elif _is_vmas(item):
+                    parts += _vmas_parts(item, f"{here}.{k}", seen)
+    return parts
+
+
+def _vmas_rng(state: list[Any]) -> str:
+    """A member's VMAS random state (torch's, numpy's and python's generators) as JSON."""
+    torch_state, (name, keys, pos, has_gauss, cached), py_state = state
+    return json.dumps([torch_state.tolist(), [name, keys.tolist(), pos, has_gauss, cached], py_state])
+
+
+def _vmas_rng_back(text: str) -> list[Any]:
+    torch_state, (name, keys, pos, has_gauss, cached), (version, internal, gauss) = json.loads(text)
+    numpy_state = (name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached)
+    return [torch.tensor(torch_state, dtype=torch.uint8), numpy_state, (version, tuple(internal), gauss)]
+
+
 def _marl_env_state(env: Any) -> dict[str, Any]:
-    """A multi-agent population's state: episode counters and, for PettingZoo, every environment's
-    objects (VMAS environments start new episodes on restore)."""
+    """A multi-agent population's state: episode counters and every environment's objects (PettingZoo:
+    the env, its world and entities; VMAS: every tensor of the environment and its scenario, and each
+    member's random state)."""
     P, E = env.members, env.num_envs
     state = {
         "ep_return": env._ep_return.reshape(P, E, -1),
@@ -239,7 +280,16 @@ def _marl_env_state(env: Any) -> dict[str, Any]:
     if env.api == "pettingzoo":
         pz = [{path: value for path, _, _, value in _pz_parts(e, "env", set())} for e in env.envs]
         state["pz"] = PerMember([pz[k * E : (k + 1) * E] for k in range(P)])
+    else:
+        state["vmas"] = PerMember(
+            {"objects": {path: _saved(v) for path, _, _, v in _vmas_parts(e, "env", set())}, "rng": _vmas_rng(rng)}
+            for e, rng in zip(env.envs, env._rng)
+        )
     return state
+
+
+def _saved(value: Any) -> Any:
+    return value.clone() if isinstance(value, torch.Tensor) else value
 
 
 def _load_marl_env(env: Any, state: dict[str, Any]) -> bool:
@@ -249,9 +299,25 @@ def _load_marl_env(env: Any, state: dict[str, Any]) -> bool:
     env.episodes = [[tuple(e) for e in member] for member in state["episodes"]]
     env.last_returns = [deque(r, maxlen=d.maxlen) for r, d in zip(state["last_returns"], env.last_returns)]
     env.episode_count = state["episode_count"].numpy().copy()
-    if env.api != "pettingzoo":
-        env._obs = env.reset().reshape(n, -1)  # new episodes: the loop's observations are replaced by these
-        return False
+    if env.api == "vmas":
+        if "vmas" not in state:  # written before VMAS environments were saved: new episodes
+            env._obs = env.reset().reshape(n, -1)  # the loop's observations are replaced by these
+            return False
+        for k, (e, saved) in enumerate(zip(env.envs, state["vmas"])):
+            for path, holder, key, current in _vmas_parts(e, "env", set()):
+                value = saved["objects"].get(path, current)
+                if (
+                    isinstance(current, torch.Tensor)
+                    and isinstance(value, torch.Tensor)
+                    and current.shape == value.shape
+                ):
+                    current.copy_(value)  # in place: the tensors the objects share stay shared
+                elif isinstance(holder, list):
+                    holder[key] = value
+                else:
+                    setattr(holder, key, value)
+            env._rng[k] = _vmas_rng_back(saved["rng"])
+        return True
     for e, saved in zip(env.envs, (s for member in state["pz"] for s in member)):
         for path, holder, key, _ in _pz_parts(e, "env", set()):
             if path in saved:

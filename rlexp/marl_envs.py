@@ -16,8 +16,8 @@ Episodes end for all agents at once (any agent terminated: terminated; all trunc
 reset at the same step (``next_obs`` holds the first observation of the next episode where one ended,
 ``obs`` the last of the finished one), so every step is a real transition (``valid`` is all True).
 Seeding is per member: a PettingZoo environment is reset with its ``env_seeds`` seed first and its own
-generator afterwards; each member's VMAS batch (E environments) is made with the member's seed and
-draws from a random state of its own, swapped in around its calls (VMAS keeps one for all its
+generator afterwards; each member's VMAS batch (E environments) is made and reset with the member's
+seed and draws from a random state of its own, swapped in around its calls (VMAS keeps one for all its
 environments).
 """
 
@@ -205,7 +205,8 @@ class MultiAgentPopulationEnv:
         return out
 
     def reset(self) -> np.ndarray:
-        """Reset every environment (each member's with its own seeds); returns observations [P, E, D]."""
+        """Reset every environment, each member's from its own seeds (so every evaluation meets the same
+        episodes); returns observations [P, E, D]."""
         n = self.members * self.num_envs
         obs = np.zeros((n, self.obs_dim), dtype=np.float32)
         if self.api == "pettingzoo":
@@ -213,7 +214,8 @@ class MultiAgentPopulationEnv:
                 obs[i] = self._pz_obs(env.reset(seed=seed)[0])
         else:
             for k, env in enumerate(self.envs):
-                parts = self._vmas_call(k, env.reset)
+                seed = self.seeds[k * self.num_envs]  # as a PettingZoo environment, from its seed again
+                parts = self._vmas_call(k, lambda env=env, seed=seed: env.reset(seed=seed))
                 obs[k * self.num_envs : (k + 1) * self.num_envs] = torch.cat(parts, -1).numpy()
         self._ep_return[:] = 0.0
         self._ep_length[:] = 0

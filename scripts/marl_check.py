@@ -1,29 +1,34 @@
 """rlexp vs BenchMARL on VMAS navigation and balance: equal env-step budget, equal seeds, alternating.
 
 BenchMARL pulls TorchRL, whose wheels want another torch than rlexp's: it lives in a venv of its own,
-never in rlexp's interpreter, and this script runs it there as a subprocess. One way to make it
-(the venv sees the main interpreter's torch, so pip keeps it):
+never in rlexp's interpreter, and this script runs it there as a subprocess (``--benchmarl-python``,
+default /work/venvs/benchmarl/bin/python). One way to make it (the venv sees the main interpreter's
+torch, so pip keeps it):
 
-    python -m venv --system-site-packages /path/to/venvs/benchmarl
-    /path/to/venvs/benchmarl/bin/pip install "torch==2.13.0" benchmarl   # check first with --dry-run
+    python -m venv --system-site-packages /work/venvs/benchmarl
+    /work/venvs/benchmarl/bin/pip install "torch==$(python -c 'import torch; print(torch.__version__)')" benchmarl
 
 Then:
 
-    python scripts/marl_check.py --benchmarl-python /path/to/venvs/benchmarl/bin/python \
-        --algos mappo --tasks navigation balance --seeds 0 1 2 --frames 60000 --out marl_check.json
+    python scripts/marl_check.py --algos mappo maddpg --tasks navigation balance --seeds 0 1 2 \
+        --mappo-frames 120000 --maddpg-frames 30000 --out marl_check.json
 
-Each (task, algorithm, seed) runs rlexp then BenchMARL, the order alternating from one seed to the
-next; each side trains on ``--frames`` environment steps (BenchMARL's ``max_n_frames``; rlexp's
-``total_steps`` per member with ``env.num_envs`` environments) and is evaluated at the end on
-``--eval-episodes`` episodes of ``--max-steps`` steps. Returns are compared per agent: BenchMARL logs
-each agent's episode reward averaged over agents, rlexp the sum over agents (divided here by the
-number of agents). The JSON holds both sides' returns and wall times, and the versions.
+Both sides run with BenchMARL's yaml defaults (experiment, algorithm, VMAS task, MLP), read from the
+venv at the start; rlexp gets the overrides that set the same (``rlexp_overrides``; the differences
+that remain are listed in docs/marl.md). Each (task, algorithm, seed) runs rlexp and BenchMARL, rlexp
+first for an even seed, BenchMARL first for an odd one; each trains on the algorithm's frame budget
+(environment steps: BenchMARL's ``max_n_frames``, rlexp's ``total_steps``) and is evaluated every
+``--eval-every`` frames and at the end on ``--eval-episodes`` deterministic episodes. Returns are per
+agent: BenchMARL logs each episode's reward summed over steps and averaged over agents, rlexp the
+team's (summed over agents), divided here by the number of agents. The JSON holds both sides' final
+returns and evaluation curves, wall times (start-up included), the settings and the versions.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,8 +36,30 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-AGENTS = {"navigation": 4, "balance": 3}  # the scenarios' default agent counts (as both sides use them)
+AGENTS = {"navigation": 3, "balance": 4}  # as BenchMARL's task yaml sets them (VMAS's own: 4 and 3)
+BENCHMARL_PYTHON = "/work/venvs/benchmarl/bin/python"  # where this machine keeps it; --benchmarl-python
+BATCH = 6000  # BenchMARL's frames per batch (on- and off-policy): budgets and evaluations are multiples
 
+# Run in BenchMARL's venv: its yaml defaults (experiment, algorithm, task, MLP) as one JSON object.
+BENCHMARL_SETTINGS = r"""
+import json, sys
+from benchmarl.algorithms import MaddpgConfig, MappoConfig
+from benchmarl.environments import VmasTask
+from benchmarl.experiment import ExperimentConfig
+from benchmarl.models.mlp import MlpConfig
+task, algo = sys.argv[1:3]
+algorithm = {"mappo": MappoConfig, "maddpg": MaddpgConfig}[algo].get_from_yaml()
+mlp = MlpConfig.get_from_yaml()
+print(json.dumps({
+    "experiment": vars(ExperimentConfig.get_from_yaml()),
+    "algorithm": vars(algorithm),
+    "task": dict(getattr(VmasTask, task.upper()).get_from_yaml().config),
+    "model": {"num_cells": list(mlp.num_cells), "activation": mlp.activation_class.__name__,
+              "layer": mlp.layer_class.__name__, "norm": str(mlp.norm_class)},
+}, default=str))
+"""
+
+# Run in BenchMARL's venv: one experiment with its yaml defaults but the budget; its last evaluation.
 BENCHMARL_RUN = r"""
 import glob, json, os, sys, time
 import torch
@@ -41,27 +68,22 @@ from benchmarl.environments import VmasTask
 from benchmarl.experiment import Experiment, ExperimentConfig
 from benchmarl.models.mlp import MlpConfig
 
-task_name, algo, seed, frames, envs, max_steps, episodes, out = sys.argv[1:9]
-torch.set_num_threads(1)
+task_name, algo, seed, frames, episodes, every, threads, out = sys.argv[1:9]
+torch.set_num_threads(int(threads))
 config = ExperimentConfig.get_from_yaml()
 config.max_n_frames = int(frames)
-config.on_policy_n_envs_per_worker = config.off_policy_n_envs_per_worker = int(envs)
-config.on_policy_collected_frames_per_batch = config.off_policy_collected_frames_per_batch = int(envs) * 100
 config.evaluation_episodes = int(episodes)
 config.loggers = ["csv"]
 config.create_json = False
 config.save_folder = out
 config.checkpoint_interval = 0
-config.sampling_device = config.train_device = "cpu"
 config.render = False
-iterations = max(1, int(frames) // config.on_policy_collected_frames_per_batch)
-config.evaluation_interval = iterations * config.on_policy_collected_frames_per_batch
-task = getattr(VmasTask, task_name.upper()).get_from_yaml()
-task.config["max_steps"] = int(max_steps)
+config.evaluation_interval = int(every)  # and after the first iteration
+batch = config.on_policy_collected_frames_per_batch if algo == "mappo" else config.off_policy_collected_frames_per_batch
 algorithm = {"mappo": MappoConfig, "maddpg": MaddpgConfig}[algo].get_from_yaml()
 start = time.perf_counter()
 experiment = Experiment(
-    task=task,
+    task=getattr(VmasTask, task_name.upper()).get_from_yaml(),
     algorithm_config=algorithm,
     model_config=MlpConfig.get_from_yaml(),
     critic_model_config=MlpConfig.get_from_yaml(),
@@ -70,42 +92,100 @@ experiment = Experiment(
 )
 experiment.run()
 wall = time.perf_counter() - start
-files = sorted(glob.glob(os.path.join(out, "**", "*eval*reward*episode_reward_mean*.csv"), recursive=True))
-last = None
-for line in open(files[-1]).read().splitlines() if files else []:
-    last = float(line.split(",")[-1])
-print(json.dumps({"return_per_agent": last, "wall_s": wall}))
+name = "eval_reward_episode_reward_mean.csv"  # per episode: the sum over steps, averaged over agents
+rows = [line.split(",") for f in glob.glob(os.path.join(out, "**", name), recursive=True) for line in open(f)]
+curve = sorted(((int(row[0]) + 1) * batch, float(row[-1])) for row in rows)  # (iteration, value) rows
+print(json.dumps({"return_per_agent": curve[-1][1], "curve": curve, "frames": experiment.total_frames, "wall_s": wall}))
 """
 
 
-def run_rlexp(task: str, algo: str, seed: int, args: argparse.Namespace) -> dict:
-    """One rlexp job (a population of one member) in a temporary dir; its final evaluation per agent."""
+def benchmarl_settings(python: str, task: str, algo: str) -> dict:
+    """BenchMARL's yaml defaults for ``algo`` on VMAS ``task``, read in its venv."""
+    done = subprocess.run([python, "-c", BENCHMARL_SETTINGS, task, algo], check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def rlexp_overrides(task: str, algo: str, bm: dict, frames: int) -> list[str]:
+    """rlexp's overrides that set ``algo`` as BenchMARL's defaults ``bm`` set it (the differences that
+    remain: docs/marl.md)."""
+    exp, alg, model = bm["experiment"], bm["algorithm"], bm["model"]
+    assert exp["on_policy_collected_frames_per_batch"] == exp["off_policy_collected_frames_per_batch"] == BATCH
+    task_kwargs = {k: v for k, v in bm["task"].items() if k != "max_steps"}  # the scenario's arguments
+    assert task_kwargs["n_agents"] == AGENTS[task], bm["task"]
+    scenario = [f"+env.kwargs.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in task_kwargs.items()]
+    assert model["activation"] == "Tanh" and model["layer"] == "Linear" and model["norm"] == "None", model
+    clip = (
+        ["clipping=global_norm", f"clipping.max_norm={exp['clip_grad_val']}"]
+        if exp["clip_grad_norm"]
+        else ["clipping=value", f"clipping.clip_value={exp['clip_grad_val']}"]
+    )
+    common = [
+        f"algo={algo}", f"env=vmas_{task}", *scenario,
+        f"env.max_episode_steps={bm['task']['max_steps']}", f"algo.gamma={exp['gamma']}", f"optimizer.lr={exp['lr']}",
+        f"optimizer.eps={exp['adam_eps']}", *clip, f"network.hidden=[{','.join(map(str, model['num_cells']))}]",
+        "activation=tanh", "init=default",
+    ]  # fmt: skip
+    if algo == "mappo":
+        envs, batch = exp["on_policy_n_envs_per_worker"], exp["on_policy_collected_frames_per_batch"]
+        minibatches = batch // exp["on_policy_minibatch_size"]
+        assert alg["loss_critic_type"] == "l2" and exp["on_policy_n_minibatch_iters"] % minibatches == 0
+        return common + [
+            f"env.num_envs={envs}", f"algo.num_steps={batch // envs}", f"algo.num_minibatches={minibatches}",
+            f"algo.update_epochs={exp['on_policy_n_minibatch_iters'] // minibatches}",
+            f"algo.gae_lambda={alg['lmbda']}", f"algo.clip_coef={alg['clip_epsilon']}",
+            f"algo.ent_coef={alg['entropy_coef']}",
+            f"algo.vf_coef={2 * alg['critic_coef']}",  # TorchRL's l2 is (v - R)^2, rlexp's value loss 0.5 (v - R)^2
+            "algo.clip_vloss=false", "algo.norm_adv=false",  # ClipPPOLoss as BenchMARL makes it
+            f"algo.share_parameters={str(exp['share_policy_params']).lower()}",
+        ]  # fmt: skip
+    # MADDPG: BenchMARL's Gaussian noise sigma falls linearly from eps_init to eps_end over a third of the
+    # frames, stepped after each batch; rlexp's is constant: that schedule's mean over the batches
+    third = exp["exploration_anneal_frames"] or frames // 3
+    start, end = exp["exploration_eps_init"], exp["exploration_eps_end"]
+    sigmas = [max(end, start - (start - end) * b * BATCH / third) for b in range(frames // BATCH)]
+    noise = sum(sigmas) / len(sigmas)
+    assert alg["loss_function"] == "l2" and exp["off_policy_init_random_frames"] == 0
+    return common + [
+        f"env.num_envs={exp['off_policy_n_envs_per_worker']}",
+        f"algo.train_frequency={exp['off_policy_collected_frames_per_batch']}",
+        f"algo.gradient_steps={exp['off_policy_n_optimizer_steps']}",
+        f"algo.batch_size={exp['off_policy_train_batch_size']}",
+        f"algo.buffer_size={min(exp['off_policy_memory_size'], frames)}",  # neither side's replay fills up
+        f"algo.tau={exp['polyak_tau']}",
+        "algo.learning_starts=0",
+        f"algo.exploration_noise={noise:.4f}",
+    ]
+
+
+def run_rlexp(task: str, algo: str, seed: int, frames: int, args: argparse.Namespace, overrides: list[str]) -> dict:
+    """One rlexp job (a population of one member) in a temporary dir; its evaluations per agent."""
     with tempfile.TemporaryDirectory() as out:
         cmd = [
-            sys.executable, "-m", "rlexp.train", f"algo={algo}", f"env=vmas_{task}", f"seed={seed}",
-            f"total_steps={args.frames}", f"env.num_envs={args.envs}", f"env.max_episode_steps={args.max_steps}",
-            f"eval.episodes={args.eval_episodes}", "eval.every=0", "logger.mode=disabled", "logger.progress=off",
-            f"hydra.run.dir={out}",
+            sys.executable, "-m", "rlexp.train", *overrides, f"seed={seed}", f"total_steps={frames}",
+            f"eval.episodes={args.eval_episodes}", f"eval.every={args.eval_every}", "logger.mode=disabled",
+            "logger.progress=off", f"threads={args.threads}", f"hydra.run.dir={out}",
         ]  # fmt: skip
         start = time.perf_counter()
         subprocess.run(cmd, check=True, capture_output=True)
         wall = time.perf_counter() - start
         member = json.loads((Path(out) / "seed_0" / "summary.json").read_text())
-    return {"return_per_agent": member["eval_return"] / AGENTS[task], "wall_s": wall}
+        lines = [json.loads(line) for line in (Path(out) / "seed_0" / "metrics.jsonl").read_text().splitlines()]
+    curve = [(r["step"], r["eval/return"] / AGENTS[task]) for r in lines if "eval/return" in r]
+    ret = member["eval_return"] / AGENTS[task]
+    return {"return_per_agent": ret, "curve": curve, "frames": member["steps"], "wall_s": wall}
 
 
-def run_benchmarl(task: str, algo: str, seed: int, args: argparse.Namespace) -> dict:
-    """One BenchMARL experiment in its venv; its final evaluation (episode reward, mean over agents)."""
+def run_benchmarl(task: str, algo: str, seed: int, frames: int, args: argparse.Namespace) -> dict:
+    """One BenchMARL experiment in its venv; its evaluations (episode reward, mean over agents)."""
     with tempfile.TemporaryDirectory() as out:
         cmd = [
-            args.benchmarl_python, "-c", BENCHMARL_RUN, task, algo, str(seed), str(args.frames), str(args.envs),
-            str(args.max_steps), str(args.eval_episodes), out,
+            args.benchmarl_python, "-c", BENCHMARL_RUN, task, algo, str(seed), str(frames), str(args.eval_episodes),
+            str(args.eval_every), str(args.threads), out,
         ]  # fmt: skip
         start = time.perf_counter()
         done = subprocess.run(cmd, check=True, capture_output=True, text=True)
         wall = time.perf_counter() - start
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"return_per_agent": result["return_per_agent"], "wall_s": wall}
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "wall_s": wall}
 
 
 def versions(python: str) -> dict[str, str]:
@@ -117,33 +197,70 @@ def versions(python: str) -> dict[str, str]:
     return {"rlexp": ours, "benchmarl": theirs}
 
 
+def summarize(runs: list[dict]) -> list[dict]:
+    """Per (task, algorithm, side): every seed's final return per agent and wall time, and their medians."""
+    rows = []
+    for key in dict.fromkeys((r["task"], r["algo"], r["side"]) for r in runs):
+        mine = [r for r in runs if (r["task"], r["algo"], r["side"]) == key]
+        returns, walls = [r["return_per_agent"] for r in mine], [r["wall_s"] for r in mine]
+        first = [r["curve"][0][1] for r in mine]  # after the first batch
+        rows.append(
+            dict(zip(("task", "algo", "side"), key))
+            | {"seeds": [r["seed"] for r in mine], "returns": returns, "median_return": statistics.median(returns)}
+            | {"first_eval": first, "median_first_eval": statistics.median(first)}
+            | {"wall_s": walls, "median_wall_s": statistics.median(walls)}
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--benchmarl-python", required=True, help="the python of BenchMARL's venv")
+    parser.add_argument("--benchmarl-python", default=BENCHMARL_PYTHON, help="the python of BenchMARL's venv")
     parser.add_argument("--algos", nargs="+", default=["mappo", "maddpg"], choices=["mappo", "maddpg"])
     parser.add_argument("--tasks", nargs="+", default=["navigation", "balance"], choices=sorted(AGENTS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--frames", type=int, default=60_000, help="env steps per run, both sides")
-    parser.add_argument("--envs", type=int, default=10, help="vectorized environments, both sides")
-    parser.add_argument("--max-steps", type=int, default=100, help="episode length")
-    parser.add_argument("--eval-episodes", type=int, default=10)
+    parser.add_argument("--mappo-frames", type=int, default=120_000, help="env steps per MAPPO run, both sides")
+    parser.add_argument("--maddpg-frames", type=int, default=30_000, help="env steps per MADDPG run, both sides")
+    parser.add_argument("--eval-every", type=int, default=6000, help="env steps between evaluations, both sides")
+    parser.add_argument("--eval-episodes", type=int, default=10, help="episodes per evaluation, both sides")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of each side")
     parser.add_argument("--out", default="marl_check.json")
     args = parser.parse_args()
     if not Path(args.benchmarl_python).exists():
-        print(
-            f"--benchmarl-python: {args.benchmarl_python} does not exist; see this script's docstring", file=sys.stderr
-        )
+        print(f"--benchmarl-python: {args.benchmarl_python} does not exist; make the venv as --help says")
         raise SystemExit(2)
-    record = {"settings": vars(args), "versions": versions(args.benchmarl_python), "runs": []}
-    for task in args.tasks:
-        for algo in args.algos:
-            for i, seed in enumerate(args.seeds):
-                sides = [("rlexp", run_rlexp), ("benchmarl", run_benchmarl)]
-                for side, run in sides if i % 2 == 0 else sides[::-1]:  # alternate who goes first
-                    result = run(task, algo, seed, args)
-                    record["runs"].append({"task": task, "algo": algo, "seed": seed, "side": side, **result})
-                    print(json.dumps(record["runs"][-1]), flush=True)
-                    Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+    for key in ("mappo_frames", "maddpg_frames", "eval_every"):
+        value = getattr(args, key)
+        if value <= 0 or value % BATCH:
+            flag = "--" + key.replace("_", "-")
+            print(f"{flag}: {value} is not a positive multiple of {BATCH} (BenchMARL's frames per batch)")
+            raise SystemExit(2)
+
+    def frames(algo: str) -> int:
+        return getattr(args, f"{algo}_frames")
+
+    record = {"settings": vars(args), "versions": versions(args.benchmarl_python), "overrides": {}, "runs": []}
+    cells = [(task, algo) for task in args.tasks for algo in args.algos]
+    for task, algo in cells:
+        bm = benchmarl_settings(args.benchmarl_python, task, algo)
+        record["overrides"][f"{task}/{algo}"] = {
+            "benchmarl": bm,
+            "rlexp": rlexp_overrides(task, algo, bm, frames(algo)),
+        }
+    for seed in args.seeds:  # seed by seed: a cut-short invocation has every cell's first seeds
+        for task, algo in cells:
+            for side in ("rlexp", "benchmarl") if seed % 2 == 0 else ("benchmarl", "rlexp"):  # the first alternates
+                if side == "rlexp":
+                    overrides = record["overrides"][f"{task}/{algo}"]["rlexp"]
+                    result = run_rlexp(task, algo, seed, frames(algo), args, overrides)
+                else:
+                    result = run_benchmarl(task, algo, seed, frames(algo), args)
+                record["runs"].append({"task": task, "algo": algo, "seed": seed, "side": side, **result})
+                print(json.dumps({k: v for k, v in record["runs"][-1].items() if k != "curve"}), flush=True)
+                record["summary"] = summarize(record["runs"])
+                Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+    for row in record["summary"]:
+        print(json.dumps(row))
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ A job interrupted by ``debug.crash_at_step`` and resumed from its checkpoint (wi
 ends bitwise as the uninterrupted job: every metrics record (perf/ aside), every member summary
 (wall time aside) and every tensor of the final checkpoint, for DQN (a member diverged before the
 checkpoint, gymnasium's CartPole stepped one by one), PPO (a checkpoint inside a rollout, CartPoles
-stepped together, observation and reward normalization), TD3 (Pendulum), and MADDPG and MAPPO on
-PettingZoo's simple_spread (checkpoints inside an episode; MAPPO's inside a rollout). A member's file alone
+stepped together, observation and reward normalization), TD3 (Pendulum), MADDPG and MAPPO on
+PettingZoo's simple_spread (checkpoints inside an episode; MAPPO's inside a rollout) and MADDPG on VMAS's
+navigation (inside an episode). A member's file alone
 loads as a population of one and evaluates as the member did in its population. Bad input: a
 checkpoint of another config is refused in one line, a cut-off one is moved aside and the job runs
 again from scratch, and rlexp.evaluate on a dir without checkpoints says how to write them. A
@@ -138,6 +139,25 @@ RUNS = {  # (overrides, crash step, checkpoint step continued from)
             "eval.episodes=1",
         ],
         210,
+        120,
+    ),
+    "maddpg_vmas": (  # VMAS's tensors (entities, goals, lidar) and each member's random state
+        [
+            "algo=maddpg",
+            "env=vmas_navigation",
+            "env.num_envs=2",
+            "env.max_episode_steps=25",
+            "total_steps=240",
+            "num_seeds=2",
+            "network.hidden=[16,16]",
+            "algo.learning_starts=60",
+            "algo.batch_size=16",
+            "logger.log_every=40",
+            "checkpoint.every=120",  # inside an episode (25 steps of 2 environments)
+            "eval.every=120",
+            "eval.episodes=1",
+        ],
+        180,
         120,
     ),
     "mappo": (  # separate policies, a checkpoint inside a rollout, observation normalization
