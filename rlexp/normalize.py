@@ -7,12 +7,15 @@ depend on its own data only. Both are off unless enabled (``obs_norm.enabled``,
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from rlexp.config import ObsNormConfig, RewardNormConfig
+
+T = TypeVar("T")
 
 
 class RunningMeanStd:
@@ -76,6 +79,13 @@ class ObsNormalizer:
         mean = torch.as_tensor(self.stats.mean, dtype=obs.dtype, device=obs.device).unsqueeze(1)
         std = torch.as_tensor(np.sqrt(self.stats.var), dtype=obs.dtype, device=obs.device).unsqueeze(1)
         return ((obs - mean) / (std + 1e-8)).clamp(-self.clip, self.clip)
+
+    def batch(self, batch: T) -> T:
+        """A replay sample (a dataclass with ``obs`` and ``next_obs`` [P, B, obs], stored raw) with both
+        normalized by the current statistics; the sample itself when normalization is off."""
+        if not self.enabled:
+            return batch
+        return dataclasses.replace(batch, obs=self.tensor(batch.obs), next_obs=self.tensor(batch.next_obs))
 
     def state(self, member: int) -> dict[str, Any] | None:
         return self.stats.state(member) if self.enabled else None

@@ -17,7 +17,6 @@ The update (DeepMind's DQN 3.0, per member):
 from __future__ import annotations
 
 import copy
-import dataclasses
 from collections.abc import Callable
 from functools import partial
 
@@ -298,10 +297,7 @@ def train(ctx: RunContext) -> None:
             for _ in range(algo.gradient_steps):
                 diagnose = recorder.diagnose(updates)
                 batch = buffer.sample(ctx.streams.uniform(algo.batch_size))
-                if ctx.obs_norm.enabled:  # stored raw, normalized with the current statistics
-                    batch = dataclasses.replace(
-                        batch, obs=ctx.obs_norm.tensor(batch.obs), next_obs=ctx.obs_norm.tensor(batch.next_obs)
-                    )
+                batch = ctx.obs_norm.batch(batch)  # stored raw, normalized with the current statistics
                 recorder.inject_param(q_net, step)
                 loss, stats = dqn_loss(q_net, target_net, batch, algo, r_scale, analytic, gamma)
                 update = pipeline.step(loss, step, diagnose, grads_written=analytic)

@@ -30,7 +30,6 @@ softmax(logits), so a concentrated distribution shows; a continuous agent's mu(o
 from __future__ import annotations
 
 import copy
-import dataclasses
 from functools import partial
 
 import numpy as np
@@ -226,10 +225,7 @@ def train(ctx: RunContext) -> None:
         prev_step = step
         for _ in range(algo.gradient_steps):
             batch = buffer.sample(ctx.streams.uniform(algo.batch_size))  # [P, B, ...]
-            if ctx.obs_norm.enabled:  # stored raw, normalized with the current statistics
-                batch = dataclasses.replace(
-                    batch, obs=ctx.obs_norm.tensor(batch.obs), next_obs=ctx.obs_norm.tensor(batch.next_obs)
-                )
+            batch = ctx.obs_norm.batch(batch)  # stored raw, normalized with the current statistics
             joint_actions, rewards = (
                 batch.actions[..., :joint_act],
                 batch.actions[..., joint_act:],

@@ -337,10 +337,7 @@ def train(ctx: RunContext) -> None:
         for _ in range(algo.gradient_steps):
             diagnose = recorder.diagnose(updates)
             batch = buffer.sample_windows(ctx.streams.uniform(2 * algo.batch_size), K + algo.td_steps)
-            if ctx.obs_norm.enabled:  # stored raw, normalized with the current statistics
-                batch = dataclasses.replace(
-                    batch, obs=ctx.obs_norm.tensor(batch.obs), next_obs=ctx.obs_norm.tensor(batch.next_obs)
-                )
+            batch = ctx.obs_norm.batch(batch)  # stored raw, normalized with the current statistics
             recorder.inject_param(model.h, step)
             targets = unroll_targets(target, batch, algo)
             model.train()

@@ -25,7 +25,6 @@ deterministic policy center + half_range * tanh(m).
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from functools import partial
 
@@ -183,10 +182,7 @@ def train(ctx: RunContext) -> None:
         prev_step = step
         for _ in range(algo.gradient_steps):
             batch = buffer.sample(ctx.streams.uniform(algo.batch_size))  # [P, B, ...]
-            if ctx.obs_norm.enabled:  # stored raw, normalized with the current statistics
-                batch = dataclasses.replace(
-                    batch, obs=ctx.obs_norm.tensor(batch.obs), next_obs=ctx.obs_norm.tensor(batch.next_obs)
-                )
+            batch = ctx.obs_norm.batch(batch)  # stored raw, normalized with the current statistics
             diagnose = recorder.diagnose(updates)
             recorder.inject_param(critics[0], step)  # debug.inject.what=param poisons the critic
             shape = (members, algo.batch_size, action_dim)

@@ -20,7 +20,6 @@ Evaluation plays mu(s), without exploration noise (``evaluation_policy``).
 from __future__ import annotations
 
 import copy
-import dataclasses
 from collections.abc import Callable, Sequence
 from functools import partial
 
@@ -204,10 +203,7 @@ def train(ctx: RunContext) -> None:
         prev_step = step
         for _ in range(algo.gradient_steps):
             batch = buffer.sample(ctx.streams.uniform(algo.batch_size))  # [P, B, ...]
-            if ctx.obs_norm.enabled:  # stored raw, normalized with the current statistics
-                batch = dataclasses.replace(
-                    batch, obs=ctx.obs_norm.tensor(batch.obs), next_obs=ctx.obs_norm.tensor(batch.next_obs)
-                )
+            batch = ctx.obs_norm.batch(batch)  # stored raw, normalized with the current statistics
             update_actor = (critic_updates + 1) % algo.policy_delay == 0
             diagnose = update_actor and recorder.diagnose(actor_updates)
             recorder.inject_param(critics[0], step)  # debug.inject.what=param poisons the critic
