@@ -10,6 +10,7 @@ job of a multirun finds it from the sweep's definition (``multirun.yaml``: the c
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -67,11 +68,18 @@ def swept_keys(task: Iterable[str], params: Mapping[str, Any] | None) -> list[st
 
 def sweep_cell_keys(sweep_dir: Path) -> list[str] | None:
     """The cell keys of the sweep recorded in ``sweep_dir/multirun.yaml``; None when there is no such record."""
-    from omegaconf import OmegaConf
-
     path = sweep_dir / MULTIRUN_YAML
     if not path.is_file():
         return None
+    stat = path.stat()
+    return list(_recorded_cell_keys(str(path), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=8)
+def _recorded_cell_keys(path: str, mtime_ns: int, size: int) -> tuple[str, ...]:
+    """``sweep_cell_keys`` of one version of a record, read once (a sweep asks once per job)."""
+    from omegaconf import OmegaConf
+
     hydra = OmegaConf.to_container(OmegaConf.load(path)).get("hydra") or {}
     task = (hydra.get("overrides") or {}).get("task") or []
-    return swept_keys(task, (hydra.get("sweeper") or {}).get("params"))
+    return tuple(swept_keys(task, (hydra.get("sweeper") or {}).get("params")))

@@ -54,7 +54,8 @@ def plan_packs(cells: list[Cell], member_keys: Callable[[str], tuple[str, ...]],
     """Group ``cells`` by ``pack_key`` (``member_keys(algo name)``: its per-member keys), in their
     order; within a pack, cells with equal optimizer and clipping configs sit side by side (each such
     run of members steps as one group); a pack holds at most ``max_members`` members (a cell is never
-    split; a larger cell is a pack of its own)."""
+    split; a larger cell is a pack of its own). The packs come largest ``pack_work`` first (equal ones
+    in the cells' order), so that workers taking them in turn end close together."""
     if max_members < 1:
         raise ConfigError("hydra.launcher.max_members", f"{max_members} is below 1", "give a value >= 1")
     groups: dict[str, list[Cell]] = {}
@@ -70,7 +71,17 @@ def plan_packs(cells: list[Cell], member_keys: Callable[[str], tuple[str, ...]],
                 pack = []
             pack.append(cell)
         packs.append(pack)
-    return packs
+    return sorted(packs, key=pack_work, reverse=True)
+
+
+def pack_work(pack: list[Cell]) -> int:
+    """A pack's estimated cost, for its place in the queue: members x env steps x the components of
+    a hidden layer's forward (linear, activation, and the normalization unless none) summed over the
+    network's layers. A pack's time is its updates' arithmetic, which grows with each of them."""
+    cfg = pack[0].cfg
+    per_layer = 2 + (cfg.normalization.name != "none")
+    components = per_layer * len(cfg.network.hidden) + 1  # + the output layer
+    return sum(c.cfg.num_seeds for c in pack) * int(cfg.total_steps) * components
 
 
 def cell_line(cell: Cell, job: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ the process-wide state:
   that all live on), then those are frozen out of every later collection and it is back on; each job
   freezes what exists before it trains (a sweep's worker processes never run this module as main);
 - torch's intra-op threads: ``threads`` (0 = torch's default, -1 = ``population_threads``);
+- glibc's allocator keeps freed memory (``keep_freed_memory``);
 - the warnings filter: torch's note on the gradient layout of the pipelines' flat buffers is silenced.
 
 Importing this module does nothing else.
@@ -16,7 +17,9 @@ Importing this module does nothing else.
 
 from __future__ import annotations
 
+import ctypes
 import gc
+import platform
 import sys
 
 if __name__ == "__main__":
@@ -59,14 +62,35 @@ def population_threads(members: int) -> int:
     return max(1, min(len(os.sched_getaffinity(0)), members // 8))
 
 
+def keep_freed_memory() -> None:
+    """Have glibc's malloc keep freed memory for the next allocation instead of returning it to the
+    kernel: blocks up to 32 MiB come from the heap, not a fresh mmap each, and the heap's top is
+    trimmed only beyond 1 GiB. An update's temporaries ([P, B, H] float32: 3 MiB at P = 96) are
+    then reused, not faulted in page by page and zeroed again at every op (a 96-member pack spent
+    ~5% of its CPU time so); results are unchanged (torch aligns every tensor to 64 bytes either
+    way). A no-op off glibc."""
+    if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
+        return
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3  # <malloc.h>
+    mallopt(m_mmap_threshold, 32 << 20)
+    mallopt(m_trim_threshold, 1 << 30)
+    mallopt(m_top_pad, 64 << 20)
+
+
 def set_process_state(cfg: DictConfig) -> None:
-    """Before a job: torch's threads from ``cfg.threads``, the collector kept off every object that
-    exists now (imports, Hydra's config, ...) for the rest of the process, and torch's note on the
-    gradient layout silenced (a member's gradient is a strided view into its pipeline's flat buffer,
-    which backward adds into in place: nothing is copied or lost)."""
+    """Before a job: torch's threads from ``cfg.threads``, glibc's allocator (``keep_freed_memory``),
+    the collector kept off every object that exists now (imports, Hydra's config, ...) for the rest
+    of the process, and torch's note on the gradient layout silenced (a member's gradient is a
+    strided view into its pipeline's flat buffer, which backward adds into in place: nothing is
+    copied or lost)."""
     threads = population_threads(cfg.num_seeds) if cfg.threads == -1 else cfg.threads
     if threads > 0:
         torch.set_num_threads(threads)
+    keep_freed_memory()
     gc.freeze()
     warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout contract")
 

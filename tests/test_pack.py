@@ -18,7 +18,7 @@ from test_grid import CRASH, CRASHED, SMALL, check_crashed_job, check_finished_j
 
 from rlexp.algos import ALGOS
 from rlexp.config import ConfigError
-from rlexp.pack import Cell, pack_key, plan_packs, run_pack
+from rlexp.pack import Cell, pack_key, pack_work, plan_packs, run_pack
 from rlexp.runner import run_population
 from rlexp.train import prepare
 
@@ -120,6 +120,15 @@ def test_plan_packs_bounds_members_and_refuses_below_one(tmp_path):
     assert sorted(len(p) for p in packs) == [1, 1, 2]  # 3 relu cells of 2 members: 2 + 1; tanh alone
     with pytest.raises(ConfigError, match="max_members"):
         plan_packs(cells, member_keys, 0)
+
+
+def test_plan_packs_queues_the_largest_work_first(tmp_path):
+    variants = [["init=he"], ["normalization=layer"], ["normalization=layer", "init=he"], ["total_steps=1200"]]
+    cells = cells_of(tmp_path, DQN, variants)
+    packs = plan_packs(cells, member_keys, 64)
+    # 2 cells x layer norm (7 components), 1 cell x 2x the steps, 1 cell (5 components each)
+    assert [[c.out_dir.name for c in p] for p in packs] == [["1", "2"], ["3"], ["0"]]
+    assert [pack_work(p) for p in packs] == [4 * 600 * 7, 2 * 1200 * 5, 2 * 600 * 5]
 
 
 PPO = ["algo=ppo", "env=cartpole", "total_steps=512", "num_seeds=2", "network.hidden=[16,16]", "algo.num_steps=16"]
