@@ -1,8 +1,10 @@
 """MAPPO (Yu et al. 2022) for a population of members: PPO with a centralized value function.
 
 Reads top to bottom: per agent a policy on its own observation (or, with ``share_parameters``, one
-policy for every agent, which then also sees its agent's one-hot index) and one centralized critic
-V(x) -> [N] on the joint observation x (one value per agent, each agent's own reward) -> per rollout
+policy for every agent, which then also sees its agent's one-hot index unless ``agent_index`` is off;
+continuous actions as ``continuous_policy`` says: ``rlexp.algos.ppo.Actor``) and one centralized critic
+V(x) -> [N] on the joint observation x (one value per agent, each agent's own reward; with
+``shared_value`` one value, used for every agent's reward) -> per rollout
 ``num_steps`` vector steps of acting -> GAE per agent -> ``update_epochs`` passes over
 ``num_minibatches`` shuffled minibatches (each member shuffles with its own stream). The losses are
 PPO's (``rlexp.algos.ppo.ppo_losses``, per agent, advantages normalized per member and agent):
@@ -13,7 +15,8 @@ the loss over every agent's samples. Episodes reset at once (``rlexp.marl_envs``
 bootstraps from V(its final observation), a terminated one from 0, and GAE never crosses an
 episode's end. Observations are normalized when ``obs_norm`` is on; rewards are used as they are
 (``reward_norm`` is not read) and the learning rate stays constant (``anneal_lr`` is not read).
-Evaluation plays each policy's mode (argmax, or the Gaussian's mean clipped to the box).
+Evaluation plays each policy's deterministic action (argmax, the Gaussian's mean clipped to the box, or
+tanh_normal's squashed location).
 """
 
 from __future__ import annotations
