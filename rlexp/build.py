@@ -309,6 +309,8 @@ ALGO_DOMAINS: dict[str, Domain] = {
     "clip_coef": POSITIVE,
     "ent_coef": NON_NEGATIVE,
     "vf_coef": NON_NEGATIVE,
+    "min_std": POSITIVE,
+    "init_std": (lambda v: v > 0, "a value > algo.min_std"),
     "anneal_steps": (lambda v: v is None or v >= 1, "an integer >= 1 (or null for total_steps)"),
     "exploration_noise": NON_NEGATIVE,
     "policy_delay": COUNT,
@@ -339,6 +341,11 @@ def _check_algo(algo: DictConfig) -> None:
 def _validate_actor_critic(cfg: DictConfig) -> None:
     algo = cfg.algo
     require_choice(algo.value_target, "algo.value_target", ("gae", "mc"))
+    require_choice(algo.continuous_policy, "algo.continuous_policy", ("gaussian", "tanh_normal"))
+    if algo.init_std <= algo.min_std:
+        raise ConfigError(
+            "algo.init_std", f"{algo.init_std} <= algo.min_std={algo.min_std}", "raise algo.init_std above min_std"
+        )
     if cfg.network.name == "lstm" and algo.num_minibatches > cfg.env.num_envs:
         raise ConfigError(
             "algo.num_minibatches",
@@ -473,12 +480,17 @@ def _validate_agents(cfg: DictConfig) -> tuple[int, int]:
             f"use algo={' or algo='.join(fits)}" if fits else "no multi-agent algorithm here handles them yet",
         )
     if cfg.algo.name == "mappo" and cfg.algo.share_parameters:
-        spaces = {(a.obs_dim, a.discrete, a.action_dim) for a in env.agents}
+        tanh = cfg.algo.continuous_policy == "tanh_normal"  # squashes into one box
+        spaces = {
+            (a.obs_dim, a.discrete, a.action_dim, *((tuple(a.low), tuple(a.high)) if tanh and not a.discrete else ()))
+            for a in env.agents
+        }
         require(
             len(spaces) == 1,
             "algo.share_parameters",
             True,
-            f"false: {env_cfg.id}'s agents differ in observation or action space, so no policy fits them all",
+            f"false: {env_cfg.id}'s agents differ in observation or action space"
+            f"{' (or bounds, which tanh_normal squashes into)' if tanh else ''}, so no policy fits them all",
         )
     missing = [k for k in kinds if k not in spec.action_spaces]
     if missing:

@@ -365,6 +365,14 @@ class AlgoConfig:
     value_target: str = knob(
         "gae", "ppo, a2c: gae (GAE returns, bootstrapped) | mc (discounted rewards to the episode's or rollout's end)"
     )
+    continuous_policy: str = knob(
+        "gaussian",
+        "ppo, a2c, mappo: continuous actions' distribution: gaussian (a state-independent log-std, samples "
+        "clipped to the box) | tanh_normal (the network outputs a location and a scale, samples squashed into "
+        "the box by tanh; evaluation plays the squashed location)",
+    )
+    min_std: float = knob(0.01, "ppo, a2c, mappo: tanh_normal's std = softplus(s + b) + min_std (its floor)")
+    init_std: float = knob(1.0, "ppo, a2c, mappo: tanh_normal's std where the scale output s is 0 (sets b)")
     # ddpg, td3
     exploration_noise: float = knob(0.1, "ddpg, td3: Gaussian action noise std (fraction of the half range)")
     twin: bool = knob(True, "ddpg, td3: two critics, the target takes their minimum")
@@ -396,7 +404,11 @@ class AlgoConfig:
     gumbel_hard: bool = knob(True, "maddpg: the critic sees the one-hot sample, with the soft sample's gradient")
     policy_reg: float = knob(1e-3, "maddpg: actor loss += policy_reg * mean logits^2 (discrete agents)")
     # mappo
-    share_parameters: bool = knob(True, "mappo: one policy for every agent (input: its observation and index)")
+    share_parameters: bool = knob(True, "mappo: one policy for every agent (input: its observation, and its index)")
+    agent_index: bool = knob(True, "mappo: a shared policy also sees its agent's one-hot index")
+    shared_value: bool = knob(
+        False, "mappo: the centralized critic outputs one value for every agent (else one per agent, its own reward's)"
+    )
 
 
 @dataclass

@@ -127,16 +127,25 @@ def rlexp_overrides(task: str, algo: str, bm: dict, frames: int) -> list[str]:
     ]  # fmt: skip
     if algo == "mappo":
         envs, batch = exp["on_policy_n_envs_per_worker"], exp["on_policy_collected_frames_per_batch"]
-        minibatches = batch // exp["on_policy_minibatch_size"]
-        assert alg["loss_critic_type"] == "l2" and exp["on_policy_n_minibatch_iters"] % minibatches == 0
+        # BenchMARL trains on_policy_n_minibatch_iters passes over the batch, each of batch / minibatch_size
+        # minibatches drawn without replacement: epochs, in rlexp's words
+        minibatches, rest = divmod(batch, exp["on_policy_minibatch_size"])
+        assert alg["loss_critic_type"] == "l2" and rest == 0 and not alg["minibatch_advantage"], alg
+        # the policy: a tanh-squashed normal whose scale the network outputs through softplus(s + b) + min_std,
+        # b such that s = 0 gives init_std ("biased_softplus_{init_std}" or "..._{init_std}_{min_std}")
+        assert alg["use_tanh_normal"] and alg["scale_mapping"].startswith("biased_softplus_"), alg
+        init_std, min_std, *_ = [*map(float, alg["scale_mapping"].split("_")[2:]), 0.01]  # tensordict's min_val
         return common + [
             f"env.num_envs={envs}", f"algo.num_steps={batch // envs}", f"algo.num_minibatches={minibatches}",
-            f"algo.update_epochs={exp['on_policy_n_minibatch_iters'] // minibatches}",
+            f"algo.update_epochs={exp['on_policy_n_minibatch_iters']}",
             f"algo.gae_lambda={alg['lmbda']}", f"algo.clip_coef={alg['clip_epsilon']}",
             f"algo.ent_coef={alg['entropy_coef']}",
             f"algo.vf_coef={2 * alg['critic_coef']}",  # TorchRL's l2 is (v - R)^2, rlexp's value loss 0.5 (v - R)^2
             "algo.clip_vloss=false", "algo.norm_adv=false",  # ClipPPOLoss as BenchMARL makes it
+            "algo.continuous_policy=tanh_normal", f"algo.init_std={init_std}", f"algo.min_std={min_std}",
             f"algo.share_parameters={str(exp['share_policy_params']).lower()}",
+            "algo.agent_index=false",  # BenchMARL's shared policy sees the agent's observation alone
+            f"algo.shared_value={str(alg['share_param_critic']).lower()}",  # one value for every agent
         ]  # fmt: skip
     # MADDPG: BenchMARL's Gaussian noise sigma falls linearly from eps_init to eps_end over a third of the
     # frames, stepped after each batch; rlexp's is constant: that schedule's mean over the batches

@@ -343,6 +343,61 @@ def test_policy_sampling_is_the_inverse_cdf_of_each_members_uniforms():
     torch.testing.assert_close(sampled, expected, rtol=1e-4, atol=1e-4)
 
 
+def tanh_normal_actor(P: int, A: int) -> tuple[Actor, np.ndarray, np.ndarray]:
+    low, high = np.array([-1.0, 0.0, -3.0], np.float32)[:A], np.array([1.0, 2.0, 1.0], np.float32)[:A]
+    return Actor(pop_mlp(P, 4, 2 * A), P, A, True, (low, high), min_std=0.05, init_std=0.8), low, high
+
+
+def test_tanh_normal_log_prob_entropy_and_mode_are_the_direct_computation():
+    """log pi of the squashed action (tanh's and the box's Jacobian), the entropy's one-sample estimate at the
+    rollout's sample (its value and its reparameterized gradient), the std's biased softplus, the mode."""
+    P, B, A = 2, 7, 3
+    g = torch.Generator().manual_seed(5)
+    actor, low, high = tanh_normal_actor(P, A)
+    obs = torch.randn(P, B, 4, generator=g)
+    out = actor.net(obs)
+    u = 1.5 * torch.randn(P, B, A, generator=g)  # the rollout's pre-squash samples
+    lp, ent = actor.log_prob_entropy(obs, u, out)
+
+    loc, s = out[..., :A].double(), out[..., A:].double()
+    std = F.softplus(s + math.log(math.expm1(0.8 - 0.05))) + 0.05
+    lo, hi = torch.from_numpy(low).double(), torch.from_numpy(high).double()
+    squash = [torch.distributions.TanhTransform(), torch.distributions.AffineTransform((hi + lo) / 2, (hi - lo) / 2)]
+    dist = torch.distributions.TransformedDistribution(torch.distributions.Normal(loc, std), squash)
+    action = lo + (hi - lo) * (torch.tanh(u.double()) + 1) / 2
+    expected = dist.log_prob(action).sum(-1)
+    torch.testing.assert_close(lp.double(), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(actor.log_prob(out, u).double(), expected, rtol=1e-5, atol=1e-5)  # acting's
+    torch.testing.assert_close(ent.double(), -expected, rtol=1e-5, atol=1e-5)  # the value: -log pi(u)
+
+    # the estimate's gradient: -log pi(squash(loc + std * eps)) with the sample's noise eps held fixed
+    (grad,) = torch.autograd.grad(ent.sum(), out)
+    out64 = out.detach().double().requires_grad_(True)
+    loc64, std64 = out64[..., :A], F.softplus(out64[..., A:] + math.log(math.expm1(0.75))) + 0.05
+    eps = ((u.double() - loc64) / std64).detach()
+    pre = loc64 + std64 * eps
+    sampled = torch.distributions.TransformedDistribution(torch.distributions.Normal(loc64, std64), squash)
+    (want,) = torch.autograd.grad(-sampled.log_prob(lo + (hi - lo) * (torch.tanh(pre) + 1) / 2).sum(), out64)
+    torch.testing.assert_close(grad.double(), want, rtol=1e-4, atol=1e-5)
+
+    zero_std = actor.loc_std(torch.zeros(1, 1, 2 * A))[1]
+    torch.testing.assert_close(zero_std, torch.full((1, 1, A), 0.8))  # s = 0 gives init_std
+
+    def into_box(x: torch.Tensor) -> np.ndarray:  # low + (high - low) / 2 (tanh(x) + 1), written out
+        lo32, hi32 = torch.from_numpy(low), torch.from_numpy(high)
+        return (lo32 + (hi32 - lo32) / 2 * (torch.tanh(x) + 1)).numpy()
+
+    with torch.no_grad():
+        assert np.array_equal(actor.mode(out, None, None), into_box(out[..., :A]))  # tanh of the location
+        assert np.array_equal(actor.env_action(u, low, high), into_box(u))
+        uniform = torch.rand(P, B, A, generator=g)
+        normal = torch.tensor(scipy.stats.norm.ppf(uniform.double().numpy()), dtype=torch.float32)
+        torch.testing.assert_close(
+            actor.sample(out, uniform), out[..., :A] + std.float() * normal, rtol=1e-4, atol=1e-4
+        )
+    assert actor.log_std is None and all(p is not None for p in actor.parameters())
+
+
 # ====================================================================== TD3 / DDPG
 def td3_batch(P=2, B=32, O=3, A=2, seed=0) -> Batch:
     g = torch.Generator().manual_seed(seed)
@@ -470,6 +525,15 @@ RUNS = {
         "network.cell_size=8",
         "network.hidden=[8]",
     ],
+    "ppo_tanh_normal": [
+        "algo=ppo",
+        "env=pendulum",
+        "algo.continuous_policy=tanh_normal",
+        "total_steps=1024",
+        "algo.num_steps=32",
+        "env.num_envs=2",
+        "network.hidden=[16,16]",
+    ],
     "td3": [
         "algo=td3",
         "env=pendulum",
@@ -576,6 +640,8 @@ def test_short_run_returns_rise_above_a_random_policy(algo, tmp_path):
         (["algo=td3", "env=pendulum", "algo.tau=1.5"], "algo.tau"),
         (["algo=ddpg", "env=pendulum", "algo.policy_delay=0"], "algo.policy_delay"),
         (["obs_norm.clip=0"], "obs_norm.clip"),
+        (["algo=ppo", "env=pendulum", "algo.continuous_policy=beta"], "algo.continuous_policy"),
+        (["algo=ppo", "env=pendulum", "algo.min_std=0.5", "algo.init_std=0.5"], "algo.init_std"),
         (["normalization=batch", "algo.batch_size=1"], "algo.batch_size"),  # no batch statistics in one sample
         (
             ["algo=ppo", "critic.normalization=batch", "algo.num_steps=4", "env.num_envs=1", "algo.num_minibatches=4"],

@@ -169,6 +169,8 @@ OUT_OF_DOMAIN: dict[str, str] = {
     "algo.clip_coef": "0",
     "algo.ent_coef": "-0.01",
     "algo.vf_coef": "-1",
+    "algo.min_std": "0",
+    "algo.init_std": "0",
     "algo.anneal_steps": "0",
     "algo.exploration_noise": "-0.1",
     "algo.policy_delay": "0",

@@ -271,7 +271,16 @@ def test_mappo_clipped_objective_is_the_direct_computation(shared):
     ctx.env.close(), ctx.evaluator.close()
 
 
-def test_mappo_smoke_with_separate_policies_on_vmas(tmp_path):
+@pytest.mark.parametrize(
+    "policy",
+    [
+        ["algo.share_parameters=false"],
+        # BenchMARL's MAPPO: one tanh-squashed policy without the agent's index, one value for every agent
+        ["algo.continuous_policy=tanh_normal", "algo.agent_index=false", "algo.shared_value=true"],
+    ],
+    ids=["separate", "tanh_normal_shared_value"],
+)
+def test_mappo_smoke_on_vmas(tmp_path, policy):
     overrides = [
         "algo=mappo",
         "env=vmas_balance",
@@ -279,7 +288,7 @@ def test_mappo_smoke_with_separate_policies_on_vmas(tmp_path):
         "env.max_episode_steps=20",
         "algo.num_steps=32",
         "total_steps=128",
-        "algo.share_parameters=false",
+        *policy,
         "network.hidden=[16,16]",
         "logger.log_every=64",
         "eval.episodes=1",
@@ -288,7 +297,9 @@ def test_mappo_smoke_with_separate_policies_on_vmas(tmp_path):
     job = run_job(compose_config(overrides), tmp_path)
     assert job["counts"]["ok"] == 1
     last = read_metrics(tmp_path, 0)[-1]
-    assert {"train/actor2_grad_norm", "train/critic_loss", "agent1/action_entropy", "eval/return"} <= set(last)
+    actor = "actor2" if "algo.share_parameters=false" in policy else "actor0"
+    assert {f"train/{actor}_grad_norm", "train/critic_loss", "agent1/action_entropy", "eval/return"} <= set(last)
+    assert np.isfinite(last["eval/return"]) and np.isfinite(last["train/entropy"])
 
 
 def test_mappo_with_diagnostics_records_every_policys_and_the_critics_layers(tmp_path):

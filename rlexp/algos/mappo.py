@@ -1,8 +1,10 @@
 """MAPPO (Yu et al. 2022) for a population of members: PPO with a centralized value function.
 
 Reads top to bottom: per agent a policy on its own observation (or, with ``share_parameters``, one
-policy for every agent, which then also sees its agent's one-hot index) and one centralized critic
-V(x) -> [N] on the joint observation x (one value per agent, each agent's own reward) -> per rollout
+policy for every agent, which then also sees its agent's one-hot index unless ``agent_index`` is off;
+continuous actions as ``continuous_policy`` says: ``rlexp.algos.ppo.Actor``) and one centralized critic
+V(x) -> [N] on the joint observation x (one value per agent, each agent's own reward; with
+``shared_value`` one value, used for every agent's reward) -> per rollout
 ``num_steps`` vector steps of acting -> GAE per agent -> ``update_epochs`` passes over
 ``num_minibatches`` shuffled minibatches (each member shuffles with its own stream). The losses are
 PPO's (``rlexp.algos.ppo.ppo_losses``, per agent, advantages normalized per member and agent):
@@ -13,7 +15,8 @@ the loss over every agent's samples. Episodes reset at once (``rlexp.marl_envs``
 bootstraps from V(its final observation), a terminated one from 0, and GAE never crosses an
 episode's end. Observations are normalized when ``obs_norm`` is on; rewards are used as they are
 (``reward_norm`` is not read) and the learning rate stays constant (``anneal_lr`` is not read).
-Evaluation plays each policy's mode (argmax, or the Gaussian's mean clipped to the box).
+Evaluation plays each policy's deterministic action (argmax, the Gaussian's mean clipped to the box, or
+tanh_normal's squashed location).
 """
 
 from __future__ import annotations
@@ -43,14 +46,15 @@ class Policies:
         env = ctx.env
         self.agents, self.slices, self.shared = env.agents, env.slices, shared
         n = len(self.agents)
-        extra = n if shared else 0
+        self.index = shared and ctx.cfg.algo.agent_index  # a shared policy sees its agent's one-hot index
+        extra = n if self.index else 0
         count = 1 if shared else n
         self.actors = [
-            Actor(
-                ctx.make_net(self.agents[i].obs_dim + extra, self.agents[i].action_dim, role="actor"),
-                env.members,
+            Actor.build(
+                ctx,
+                self.agents[i].obs_dim + extra,
                 self.agents[i].action_dim,
-                not self.agents[i].discrete,
+                None if self.agents[i].discrete else (self.agents[i].low, self.agents[i].high),
             )
             for i in range(count)
         ]
@@ -63,7 +67,7 @@ class Policies:
     def inputs(self, x: torch.Tensor, i: int) -> torch.Tensor:
         """Agent i's policy input from joint observations [..., D]: its slice (and its index, shared)."""
         own = x[..., self.slices[i]]
-        if not self.shared:
+        if not self.index:
             return own
         index = F.one_hot(torch.tensor(i), len(self.agents)).to(own).expand(*own.shape[:-1], -1)
         return torch.cat([own, index], -1)
@@ -95,15 +99,13 @@ def mappo_losses(
 
 def evaluation_policy(policies: Policies, device: torch.device) -> Policy:
     """The deterministic joint policy: normalized joint observations [P, N, D] -> one action array per
-    agent (argmax of the logits, or the Gaussian's mean clipped to the box)."""
+    agent (``Actor.mode``: argmax of the logits, the Gaussian's mean clipped to the box, or tanh_normal's
+    squashed location)."""
 
     def act(obs: np.ndarray) -> list[np.ndarray]:
         with torch.no_grad():
             outs = policies.outputs(torch.from_numpy(obs).to(device))
-        return [
-            out.argmax(-1).cpu().numpy() if a.discrete else np.clip(out.cpu().numpy(), a.low, a.high)
-            for out, a in zip(outs, policies.agents)
-        ]
+        return [policies.actor(i).mode(out, a.low, a.high) for i, (out, a) in enumerate(zip(outs, policies.agents))]
 
     return act
 
@@ -115,7 +117,7 @@ def train(ctx: RunContext) -> None:
     members, E, D, agents = env.members, env.num_envs, env.obs_dim, env.agents
     n, T = len(agents), algo.num_steps
     policies = Policies(ctx, algo.share_parameters)
-    critic = ctx.make_net(D, n, role="critic")  # the centralized value V(x) -> one value per agent
+    critic = ctx.make_net(D, 1 if algo.shared_value else n, role="critic")  # V(x): one value per agent, or one
     critic.eval()
     actor_pipes = [ctx.make_pipeline(actor) for actor in policies.actors]
     critic_pipe = ctx.make_pipeline(critic)
@@ -157,10 +159,9 @@ def train(ctx: RunContext) -> None:
                 u = torch.from_numpy(ctx.streams.uniform(E * a.action_dim).reshape(members, E, a.action_dim)).float()
                 action = actor.sample(out, u.to(device))
                 log_probs[t, ..., i] = actor.log_prob(out, action)
-                actions_buf[i][t] = action
-                action_np = action.cpu().numpy()
-                env_actions.append(action_np if a.discrete else np.clip(action_np, a.low, a.high))
-                window.add(i, env_actions[-1], out)
+                actions_buf[i][t] = action  # tanh_normal: the pre-squash sample
+                env_actions.append(action.cpu().numpy() if a.discrete else actor.env_action(action, a.low, a.high))
+                window.add(i, env_actions[-1], actor.location(out))
             values[t] = critic(x)
         result = env.step(env_actions)
         recorder.check_observations(result.obs, step)
@@ -227,7 +228,7 @@ def train(ctx: RunContext) -> None:
                 for actor in policies.actors:
                     actor.train()
                 critic.train()
-                actor_losses, losses = mappo_losses(policies, mb_obs, mbs, critic(mb_obs), algo)
+                actor_losses, losses = mappo_losses(policies, mb_obs, mbs, critic(mb_obs).expand(-1, -1, n), algo)
                 for actor in policies.actors:
                     actor.eval()
                 critic.eval()

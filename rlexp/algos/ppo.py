@@ -1,4 +1,5 @@
-"""PPO and A2C for a population of members, discrete or continuous (Gaussian) actions.
+"""PPO and A2C for a population of members, discrete or continuous actions (a Gaussian, or a tanh-squashed
+normal with ``algo.continuous_policy=tanh_normal``: ``Actor``).
 
 Reads top to bottom: actor and critic networks (separate, each through its own gradient pipeline)
 -> per rollout: ``num_steps`` vector steps of acting (observations normalized and rewards scaled
@@ -6,8 +7,8 @@ when enabled) -> GAE advantages -> ``update_epochs`` passes over ``num_minibatch
 minibatches (each member shuffles with its own stream) -> actor loss (clipped surrogate minus
 entropy bonus) and critic loss (value MSE, optionally clipped). A2C is the same code with one
 epoch over one minibatch: the policy ratio is then 1 and the surrogate's gradient is the plain
-policy gradient. Evaluation plays the distribution's mode (``evaluation_policy``): the likeliest
-action, or the Gaussian's mean clipped to the action bounds.
+policy gradient. Evaluation plays the distribution's deterministic action (``evaluation_policy``): the
+likeliest action, the Gaussian's mean clipped to the action bounds, or tanh_normal's squashed location.
 
 The losses, per member, over the valid samples of a minibatch (w = 1 for real transitions):
     ratio = exp(log pi(a|s) - log pi_old(a|s));  A normalized per member when norm_adv
@@ -58,22 +59,80 @@ from rlexp.recurrent import RecurrentNet, RolloutMemory, mc_returns, recurrent_p
 from rlexp.run import RunContext
 
 LOG_2PI = math.log(2 * math.pi)
+LOG_2 = math.log(2)
 
 
 class Actor(nn.Module):
-    """A population policy: logits [P, B, A] (discrete) or a Gaussian mean [P, B, A] with a
-    state-independent log-std [P, A] (continuous, ``continuous=True``)."""
+    """A population policy: logits [P, B, A] (discrete) or, for continuous actions, one of two
+    distributions (``algo.continuous_policy``):
 
-    def __init__(self, net: PopMLP, members: int, action_dim: int, continuous: bool) -> None:
+    - ``gaussian``: a normal with mean [P, B, A] (the network's output) and a state-independent log-std
+      [P, A] (a parameter, 0 at the start); samples are clipped to the box when they reach the environment.
+    - ``tanh_normal`` (``box`` given): the network outputs [P, B, 2A], a location m and a scale input s;
+      std = softplus(s + b) + min_std with b chosen so that s = 0 gives init_std (a biased softplus);
+      a sample u ~ N(m, std) reaches the environment as low + (high - low) (tanh(u) + 1) / 2, so it
+      stays inside the box. The rollout keeps u (the pre-squash sample), and
+          log pi(a|s) = sum_j [log N(u_j; m_j, std_j) - log((high_j - low_j) / 2) - log(1 - tanh(u_j)^2)]
+      with log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2 u)). The entropy has no closed form: it is
+      estimated from one sample per state, -log pi(u~) with u~ = m + std * sg((u - m) / std) (value
+      -log pi(u), the rollout's sample; gradient: the reparameterized one with that sample's noise), so
+      no new random numbers are drawn (TorchRL draws a fresh reparameterized sample instead).
+    """
+
+    def __init__(
+        self,
+        net: PopMLP,
+        members: int,
+        action_dim: int,
+        continuous: bool,
+        box: tuple[np.ndarray, np.ndarray] | None = None,
+        min_std: float = 0.01,
+        init_std: float = 1.0,
+    ) -> None:
         super().__init__()
         self.net = net
         self.continuous = continuous
+        self.action_dim = action_dim
+        device = net.layers[0].weight.device
+        self.tanh = continuous and box is not None
         self.log_std = (
-            nn.Parameter(torch.zeros(members, action_dim, device=net.layers[0].weight.device)) if continuous else None
+            nn.Parameter(torch.zeros(members, action_dim, device=device)) if continuous and not self.tanh else None
         )
+        if self.tanh:  # plain attributes, not buffers: they have no member dimension and never change
+            low, high = (torch.as_tensor(b, dtype=torch.float32, device=device) for b in box)
+            self.low, self.half_range = low, (high - low) / 2  # [A]
+            self.log_half_range = self.half_range.log()
+            self.min_std, self.std_bias = min_std, math.log(math.expm1(init_std - min_std))
+
+    @classmethod
+    def build(cls, ctx: RunContext, obs_dim: int, action_dim: int, box: tuple[np.ndarray, np.ndarray] | None) -> Actor:
+        """The policy of ``algo.continuous_policy`` on inputs of ``obs_dim`` (``box``: the continuous
+        action bounds (low, high) [A], None for discrete actions); its network from ``ctx.make_net``."""
+        algo = ctx.cfg.algo
+        tanh = box is not None and algo.continuous_policy == "tanh_normal"
+        net = ctx.make_net(obs_dim, 2 * action_dim if tanh else action_dim, role="actor")
+        members, continuous = ctx.env.members, box is not None
+        return cls(net, members, action_dim, continuous, box if tanh else None, algo.min_std, algo.init_std)
+
+    def loc_std(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """tanh_normal: the location and the std, both [P, B, A], from the network's output [P, B, 2A]."""
+        loc, scale = out.split(self.action_dim, -1)
+        return loc, F.softplus(scale + self.std_bias) + self.min_std
+
+    def location(self, out: torch.Tensor) -> torch.Tensor:
+        """The output the mean action comes from [P, B, A]: the logits, the Gaussian's mean, tanh_normal's m."""
+        return out[..., : self.action_dim] if self.tanh else out
+
+    def _tanh_log_prob(self, loc: torch.Tensor, std: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        z = (u - loc) / std
+        log_jacobian = self.log_half_range + 2 * (LOG_2 - u - F.softplus(-2 * u))  # log |da/du|
+        return (-0.5 * z.square() - std.log() - 0.5 * LOG_2PI - log_jacobian).sum(-1)
 
     def log_prob(self, out: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        """log pi(a|s) [P, B] from the policy output ``out`` [P, B, A] (a forward pass's)."""
+        """log pi(a|s) [P, B] from the policy output ``out`` (a forward pass's) and the rollout's actions
+        (indices, the Gaussian's samples, or tanh_normal's pre-squash samples u)."""
+        if self.tanh:
+            return self._tanh_log_prob(*self.loc_std(out), actions)
         if self.continuous:
             log_std = self.log_std.unsqueeze(1)  # [P, 1, A]
             z = (actions - out) * torch.exp(-log_std)
@@ -83,8 +142,13 @@ class Actor(nn.Module):
     def log_prob_entropy(
         self, obs: torch.Tensor, actions: torch.Tensor, out: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """log pi(a|s) and the policy entropy, both [P, B]; ``out`` reuses a forward pass's output."""
+        """log pi(a|s) and the policy entropy (tanh_normal: its one-sample estimate), both [P, B]; ``out``
+        reuses a forward pass's output."""
         out = self.net(obs) if out is None else out
+        if self.tanh:
+            loc, std = self.loc_std(out)
+            resampled = loc + std * ((actions - loc) / std).detach()  # the rollout's sample, reparameterized
+            return self._tanh_log_prob(loc, std, actions), -self._tanh_log_prob(loc, std, resampled)
         if self.continuous:
             log_prob = self.log_prob(out, actions)
             entropy = (0.5 + 0.5 * LOG_2PI + self.log_std.unsqueeze(1)).sum(-1).expand_as(log_prob)
@@ -99,25 +163,47 @@ class Actor(nn.Module):
         member's own stream): inverse-CDF sampling, so no global random state is touched."""
         if self.continuous:
             normal = torch.special.ndtri(uniform.clamp(1e-7, 1 - 1e-7))
+            if self.tanh:
+                loc, std = self.loc_std(out)
+                return loc + std * normal
             return out + torch.exp(self.log_std).unsqueeze(1) * normal
         cdf = F.softmax(out, -1).cumsum(-1)  # [P, E, A]
         index = (cdf < uniform[..., :1]).sum(-1)
         return index.clamp(max=out.shape[-1] - 1)
 
+    def squash(self, u: torch.Tensor) -> torch.Tensor:
+        """tanh_normal: the box's action low + (high - low) (tanh(u) + 1) / 2 of pre-squash values u [..., A]."""
+        return self.low + self.half_range * (torch.tanh(u) + 1)
+
+    def env_action(self, action: torch.Tensor, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+        """What the environment receives for a continuous sample [P, E, A]: the Gaussian's clipped to the
+        box (low, high), tanh_normal's squashed into it (its own box)."""
+        if self.tanh:
+            return self.squash(action).cpu().numpy()
+        return np.clip(action.cpu().numpy(), low, high)
+
+    def mode(self, out: torch.Tensor, low: np.ndarray | None, high: np.ndarray | None) -> np.ndarray:
+        """The deterministic action of the policy output [P, N, A]: the likeliest action [P, N] (discrete),
+        the Gaussian's mean clipped to the box, or tanh_normal's tanh(m) in its box [P, N, A]."""
+        if not self.continuous:
+            return out.argmax(-1).cpu().numpy()
+        if self.tanh:
+            return self.squash(self.location(out)).cpu().numpy()
+        return np.clip(out.cpu().numpy(), low, high)
+
 
 def evaluation_policy(
     policy_out: Callable[[torch.Tensor], torch.Tensor],
     device: torch.device,
+    actor: Actor,
     bounds: tuple[np.ndarray, np.ndarray] | None,
 ) -> Policy:
-    """The deterministic policy: normalized observations [P, N, obs] -> the argmax of the logits [P, N]
-    (discrete), or the Gaussian's mean [P, N, A] clipped to ``bounds`` (low, high) as acting clips."""
+    """The deterministic policy: normalized observations [P, N, obs] -> ``actor.mode`` of the policy's
+    output (the argmax of the logits [P, N], the Gaussian's mean clipped to ``bounds`` (low, high) as
+    acting clips, or tanh_normal's tanh(m) in the box [P, N, A])."""
 
     def act(obs: np.ndarray) -> np.ndarray:
-        out = policy_out(torch.from_numpy(obs).to(device))  # [P, N, A]
-        if bounds is None:
-            return out.argmax(-1).cpu().numpy()
-        return np.clip(out.cpu().numpy(), *bounds)
+        return actor.mode(policy_out(torch.from_numpy(obs).to(device)), *(bounds or (None, None)))
 
     act.reset = getattr(policy_out, "reset", None)  # type: ignore[attr-defined] # a recurrent policy's state
     return act
@@ -270,7 +356,7 @@ def train(ctx: RunContext) -> None:
     if continuous:
         low, high = env.action_space.low.astype(np.float32), env.action_space.high.astype(np.float32)
 
-    actor = Actor(ctx.make_net(obs_dim, action_dim, role="actor"), members, action_dim, continuous)
+    actor = Actor.build(ctx, obs_dim, action_dim, (low, high) if continuous else None)
     critic = ctx.make_net(obs_dim, 1, role="critic")
     actor.eval(), critic.eval()  # acting uses running statistics when a network has batch norm
     batch_stats = actor.net.uses_batch_stats or critic.uses_batch_stats  # the update then trains with batch ones
@@ -282,10 +368,10 @@ def train(ctx: RunContext) -> None:
     else:
         policy_out, value_of = actor.net.inference(), critic.inference()  # acting: no gradient, less overhead
         evaluated = policy_out
-    recorder.evaluate_with(evaluation_policy(evaluated, device, (low, high) if continuous else None))
+    recorder.evaluate_with(evaluation_policy(evaluated, device, actor, (low, high) if continuous else None))
     actor_pipe, critic_pipe = ctx.make_pipeline(actor), ctx.make_pipeline(critic)  # an optimizer each
     intervene = ctx.interventions(Subject("actor", actor.net, actor_pipe), Subject("critic", critic, critic_pipe))
-    actor_names = parameter_names(actor.net, "actor") + (["actor.log_std"] if continuous else [])
+    actor_names = parameter_names(actor.net, "actor") + (["actor.log_std"] if actor.log_std is not None else [])
     critic_names = parameter_names(critic, "critic")
     lr = cfg.optimizer.lr if ctx.shared("optimizer.lr") else ctx.member_array("optimizer.lr")  # float or [P, 1]
     gamma, gae_lambda = (  # floats, or float64 [P, 1] when the members differ
@@ -341,7 +427,7 @@ def train(ctx: RunContext) -> None:
             log_prob = actor.log_prob(out, action)
             value = value_of(obs_t).squeeze(-1)  # [P, E]
         action_np = action.cpu().numpy()  # [P, E] or [P, E, A]
-        env_action = np.clip(action_np, low, high) if continuous else action_np
+        env_action = actor.env_action(action, low, high) if continuous else action_np
         result = env.step(env_action)
         recorder.check_observations(result.obs, step)
         ctx.obs_norm.update(result.obs)
@@ -455,7 +541,8 @@ def instruments(
 ) -> dict[str, torch.Tensor]:
     """Per-member instrument record ([P] each): both networks' layers, the value and the policy's
     output distribution (entropy, action mean and std; for Box actions the fraction of sampled
-    actions beyond the bounds, which the environment clips)."""
+    actions beyond the bounds, which the environment clips, or for tanh_normal squashed to within 1%
+    of them)."""
     out, stats = activity_instruments(actor.net, "actor", mb.obs, diag)
     v, critic_stats = activity_instruments(critic, "critic", mb.obs, diag)
     stats.update(critic_stats)
@@ -466,7 +553,13 @@ def instruments(
         stats.update({"v/mean": v.mean(1), "v/min": v.amin(1), "v/max": v.amax(1), "v/abs_max": v.abs().amax(1)})
         _, entropy = actor.log_prob_entropy(mb.obs, mb.actions, out)
         stats["policy/entropy"] = entropy.mean(1)
-        if actor.continuous:
+        if actor.tanh:  # the pre-squash location and std; saturated: tanh(u) within 1% of the box's ends
+            loc, std = actor.loc_std(out)
+            stats["policy/mean"] = loc.mean((1, 2))
+            stats["policy/mean_abs_max"] = loc.abs().amax((1, 2))
+            stats["policy/std"] = std.mean((1, 2))
+            stats["policy/saturated"] = (torch.tanh(mb.actions).abs() > 0.99).float().mean((1, 2))
+        elif actor.continuous:
             stats["policy/mean"] = out.mean((1, 2))
             stats["policy/mean_abs_max"] = out.abs().amax((1, 2))
             stats["policy/std"] = actor.log_std.exp().mean(1)
