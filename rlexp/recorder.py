@@ -34,6 +34,10 @@ Located = tuple[str, str, str]  # (cause, where, detail) of a member's divergenc
 Locate = Callable[[int, str], Located]  # (member, cause as the pipeline saw it) -> where it was born
 
 
+def _never() -> bool:
+    return False
+
+
 class Recorder:
     """Per-member health, statistics, instruments and output files of one job's population."""
 
@@ -92,6 +96,7 @@ class Recorder:
         self.local = list(range(self.members))  # [P] member k's index in its job (its seed_<k> dir)
         self._wandb_unclosed: list[tuple[int, bool]] = []  # (member, failed): summary written, W&B run still open
         self._stopped = False  # close() was called with an error: the job stops
+        self.stop_requested: Callable[[], bool] = _never  # a Ctrl-C asks the job to stop (the runner's)
         self.member_done: list[bool] = [False] * self.members
         self.member_summaries: list[dict[str, Any] | None] = [None] * self.members
         self.progress: ConsoleProgress | None = None
@@ -119,6 +124,8 @@ class Recorder:
         step = self._last_log_step
         self.first_step_at = datetime.now(timezone.utc).isoformat()
         while step < self.cfg.total_steps:
+            if self.stop_requested():  # a Ctrl-C, acted on between two env steps
+                raise KeyboardInterrupt
             step += per_step
             if 0 <= crash_at <= step:  # tests of failure isolation
                 raise RuntimeError(f"debug.crash_at_step={crash_at}: a forced crash at env step {step}")

@@ -8,8 +8,8 @@ picks the algorithm nor sets process-wide state (threads, garbage collector): th
 
 from __future__ import annotations
 
+import os
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -94,6 +94,8 @@ def _run_held(
     error: str | None = None
     try:
         recorder.open(out_dir, cell, [f"{g}:{o}" for g, o in sorted(choices.items())], config, continued_from)
+        recorder.stop_requested = interrupts.stop_requested
+        interrupts.training = True
         train(ctx)
     except BaseException as exc:
         interrupts.stopping = True
@@ -120,13 +122,20 @@ def _run_held(
 
 
 class DeferredInterrupts:
-    """SIGINT while a job runs (main thread, Python's default handler only): the first raises
-    KeyboardInterrupt as usual; one that comes while the job is stopping (``stopping``: a second
-    Ctrl-C, or any during the clean-up) is held back until ``restore`` — after the summaries are
-    written and the W&B runs closed — which puts the default handler back."""
+    """SIGINT while a job runs (main thread, Python's default handler only).
+
+    - Before and after training: the first raises KeyboardInterrupt at once, as usual.
+    - While the algorithm trains (``training``): it is noted (``requested``) and the recorder raises
+      KeyboardInterrupt at the next env step, so no call in progress (a W&B message half sent, a lock
+      held, a file half written) is cut; a third one while the job has not yet stopped raises at once.
+    - While the job is stopping (``stopping``: the clean-up): held back until ``restore`` — after the
+      summaries are written and the W&B runs closed — which puts the default handler back.
+    """
 
     def __init__(self) -> None:
         self.stopping = False
+        self.training = False
+        self.requested = 0  # Ctrl-Cs noted while training, not yet acted on
         self.deferred = False
         self._installed = False
         if threading.current_thread() is threading.main_thread():
@@ -134,19 +143,41 @@ class DeferredInterrupts:
                 signal.signal(signal.SIGINT, self._handle)
                 self._installed = True
 
+    def stop_requested(self) -> bool:
+        """True once a Ctrl-C asks the training job to stop (the recorder asks at every env step)."""
+        return self.requested > 0
+
     def _handle(self, signum: int, frame: Any) -> None:
-        if not self.stopping:
+        if self.stopping:
+            if not self.deferred:
+                _say("interrupt: finishing the summaries first; the job stops right after")
+            self.deferred = True
+        elif self.training and self.requested < 2:
+            self.requested += 1
+            _say(
+                "interrupt: the job stops at its next env step"
+                if self.requested == 1
+                else "interrupt: still stopping; Ctrl-C once more stops at once"
+            )
+        else:
             self.stopping = True
             raise KeyboardInterrupt
-        if not self.deferred:
-            print("interrupt: finishing the summaries first; the job stops right after", file=sys.stderr, flush=True)
-        self.deferred = True
 
     def restore(self, raise_deferred: bool) -> None:
-        """Put Python's default handler back; then raise KeyboardInterrupt for a deferred SIGINT when
-        ``raise_deferred`` (no exception is on its way out already)."""
+        """Put Python's default handler back; then raise KeyboardInterrupt for a deferred SIGINT (or one
+        noted while training that training ended before acting on) when ``raise_deferred`` (no
+        exception is on its way out already)."""
         if self._installed:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             self._installed = False
-        if self.deferred and raise_deferred:
+        if (self.deferred or self.requested) and raise_deferred:
             raise KeyboardInterrupt
+
+
+def _say(line: str) -> None:
+    """``line`` on stderr from a signal handler: one write call, never Python's buffered stream (the
+    main thread may be inside a write to it)."""
+    try:
+        os.write(2, (line + "\n").encode())
+    except OSError:
+        pass

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -104,6 +105,7 @@ def cli_env(tmp: Path, **extra: str) -> dict[str, str]:
         WANDB_DATA_DIR=str(wandb_home / "data"),
         WANDB_ARTIFACT_DIR=str(wandb_home / "artifacts"),
         COLUMNS="200",
+        PYTHONFAULTHANDLER="1",  # a fatal signal (a hung run aborted) prints every thread's stack
     )
     env.update(extra)
     return env
@@ -134,7 +136,15 @@ class Launch:
             )
 
     def result(self) -> subprocess.CompletedProcess:
-        code = self.proc.wait(timeout=TIMEOUT)
+        """Its exit code and output; a process still running after TIMEOUT is aborted (SIGABRT: the
+        fault handler writes every thread's stack to its stderr) and the test fails showing them."""
+        try:
+            code = self.proc.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGABRT)
+            code = self.proc.wait(timeout=60)
+            proc = subprocess.CompletedProcess(self.args, code, self.stdout.read_text(), self.stderr.read_text())
+            pytest.fail(f"still running after {TIMEOUT} s, aborted\n{describe(proc)}")
         return subprocess.CompletedProcess(self.args, code, self.stdout.read_text(), self.stderr.read_text())
 
     def stop(self) -> None:

@@ -30,6 +30,7 @@ from rlexp.build import FILES_RESERVED, validate
 from rlexp.config import ConfigError
 from rlexp.jobs import CORRUPT, LOCK, hold_dir, inspect_job, is_finished, move_aside, release_dir, start_job, write_json
 from rlexp.report import find_job_dirs, load_job
+from rlexp.runner import DeferredInterrupts
 from rlexp.train import run_job
 
 BUDGET = ["total_steps=600", "algo.learning_starts=200", "logger.log_every=300", "logger.progress=off"]
@@ -282,6 +283,8 @@ def test_ctrl_c_records_the_job_crashed_and_resume_runs_it_again(tmp_path):
     job = read_json(run_dir / "summary.json")
     assert job["status"] == "crashed" and job["error"] == "KeyboardInterrupt", job
     assert read_json(run_dir / "seed_0" / "summary.json")["status"] == "crashed"
+    frames = [ln for ln in (run_dir / "error.txt").read_text().splitlines() if ln.lstrip().startswith("File ")]
+    assert "rlexp/recorder.py" in frames[-1] and frames[-1].endswith("in steps"), frames[-3:]  # between env steps
     assert not (run_dir / LOCK).exists()
     second = run_cli([*TINY, "resume=true", f"hydra.run.dir={run_dir}"], tmp_path / "second")
     assert second.returncode == 0, describe(second)
@@ -315,6 +318,42 @@ def test_a_second_ctrl_c_during_the_clean_up_waits_for_every_summary(tmp_path):
         assert member["status"] == "crashed" and member["error"] == "KeyboardInterrupt", member
     assert read_wandb_run(run_dir / "seed_0")["exit_code"] == 1  # closed, not left to W&B's exit hook
     assert not (run_dir / LOCK).exists()
+
+
+def test_ctrl_c_while_training_is_acted_on_between_env_steps_and_a_third_stops_at_once():
+    """In this process (the main thread, Python's handler in place): while training, the first two
+    SIGINTs only ask the job to stop (the recorder raises at its next env step), the third raises at
+    once; while stopping, one is held until ``restore``."""
+    interrupts = DeferredInterrupts()
+    try:
+        assert interrupts._installed and not interrupts.stop_requested()
+        interrupts.training = True
+        for _ in range(2):
+            signal.raise_signal(signal.SIGINT)  # the handler runs before the next line
+            assert interrupts.stop_requested() and not interrupts.stopping
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+        assert interrupts.stopping
+        signal.raise_signal(signal.SIGINT)  # held
+        assert interrupts.deferred
+    finally:
+        with pytest.raises(KeyboardInterrupt):
+            interrupts.restore(raise_deferred=True)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_ctrl_c_that_training_ended_before_acting_on_is_raised_after_the_clean_up():
+    interrupts = DeferredInterrupts()
+    interrupts.training = True
+    try:
+        signal.raise_signal(signal.SIGINT)
+        interrupts.stopping = True  # the runner's clean-up starts
+    finally:
+        with pytest.raises(KeyboardInterrupt):
+            interrupts.restore(raise_deferred=True)
+    quiet = DeferredInterrupts()
+    quiet.restore(raise_deferred=True)  # nothing noted: nothing raised
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 # ====================================================================== resources, before any work
