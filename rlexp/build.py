@@ -27,7 +27,7 @@ from rlexp.activations import check_activation
 from rlexp.algos import ALGOS
 from rlexp.config import ConfigError, require, require_choice
 from rlexp.conv import check_observations
-from rlexp.envs import check_env_id, make_env
+from rlexp.envs import check_env_id, frame_stack, make_env
 from rlexp.grad import check_clipping
 from rlexp.init import check_init
 from rlexp.interventions import check_intervention
@@ -225,8 +225,8 @@ def validate(cfg: DictConfig) -> None:
         "maddpg": _validate_replay,
         "mappo": _validate_actor_critic,
     }[cfg.algo.name](cfg)
-    obs_dim, action_dim, frames = _validate_action_space(cfg)
-    check_resources(cfg, obs_dim, action_dim, frames)
+    obs_dim, action_dim, frames, stack = _validate_action_space(cfg)
+    check_resources(cfg, obs_dim, action_dim, frames, stack)
 
 
 def _validate_networks(cfg: DictConfig) -> None:
@@ -423,16 +423,16 @@ def action_kind(space: gym.Space) -> str:
     return type(space).__name__
 
 
-def _validate_action_space(cfg: DictConfig) -> tuple[int, int, bool]:
+def _validate_action_space(cfg: DictConfig) -> tuple[int, int, bool, int]:
     """Refuse an env whose spaces the algorithm or the network cannot handle; returns (observation size,
     action size: the number of actions of a discrete space, the vector's length of a continuous one,
-    whether observations are uint8 frames)."""
+    whether observations are uint8 frames, how many frames an observation stacks)."""
     if is_multi_agent(cfg.env) or ALGOS[cfg.algo.name].multi_agent:
-        return (*_validate_agents(cfg), False)  # vector observations
+        return (*_validate_agents(cfg), False, 1)  # vector observations
     env = make_env(cfg.env)
     try:
         check_observations(cfg.network, env.observation_space.shape, cfg.env.id)
-        frames = env.observation_space.dtype == np.uint8
+        frames, stack = env.observation_space.dtype == np.uint8, frame_stack(env)
         kind = action_kind(env.action_space)
         obs_dim = int(np.prod(env.observation_space.shape or (1,)))
         space = env.action_space
@@ -450,7 +450,7 @@ def _validate_action_space(cfg: DictConfig) -> tuple[int, int, bool]:
         fits = [name for name, s in ALGOS.items() if kind in s.action_spaces]
         fix = f"use algo={' or algo='.join(fits)}" if fits else f"no algorithm here handles {kind} actions yet"
         raise ConfigError("algo", f"algo={cfg.algo.name} cannot handle {cfg.env.id}'s {kind} action space", fix)
-    return obs_dim, action_dim, frames
+    return obs_dim, action_dim, frames, stack
 
 
 def _validate_agents(cfg: DictConfig) -> tuple[int, int]:
@@ -529,10 +529,13 @@ def _mlp_params(widths: list[int]) -> int:
     return sum(a * b + 3 * b for a, b in zip(widths, widths[1:]))
 
 
-def memory_per_member(cfg: DictConfig, obs_dim: int, action_dim: int, frames: bool = False) -> tuple[int, int]:
+def memory_per_member(
+    cfg: DictConfig, obs_dim: int, action_dim: int, frames: bool = False, stack: int = 1
+) -> tuple[int, int]:
     """Bytes one member needs: (replay memory, everything else: networks with gradients, optimizer
     state and targets, one batch's activations, rollouts, environments); ``frames``: the replay keeps
-    observations as uint8."""
+    observations as uint8; ``stack`` > 1 (with frames, DQN): each row keeps two frames of the stack
+    (``FrameStackReplay``)."""
     algo, env = cfg.algo, cfg.env
     hidden = [list(cfg[role].hidden or cfg.network.hidden) for role in ("actor", "critic")]
     widest = max(hidden, key=sum)
@@ -541,8 +544,12 @@ def memory_per_member(cfg: DictConfig, obs_dim: int, action_dim: int, frames: bo
     if algo.name in ("dqn", "ddpg", "td3", "sac", "muzero_lite", "maddpg"):
         row = (1 if algo.name in ("dqn", "muzero_lite") else action_dim) + 2  # action | reward | done
         row += 2 if algo.name == "muzero_lite" else 0  # | episode end | step count
-        row = row * FLOAT + 2 * obs_dim * (1 if frames else FLOAT)  # and obs | next_obs
-        replay = (algo.buffer_size + 1) * row
+        if frames and stack > 1 and algo.name == "dqn":  # two frames and a link to the previous row
+            row = row * FLOAT + 2 * (obs_dim // stack) + 8
+            replay = (algo.buffer_size + (stack - 1) * env.num_envs + 1) * row
+        else:
+            row = row * FLOAT + 2 * obs_dim * (1 if frames else FLOAT)  # and obs | next_obs
+            replay = (algo.buffer_size + 1) * row
         batch = algo.batch_size
     else:
         batch = algo.num_steps * env.num_envs
@@ -571,7 +578,7 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
-def check_resources(cfg: DictConfig, obs_dim: int, action_dim: int, frames: bool = False) -> None:
+def check_resources(cfg: DictConfig, obs_dim: int, action_dim: int, frames: bool = False, stack: int = 1) -> None:
     """Refuse a job that cannot fit the process's open-file limit (RLIMIT_NOFILE, soft) or the
     available memory, naming num_seeds (or algo.buffer_size, when the replay memory is most of it)
     and the largest value that fits."""
@@ -588,7 +595,7 @@ def check_resources(cfg: DictConfig, obs_dim: int, action_dim: int, frames: bool
             "lower num_seeds or raise the limit (ulimit -n)",
         )
     free = available_memory(resolve_device(cfg.device))
-    replay, other = memory_per_member(cfg, obs_dim, action_dim, frames)
+    replay, other = memory_per_member(cfg, obs_dim, action_dim, frames, stack)
     if free is None or members * (replay + other) <= free:
         return
     need_text = f"needs ~{_gib(members * (replay + other))} of memory ({_gib(free)} available)"

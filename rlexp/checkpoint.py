@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlexp.buffer import ReplayBuffer
+from rlexp.buffer import FrameStackReplay, ReplayBuffer
 from rlexp.config import ConfigError
 from rlexp.envs import PopulationEnv
 from rlexp.grad import GradientPipeline
@@ -443,8 +443,13 @@ def _load_optimizer(pipeline: GradientPipeline, state: dict[str, Any]) -> None:
             setattr(optimizer, name, value)
 
 
+FRAME_LINKS = ("prev", "last", "count")  # FrameStackReplay's host arrays, [P, ...] each
+
+
 def _buffer_state(buffer: ReplayBuffer) -> dict[str, Any]:
     frames = {} if buffer.frames is None else {"frames": buffer.frames}
+    if isinstance(buffer, FrameStackReplay):
+        frames |= {name: getattr(buffer, name) for name in FRAME_LINKS}
     return {"data": buffer.data, "ptr": buffer.ptr, "size": buffer.size, "filling": buffer._filling} | frames
 
 
@@ -454,6 +459,9 @@ def _load_buffer(buffer: ReplayBuffer, state: dict[str, Any]) -> None:
         _put(buffer.frames, state["frames"])
     buffer.ptr, buffer.size = state["ptr"].numpy().copy(), state["size"].numpy().copy()
     buffer._filling = state["filling"]
+    if isinstance(buffer, FrameStackReplay):
+        for name in FRAME_LINKS:
+            setattr(buffer, name, state[name].numpy().copy())
 
 
 Part = nn.Module | GradientPipeline | ReplayBuffer | Interventions | None  # what an algorithm hands over by name

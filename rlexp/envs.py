@@ -161,6 +161,15 @@ def check_env_id(env_id: str) -> None:
     raise ConfigError("env.id", f"unknown environment '{env_id}'", hint)
 
 
+def frame_stack(env: gym.Env) -> int:
+    """How many frames an observation stacks along its first axis (oldest first) when ``env`` is
+    gymnasium's FrameStackObservation padding an episode's first stack with its first frame (the
+    Atari family's), else 1: a replay memory may then keep each frame once (``FrameStackReplay``)."""
+    if isinstance(env, FrameStackObservation) and env.padding_type == "reset":
+        return int(env.stack_size)
+    return 1
+
+
 def make_env(cfg: EnvConfig) -> gym.Env:
     """One environment cfg.id with cfg.kwargs and cfg.max_episode_steps (ConfigError for an unknown
     id or a missing optional extra)."""
@@ -290,6 +299,7 @@ class PopulationEnv:
         self.obs_dim = int(np.prod(self.observation_space.shape))
         # uint8 observations (MinAtar's, Atari's frames): a replay memory may keep them as uint8
         self.frames = self.observation_space.dtype == np.uint8
+        self.stack = frame_stack(self.envs[0])  # frames per observation (Atari: 4), else 1
         self.seeds = [s for m in member_seeds for s in env_seeds(m, cfg.num_envs, purpose)]
         together = n >= self.MIN_TOGETHER and CartPoles.fits(self.envs[0])
         self.cartpoles: CartPoles | None = CartPoles(self.envs) if together else None

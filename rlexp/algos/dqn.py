@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rlexp.buffer import Batch, ReplayBuffer
+from rlexp.buffer import Batch, FrameStackReplay, ReplayBuffer
 from rlexp.config import DiagnosticsConfig, DQNConfig
 from rlexp.diagnostics import (
     activity_instruments,
@@ -241,7 +241,10 @@ def train(ctx: RunContext) -> None:
     targets = (target_net,) if target_net is not None else ()
     intervene = ctx.interventions(Subject("q", q_net, pipeline, targets))  # intervention.*, every few updates
     names = parameter_names(q_net, "q")  # q.0.weight, q.0.bias, ... aligned with the pipeline's tensors
-    buffer = ReplayBuffer(members, algo.buffer_size, env.obs_dim, device, frames=env.frames)
+    if env.frames and env.stack > 1:  # stacked frames (Atari): each frame kept once
+        buffer = FrameStackReplay(members, algo.buffer_size, env.obs_dim, device, env.stack, num_envs)
+    else:
+        buffer = ReplayBuffer(members, algo.buffer_size, env.obs_dim, device, frames=env.frames)
     r_max = np.full(members, float(algo.r_max))  # [P] largest |r| seen so far, at least algo.r_max
     updates = 0
     # per-member hyperparameters (members that differ in them; None: every member has algo's)
