@@ -479,8 +479,9 @@ def _validate_agents(cfg: DictConfig) -> tuple[int, int]:
             f"{len(env.agents)} agents (it is single-agent)",
             f"use algo={' or algo='.join(fits)}" if fits else "no multi-agent algorithm here handles them yet",
         )
-    if cfg.algo.name == "mappo" and cfg.algo.share_parameters:
-        tanh = cfg.algo.continuous_policy == "tanh_normal"  # squashes into one box
+    if cfg.algo.name in ("mappo", "maddpg") and cfg.algo.share_parameters:
+        # mappo's tanh_normal squashes into one box; maddpg squashes each agent's output into its own
+        tanh = cfg.algo.name == "mappo" and cfg.algo.continuous_policy == "tanh_normal"
         spaces = {
             (a.obs_dim, a.discrete, a.action_dim, *((tuple(a.low), tuple(a.high)) if tanh and not a.discrete else ()))
             for a in env.agents

@@ -404,7 +404,11 @@ class AlgoConfig:
     gumbel_hard: bool = knob(True, "maddpg: the critic sees the one-hot sample, with the soft sample's gradient")
     policy_reg: float = knob(1e-3, "maddpg: actor loss += policy_reg * mean logits^2 (discrete agents)")
     # mappo
-    share_parameters: bool = knob(True, "mappo: one policy for every agent (input: its observation, and its index)")
+    share_parameters: bool = knob(
+        True,
+        "mappo: one policy for every agent (input: its observation, and its index); maddpg: one actor and one "
+        "critic, a single Q trained on every agent's reward, for every agent (BenchMARL's MADDPG)",
+    )
     agent_index: bool = knob(True, "mappo: a shared policy also sees its agent's one-hot index")
     shared_value: bool = knob(
         False, "mappo: the centralized critic outputs one value for every agent (else one per agent, its own reward's)"
@@ -478,6 +482,7 @@ class MADDPGConfig(AlgoConfig):
     learning_starts: int = 1_000
     train_frequency: int = 25
     gradient_steps: int = 1
+    share_parameters: bool = False
 
 
 @dataclass

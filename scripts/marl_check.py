@@ -154,7 +154,10 @@ def rlexp_overrides(task: str, algo: str, bm: dict, frames: int) -> list[str]:
     sigmas = [max(end, start - (start - end) * b * BATCH / third) for b in range(frames // BATCH)]
     noise = sum(sigmas) / len(sigmas)
     assert alg["loss_function"] == "l2" and exp["off_policy_init_random_frames"] == 0
+    # rlexp shares the actor and the critic together (one Q for every agent, as BenchMARL's shared critic)
+    assert exp["share_policy_params"] == alg["share_param_critic"], (exp["share_policy_params"], alg)
     return common + [
+        f"algo.share_parameters={str(exp['share_policy_params']).lower()}",
         f"env.num_envs={exp['off_policy_n_envs_per_worker']}",
         f"algo.train_frequency={exp['off_policy_collected_frames_per_batch']}",
         f"algo.gradient_steps={exp['off_policy_n_optimizer_steps']}",

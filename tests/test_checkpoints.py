@@ -141,9 +141,10 @@ RUNS = {  # (overrides, crash step, checkpoint step continued from)
         210,
         120,
     ),
-    "maddpg_vmas": (  # VMAS's tensors (entities, goals, lidar) and each member's random state
+    "maddpg_vmas": (  # VMAS's tensors (entities, goals, lidar) and each member's random state; shared networks
         [
             "algo=maddpg",
+            "algo.share_parameters=true",
             "env=vmas_navigation",
             "env.num_envs=2",
             "env.max_episode_steps=25",

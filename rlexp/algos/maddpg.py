@@ -21,6 +21,12 @@ The actor update of agent i: its action from the replayed o_i is replaced, the o
     actor loss_i = -mean Q_i(x, a_1..a_i..a_N) + policy_reg * mean logits^2   (the paper's 1e-3)
 Targets: theta' <- (1 - tau) theta' + tau theta. A truncated episode bootstraps, a terminated one not.
 
+With ``share_parameters`` (BenchMARL's MADDPG; agents of one observation and action space) every agent
+acts with one actor mu(o_i) and one critic Q(x, a) stands for all of them, trained on every agent's
+reward, and the actor update gives the critic every agent's action from the current actor:
+    critic loss = mean over agents i of mean (Q(x, a) - y_i)^2,  y_i = r_i + gamma (1 - terminated) Q'(x', a')
+    actor loss  = -mean Q(x, a_1..a_N) (+ policy_reg * the agents' mean logits^2)
+
 The instruments of the seed's symptom (an agent that repeats one action) are kept per agent over each
 log window from the actions the policy takes after ``learning_starts`` (a discrete agent's sample of
 softmax(logits), so a concentrated distribution shows; a continuous agent's mu(o) plus its noise):
@@ -37,7 +43,7 @@ import torch
 from torch.nn import functional as F
 
 from rlexp.algos.td3 import ScaledTanh, locate, normal
-from rlexp.buffer import ReplayBuffer
+from rlexp.buffer import Batch, ReplayBuffer
 from rlexp.collapse import ActionWindow
 from rlexp.config import Config, MADDPGConfig
 from rlexp.diagnostics import activity_instruments, parameter_names, update_instruments
@@ -65,13 +71,27 @@ def gumbel_softmax(logits: torch.Tensor, noise: torch.Tensor, temperature: float
 
 
 class Agent:
-    """One agent's networks: actor, centralized critic, their targets and pipelines, and how its
-    actions look to the critics."""
+    """One agent's networks: actor, centralized critic, their targets and pipelines (``shared``: those of
+    another agent, named ``shared``), and how its actions look to the critics."""
 
     def __init__(
-        self, ctx: RunContext, index: int, space: AgentSpace, obs_slice: slice, joint_obs: int, joint_act: int
+        self,
+        ctx: RunContext,
+        index: int,
+        space: AgentSpace,
+        obs_slice: slice,
+        joint_obs: int,
+        joint_act: int,
+        shared: Agent | None = None,
     ):
         self.index, self.space, self.obs = index, space, obs_slice
+        self.squash = None if space.discrete else ScaledTanh(space.low, space.high, ctx.device)
+        if shared is not None:
+            self.name = "shared"
+            for key in ("actor", "critic", "actor_target", "critic_target", "actor_pipe", "critic_pipe"):
+                setattr(self, key, getattr(shared, key))
+            self.actor_names, self.critic_names = shared.actor_names, shared.critic_names
+            return
         self.name = f"agent{index}"
         self.actor = ctx.make_net(space.obs_dim, space.action_dim, role="actor")
         self.critic = ctx.make_net(joint_obs, 1, role="critic", extra_in=joint_act)
@@ -80,9 +100,14 @@ class Agent:
         for net in (self.actor, self.critic, self.actor_target, self.critic_target):
             net.eval()  # acting and targets use running statistics when a network has batch norm
         self.actor_pipe, self.critic_pipe = ctx.make_pipeline(self.actor), ctx.make_pipeline(self.critic)
-        self.squash = None if space.discrete else ScaledTanh(space.low, space.high, ctx.device)
         self.actor_names = parameter_names(self.actor, f"{self.name}.actor")
         self.critic_names = parameter_names(self.critic, f"{self.name}.critic")
+
+    def share(self) -> None:
+        """Name this agent's networks ``shared`` (every agent uses them)."""
+        self.name = "shared"
+        self.actor_names = parameter_names(self.actor, "shared.actor")
+        self.critic_names = parameter_names(self.critic, "shared.critic")
 
     def target_action(self, next_obs: torch.Tensor) -> torch.Tensor:
         """a'_i from the target actor on o'_i [P, B, obs_i]: one-hot argmax, or the squashed output."""
@@ -148,10 +173,19 @@ def train(ctx: RunContext) -> None:
     widths = [s.action_dim for s in spaces]
     joint_act = sum(widths)
     act_slices = [slice(a, b) for a, b in zip(np.cumsum([0, *widths])[:-1], np.cumsum(widths))]
-    agents = [Agent(ctx, i, s, env.slices[i], env.obs_dim, joint_act) for i, s in enumerate(spaces)]
+    agents = [Agent(ctx, 0, spaces[0], env.slices[0], env.obs_dim, joint_act)]
+    if algo.share_parameters:  # one actor and one critic (a single Q) for every agent
+        agents[0].share()
+    for i in range(1, len(spaces)):
+        agents.append(
+            Agent(
+                ctx, i, spaces[i], env.slices[i], env.obs_dim, joint_act, agents[0] if algo.share_parameters else None
+            )
+        )
     n_agents = len(agents)
+    owners = agents[:1] if algo.share_parameters else agents  # the agents whose networks these are
     intervene_critics = ctx.interventions(
-        *(Subject(f"{a.name}.critic", a.critic, a.critic_pipe, (a.critic_target,)) for a in agents)
+        *(Subject(f"{a.name}.critic", a.critic, a.critic_pipe, (a.critic_target,)) for a in owners)
     )
     intervene_actors = [
         Interventions(
@@ -160,7 +194,7 @@ def train(ctx: RunContext) -> None:
             ctx.seeds,
             recorder.health,
         )
-        for a in agents
+        for a in owners
     ]
     # a row's "action" holds the joint action (one-hot or vector per agent) then the agents' rewards
     buffer = ReplayBuffer(members, algo.buffer_size, env.obs_dim, device, joint_act + n_agents)
@@ -175,7 +209,7 @@ def train(ctx: RunContext) -> None:
     prev_step = 0
     saved = {
         f"{a.name}.{k}": getattr(a, k)
-        for a in agents
+        for a in owners
         for k in ("actor", "critic", "actor_target", "critic_target", "actor_pipe", "critic_pipe")
     }
     saved |= {"buffer": buffer, "interventions": intervene_critics}
@@ -234,87 +268,176 @@ def train(ctx: RunContext) -> None:
             diagnose = recorder.diagnose(updates)
             recorder.inject_param(agents[0].critic, step)  # debug.inject.what=param poisons agent 0's critic
             results, stats, record = {}, {}, {}
-            for agent in agents:
-                i = agent.index
-                target = critic_target(
-                    agent, batch.next_obs, next_actions, rewards[..., i], batch.terminated, algo.gamma
+            if algo.share_parameters:  # one critic on every agent's reward; one actor loss on every agent's action
+                net = agents[0]
+                critic_loss, q, target = shared_critic_loss(
+                    net, batch, joint_actions, next_actions, rewards, algo.gamma
                 )
-                agent.critic.train()
-                q = agent.critic(batch.obs, joint_actions).squeeze(-1)  # [P, B]
-                agent.critic.eval()
-                critic_update = agent.critic_pipe.step((q - target).square().mean(1), step, diagnose)
+                critic_update = net.critic_pipe.step(critic_loss, step, diagnose)
                 recorder.locate_divergence(
                     critic_update,
                     partial(
                         locate,
-                        [agent.critic],
-                        [f"{agent.name}.critic"],
-                        agent.critic_names,
+                        [net.critic],
+                        ["shared.critic"],
+                        net.critic_names,
                         batch.obs,
                         joint_actions,
                         critic_update,
                     ),
                 )
-
-                agent.critic.requires_grad_(False)  # the actor's loss moves the actor only
-                agent.actor.train()
-                out = agent.actor(batch.obs[..., agent.obs])  # [P, B, A_i]
-                agent.actor.eval()
-                noise = gumbel(
-                    torch.from_numpy(ctx.streams.uniform(algo.batch_size * agent.space.action_dim))
-                    .float()
-                    .reshape(out.shape)
-                    .to(device)
-                )
-                mine = policy_actions(agent, out, noise, algo)
-                pieces = [joint_actions[..., : act_slices[i].start], mine, joint_actions[..., act_slices[i].stop :]]
-                actor_loss = -agent.critic(batch.obs, torch.cat(pieces, -1)).squeeze(-1).mean(1)  # [P]
-                if agent.squash is None and algo.policy_reg > 0:
-                    actor_loss = actor_loss + algo.policy_reg * out.square().mean((1, 2))
-                agent.critic.requires_grad_(True)
-                actor_update = agent.actor_pipe.step(actor_loss, step, diagnose)
+                net.critic.requires_grad_(False)  # the actor's loss moves the actor only
+                noises = [
+                    gumbel(
+                        torch.from_numpy(ctx.streams.uniform(algo.batch_size * a.space.action_dim)).float().to(device)
+                    )
+                    for a in agents
+                ]
+                actor_loss = shared_actor_loss(net, agents, batch.obs, noises, algo)
+                net.critic.requires_grad_(True)
+                actor_update = net.actor_pipe.step(actor_loss, step, diagnose)
                 recorder.locate_divergence(
                     actor_update,
                     partial(
                         locate,
-                        [agent.actor],
-                        [f"{agent.name}.actor"],
-                        agent.actor_names,
-                        batch.obs[..., agent.obs],
+                        [net.actor],
+                        ["shared.actor"],
+                        net.actor_names,
+                        batch.obs[..., net.obs],
                         None,
                         actor_update,
                     ),
                 )
-                intervene_actors[i](updates + 1, batch.obs[..., agent.obs])
-                results[f"{agent.name}/actor_"] = actor_update
-                results[f"{agent.name}/critic_"] = critic_update
-                qd = q.detach()
-                stats |= {
-                    f"{agent.name}/q_mean": qd.mean(1),
-                    f"{agent.name}/q_std": qd.std(1),
-                    f"{agent.name}/q_max": qd.amax(1),
-                    f"{agent.name}/td_abs_mean": (qd - target).abs().mean(1),
-                }
+                intervene_actors[0](updates + 1, batch.obs[..., net.obs])
+                results = {"shared/actor_": actor_update, "shared/critic_": critic_update}
+                stats = q_stats("shared", q.detach(), target)
                 if diagnose:
-                    record |= instruments(agent, batch.obs, joint_actions, target, actor_update, critic_update, cfg)
+                    record = instruments(net, batch.obs, joint_actions, target, actor_update, critic_update, cfg)
+            else:
+                for agent in agents:
+                    i = agent.index
+                    target = critic_target(
+                        agent, batch.next_obs, next_actions, rewards[..., i], batch.terminated, algo.gamma
+                    )
+                    agent.critic.train()
+                    q = agent.critic(batch.obs, joint_actions).squeeze(-1)  # [P, B]
+                    agent.critic.eval()
+                    critic_update = agent.critic_pipe.step((q - target).square().mean(1), step, diagnose)
+                    recorder.locate_divergence(
+                        critic_update,
+                        partial(
+                            locate,
+                            [agent.critic],
+                            [f"{agent.name}.critic"],
+                            agent.critic_names,
+                            batch.obs,
+                            joint_actions,
+                            critic_update,
+                        ),
+                    )
+
+                    agent.critic.requires_grad_(False)  # the actor's loss moves the actor only
+                    agent.actor.train()
+                    out = agent.actor(batch.obs[..., agent.obs])  # [P, B, A_i]
+                    agent.actor.eval()
+                    noise = gumbel(
+                        torch.from_numpy(ctx.streams.uniform(algo.batch_size * agent.space.action_dim))
+                        .float()
+                        .reshape(out.shape)
+                        .to(device)
+                    )
+                    mine = policy_actions(agent, out, noise, algo)
+                    pieces = [joint_actions[..., : act_slices[i].start], mine, joint_actions[..., act_slices[i].stop :]]
+                    actor_loss = -agent.critic(batch.obs, torch.cat(pieces, -1)).squeeze(-1).mean(1)  # [P]
+                    if agent.squash is None and algo.policy_reg > 0:
+                        actor_loss = actor_loss + algo.policy_reg * out.square().mean((1, 2))
+                    agent.critic.requires_grad_(True)
+                    actor_update = agent.actor_pipe.step(actor_loss, step, diagnose)
+                    recorder.locate_divergence(
+                        actor_update,
+                        partial(
+                            locate,
+                            [agent.actor],
+                            [f"{agent.name}.actor"],
+                            agent.actor_names,
+                            batch.obs[..., agent.obs],
+                            None,
+                            actor_update,
+                        ),
+                    )
+                    intervene_actors[i](updates + 1, batch.obs[..., agent.obs])
+                    results[f"{agent.name}/actor_"] = actor_update
+                    results[f"{agent.name}/critic_"] = critic_update
+                    stats |= q_stats(agent.name, q.detach(), target)
+                    if diagnose:
+                        record |= instruments(agent, batch.obs, joint_actions, target, actor_update, critic_update, cfg)
             intervene_critics(updates + 1, batch.obs, joint_actions)
-            for agent in agents:
+            for agent in owners:
                 soft_update_(agent.actor_target, agent.actor, algo.tau)
                 soft_update_(agent.critic_target, agent.critic, algo.tau)
             recorder.record_update(results, stats)
             if diagnose:
                 grad_norm = torch.stack([u.grad_norm_pre_clip for u in results.values()]).amax(0)  # [P]
-                q_abs = torch.stack([record[f"{a.name}/q/abs_max"] for a in agents]).amax(0)
+                q_abs = torch.stack([record[f"{a.name}/q/abs_max"] for a in owners]).amax(0)
                 recorder.record_instruments(
                     record,
                     step,
                     grad_norm,
                     q_abs_max=q_abs,
                     reward_scale=r_max,
-                    output_layer=f"agent0.critic.{len(agents[0].critic.layers) - 1}",
+                    output_layer=f"{agents[0].name}.critic.{len(agents[0].critic.layers) - 1}",
                     update=updates,
                 )
             updates += 1
+
+
+def shared_critic_loss(
+    net: Agent,
+    batch: Batch,
+    joint_actions: torch.Tensor,
+    next_actions: torch.Tensor,
+    rewards: torch.Tensor,
+    gamma: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A shared critic's loss [P]: mean over agents i and the batch of (Q(x, a) - y_i)^2, y_i = r_i +
+    gamma (1 - terminated) Q'(x', a') (no gradient); with Q(x, a) [P, B] and the targets [P, B, N].
+    ``rewards`` [P, B, N] every agent's, ``next_actions`` [P, B, A] the target actor's joint action."""
+    with torch.no_grad():
+        next_q = net.critic_target(batch.next_obs, next_actions)  # [P, B, 1]
+        target = rewards + gamma * (1.0 - batch.terminated.unsqueeze(-1)) * next_q  # [P, B, N]
+    net.critic.train()
+    q = net.critic(batch.obs, joint_actions).squeeze(-1)  # [P, B]
+    net.critic.eval()
+    return (q.unsqueeze(-1) - target).square().mean((1, 2)), q, target
+
+
+def shared_actor_loss(
+    net: Agent, agents: list[Agent], obs: torch.Tensor, noises: list[torch.Tensor], algo: MADDPGConfig
+) -> torch.Tensor:
+    """A shared actor's loss [P]: -mean Q(x, a_1..a_N) with every agent's action from the current actor
+    on its own observation (``policy_actions``: Gumbel-softmax with agent i's noise ``noises[i]``, flat
+    [B * A_i] per member, or the squashed output), plus policy_reg times the agents' mean squared logits
+    (discrete)."""
+    net.actor.train()
+    outs = [net.actor(obs[..., agent.obs]) for agent in agents]  # [P, B, A_i] each
+    net.actor.eval()
+    actions = [policy_actions(a, out, noise.reshape(out.shape), algo) for a, out, noise in zip(agents, outs, noises)]
+    loss = -net.critic(obs, torch.cat(actions, -1)).squeeze(-1).mean(1)
+    if net.squash is None and algo.policy_reg > 0:
+        loss = loss + algo.policy_reg * torch.stack([out.square().mean((1, 2)) for out in outs]).mean(0)
+    return loss
+
+
+def q_stats(name: str, q: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-member Q statistics of a critic update ([P] each): Q(x, a) [P, B] against its targets [P, B]
+    (one agent's) or [P, B, N] (every agent's reward, a shared critic)."""
+    td = (q.unsqueeze(-1) - target.view(*q.shape, -1)).flatten(1)
+    return {
+        f"{name}/q_mean": q.mean(1),
+        f"{name}/q_std": q.std(1),
+        f"{name}/q_max": q.amax(1),
+        f"{name}/td_abs_mean": td.abs().mean(1),
+    }
 
 
 def instruments(
@@ -337,7 +460,7 @@ def instruments(
     stats.update(update_instruments(critic_update, agent.critic_names))
     with torch.no_grad():
         q = q.squeeze(-1)
-        td = q - target
+        td = (q.unsqueeze(-1) - target.view(*q.shape, -1)).flatten(1)
         stats |= {
             f"{name}/q/mean": q.mean(1),
             f"{name}/q/std": q.std(1),
