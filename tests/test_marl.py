@@ -168,8 +168,12 @@ def test_maddpg_smoke_on_each_env_family_with_per_agent_metrics(tmp_path):
             assert key in last, (name, key)
 
 
-def test_poisoned_member_diverges_alone_and_the_others_are_bitwise_unchanged(tmp_path):
+@pytest.mark.parametrize("shared", [False, True], ids=["per_agent", "shared"])
+def test_poisoned_member_diverges_alone_and_the_others_are_bitwise_unchanged(tmp_path, shared):
+    """A poisoned member diverges alone (at agent 0's critic, or the shared one) while the others run
+    bitwise as without it; shared networks log under shared/, the collapse instruments stay per agent."""
     base = TINY + [
+        f"algo.share_parameters={shared}",
         "env=simple_spread",
         "num_seeds=3",
         "total_steps=300",
@@ -184,9 +188,13 @@ def test_poisoned_member_diverges_alone_and_the_others_are_bitwise_unchanged(tmp
     assert job["counts"] == {"ok": 2, "diverged": 1, "crashed": 0}
     member = job["members"][1]
     assert member["divergence"]["cause"] == "nonfinite_param"
-    assert member["divergence"]["where"] == "agent0.critic.0.weight"
+    assert member["divergence"]["where"] == f"{'shared' if shared else 'agent0'}.critic.0.weight"
     for k in (0, 2):
         assert read_metrics(tmp_path / "poisoned", k) == read_metrics(tmp_path / "base", k), k
+    last = read_metrics(tmp_path / "base", 0)[-1]
+    owners = ["shared"] if shared else ["agent0", "agent1", "agent2"]
+    assert {k.split("/")[1] for k in last if k.startswith("train/") and k.endswith("/q_mean")} == set(owners)
+    assert "agent2/action_repeat_rate" in last
 
 
 # ====================================================================== MADDPG with shared networks
@@ -255,32 +263,6 @@ def test_shared_maddpg_losses_are_the_direct_computation(env):
     actor_loss.sum().backward()
     assert all(p.grad is not None for p in net.actor.parameters())
     ctx.env.close(), ctx.evaluator.close()
-
-
-def test_shared_maddpg_trains_a_population_whose_members_stay_apart(tmp_path):
-    """With shared networks: metrics under shared/, the action-collapse instruments per agent, and a
-    poisoned member diverges alone (at the shared critic) while the others run bitwise as without it."""
-    base = TINY + [
-        "env=simple_spread",
-        "algo.share_parameters=true",
-        "num_seeds=3",
-        "total_steps=300",
-        "algo.learning_starts=100",
-        "logger.log_every=100",
-        "diagnostics.every=2",
-    ]
-    poison = ["debug.inject.member=1", "debug.inject.step=150", "debug.inject.what=param"]
-    base_job = run_job(compose_config(base), tmp_path / "base")
-    job = run_job(compose_config(base + poison), tmp_path / "poisoned")
-    assert base_job["counts"]["ok"] == 3
-    assert job["counts"] == {"ok": 2, "diverged": 1, "crashed": 0}
-    assert job["members"][1]["divergence"]["where"] == "shared.critic.0.weight"
-    for k in (0, 2):
-        assert read_metrics(tmp_path / "poisoned", k) == read_metrics(tmp_path / "base", k), k
-    last = read_metrics(tmp_path / "base", 0)[-1]
-    for key in ("train/shared/critic_grad_norm", "train/shared/q_mean", "shared/policy/saturated"):
-        assert key in last, key
-    assert "agent2/action_repeat_rate" in last and not any(k.startswith("train/agent") for k in last)
 
 
 def test_maddpg_sharing_refuses_agents_of_different_spaces():

@@ -48,10 +48,10 @@ from rlexp.collapse import ActionWindow
 from rlexp.config import Config, MADDPGConfig
 from rlexp.diagnostics import activity_instruments, parameter_names, update_instruments
 from rlexp.evaluation import Policy
-from rlexp.grad import UpdateStats
+from rlexp.grad import GradientPipeline, UpdateStats
 from rlexp.interventions import Interventions, Subject
 from rlexp.marl_envs import AgentSpace
-from rlexp.nets import soft_update_
+from rlexp.nets import PopMLP, soft_update_
 from rlexp.run import RunContext
 
 
@@ -266,6 +266,23 @@ def train(ctx: RunContext) -> None:
             )  # [P, B, A], [P, B, N]
             next_actions = joint_target(agents, batch.next_obs)  # [P, B, A]
             diagnose = recorder.diagnose(updates)
+
+            def update(  # this gradient step's (step and diagnose bound now)
+                pipe: GradientPipeline,
+                loss: torch.Tensor,
+                net: PopMLP,
+                name: str,
+                names: list[str],
+                x: torch.Tensor,
+                extra: torch.Tensor | None = None,
+                step: int = step,
+                diagnose: bool = diagnose,
+            ) -> UpdateStats:
+                """Step ``pipe`` on ``loss`` [P]; a member it finds diverged is located in ``net`` on ``x``."""
+                result = pipe.step(loss, step, diagnose)
+                recorder.locate_divergence(result, partial(locate, [net], [name], names, x, extra, result))
+                return result
+
             recorder.inject_param(agents[0].critic, step)  # debug.inject.what=param poisons agent 0's critic
             results, stats, record = {}, {}, {}
             if algo.share_parameters:  # one critic on every agent's reward; one actor loss on every agent's action
@@ -273,18 +290,14 @@ def train(ctx: RunContext) -> None:
                 critic_loss, q, target = shared_critic_loss(
                     net, batch, joint_actions, next_actions, rewards, algo.gamma
                 )
-                critic_update = net.critic_pipe.step(critic_loss, step, diagnose)
-                recorder.locate_divergence(
-                    critic_update,
-                    partial(
-                        locate,
-                        [net.critic],
-                        ["shared.critic"],
-                        net.critic_names,
-                        batch.obs,
-                        joint_actions,
-                        critic_update,
-                    ),
+                critic_update = update(
+                    net.critic_pipe,
+                    critic_loss,
+                    net.critic,
+                    "shared.critic",
+                    net.critic_names,
+                    batch.obs,
+                    joint_actions,
                 )
                 net.critic.requires_grad_(False)  # the actor's loss moves the actor only
                 noises = [
@@ -295,18 +308,8 @@ def train(ctx: RunContext) -> None:
                 ]
                 actor_loss = shared_actor_loss(net, agents, batch.obs, noises, algo)
                 net.critic.requires_grad_(True)
-                actor_update = net.actor_pipe.step(actor_loss, step, diagnose)
-                recorder.locate_divergence(
-                    actor_update,
-                    partial(
-                        locate,
-                        [net.actor],
-                        ["shared.actor"],
-                        net.actor_names,
-                        batch.obs[..., net.obs],
-                        None,
-                        actor_update,
-                    ),
+                actor_update = update(
+                    net.actor_pipe, actor_loss, net.actor, "shared.actor", net.actor_names, batch.obs[..., net.obs]
                 )
                 intervene_actors[0](updates + 1, batch.obs[..., net.obs])
                 results = {"shared/actor_": actor_update, "shared/critic_": critic_update}
@@ -322,18 +325,14 @@ def train(ctx: RunContext) -> None:
                     agent.critic.train()
                     q = agent.critic(batch.obs, joint_actions).squeeze(-1)  # [P, B]
                     agent.critic.eval()
-                    critic_update = agent.critic_pipe.step((q - target).square().mean(1), step, diagnose)
-                    recorder.locate_divergence(
-                        critic_update,
-                        partial(
-                            locate,
-                            [agent.critic],
-                            [f"{agent.name}.critic"],
-                            agent.critic_names,
-                            batch.obs,
-                            joint_actions,
-                            critic_update,
-                        ),
+                    critic_update = update(
+                        agent.critic_pipe,
+                        (q - target).square().mean(1),
+                        agent.critic,
+                        f"{agent.name}.critic",
+                        agent.critic_names,
+                        batch.obs,
+                        joint_actions,
                     )
 
                     agent.critic.requires_grad_(False)  # the actor's loss moves the actor only
@@ -352,18 +351,13 @@ def train(ctx: RunContext) -> None:
                     if agent.squash is None and algo.policy_reg > 0:
                         actor_loss = actor_loss + algo.policy_reg * out.square().mean((1, 2))
                     agent.critic.requires_grad_(True)
-                    actor_update = agent.actor_pipe.step(actor_loss, step, diagnose)
-                    recorder.locate_divergence(
-                        actor_update,
-                        partial(
-                            locate,
-                            [agent.actor],
-                            [f"{agent.name}.actor"],
-                            agent.actor_names,
-                            batch.obs[..., agent.obs],
-                            None,
-                            actor_update,
-                        ),
+                    actor_update = update(
+                        agent.actor_pipe,
+                        actor_loss,
+                        agent.actor,
+                        f"{agent.name}.actor",
+                        agent.actor_names,
+                        batch.obs[..., agent.obs],
                     )
                     intervene_actors[i](updates + 1, batch.obs[..., agent.obs])
                     results[f"{agent.name}/actor_"] = actor_update
