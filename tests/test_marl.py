@@ -209,8 +209,7 @@ def _shared_maddpg(env: str):
     ctx = RunContext.create(OmegaConf.to_object(cfg), torch.device("cpu"))
     env_ = ctx.env
     joint = sum(a.action_dim for a in env_.agents)
-    first = Agent(ctx, 0, env_.agents[0], env_.slices[0], env_.obs_dim, joint)
-    first.share()
+    first = Agent(ctx, 0, env_.agents[0], env_.slices[0], env_.obs_dim, joint, name="shared")
     agents = [first] + [
         Agent(ctx, i, a, env_.slices[i], env_.obs_dim, joint, first) for i, a in enumerate(env_.agents) if i
     ]

@@ -71,8 +71,8 @@ def gumbel_softmax(logits: torch.Tensor, noise: torch.Tensor, temperature: float
 
 
 class Agent:
-    """One agent's networks: actor, centralized critic, their targets and pipelines (``shared``: those of
-    another agent, named ``shared``), and how its actions look to the critics."""
+    """One agent's networks: actor, centralized critic, their targets and pipelines (``shared``: another
+    agent's), named ``name`` (default ``agent<index>``), and how its actions look to the critics."""
 
     def __init__(
         self,
@@ -83,16 +83,16 @@ class Agent:
         joint_obs: int,
         joint_act: int,
         shared: Agent | None = None,
+        name: str | None = None,
     ):
         self.index, self.space, self.obs = index, space, obs_slice
         self.squash = None if space.discrete else ScaledTanh(space.low, space.high, ctx.device)
         if shared is not None:
-            self.name = "shared"
-            for key in ("actor", "critic", "actor_target", "critic_target", "actor_pipe", "critic_pipe"):
+            for key in ("name", "actor", "critic", "actor_target", "critic_target", "actor_pipe", "critic_pipe"):
                 setattr(self, key, getattr(shared, key))
             self.actor_names, self.critic_names = shared.actor_names, shared.critic_names
             return
-        self.name = f"agent{index}"
+        self.name = name or f"agent{index}"
         self.actor = ctx.make_net(space.obs_dim, space.action_dim, role="actor")
         self.critic = ctx.make_net(joint_obs, 1, role="critic", extra_in=joint_act)
         self.actor_target, self.critic_target = copy.deepcopy(self.actor), copy.deepcopy(self.critic)
@@ -102,12 +102,6 @@ class Agent:
         self.actor_pipe, self.critic_pipe = ctx.make_pipeline(self.actor), ctx.make_pipeline(self.critic)
         self.actor_names = parameter_names(self.actor, f"{self.name}.actor")
         self.critic_names = parameter_names(self.critic, f"{self.name}.critic")
-
-    def share(self) -> None:
-        """Name this agent's networks ``shared`` (every agent uses them)."""
-        self.name = "shared"
-        self.actor_names = parameter_names(self.actor, "shared.actor")
-        self.critic_names = parameter_names(self.critic, "shared.critic")
 
     def target_action(self, next_obs: torch.Tensor) -> torch.Tensor:
         """a'_i from the target actor on o'_i [P, B, obs_i]: one-hot argmax, or the squashed output."""
@@ -173,17 +167,15 @@ def train(ctx: RunContext) -> None:
     widths = [s.action_dim for s in spaces]
     joint_act = sum(widths)
     act_slices = [slice(a, b) for a, b in zip(np.cumsum([0, *widths])[:-1], np.cumsum(widths))]
-    agents = [Agent(ctx, 0, spaces[0], env.slices[0], env.obs_dim, joint_act)]
-    if algo.share_parameters:  # one actor and one critic (a single Q) for every agent
-        agents[0].share()
-    for i in range(1, len(spaces)):
-        agents.append(
-            Agent(
-                ctx, i, spaces[i], env.slices[i], env.obs_dim, joint_act, agents[0] if algo.share_parameters else None
-            )
-        )
+    share = algo.share_parameters  # one actor and one critic (a single Q) for every agent
+    first = Agent(ctx, 0, spaces[0], env.slices[0], env.obs_dim, joint_act, name="shared" if share else None)
+    agents = [first] + [
+        Agent(ctx, i, s, env.slices[i], env.obs_dim, joint_act, first if share else None)
+        for i, s in enumerate(spaces)
+        if i > 0
+    ]
     n_agents = len(agents)
-    owners = agents[:1] if algo.share_parameters else agents  # the agents whose networks these are
+    owners = agents[:1] if share else agents  # the agents whose networks these are
     intervene_critics = ctx.interventions(
         *(Subject(f"{a.name}.critic", a.critic, a.critic_pipe, (a.critic_target,)) for a in owners)
     )
@@ -285,7 +277,7 @@ def train(ctx: RunContext) -> None:
 
             recorder.inject_param(agents[0].critic, step)  # debug.inject.what=param poisons agent 0's critic
             results, stats, record = {}, {}, {}
-            if algo.share_parameters:  # one critic on every agent's reward; one actor loss on every agent's action
+            if share:  # one critic on every agent's reward; one actor loss on every agent's action
                 net = agents[0]
                 critic_loss, q, target = shared_critic_loss(
                     net, batch, joint_actions, next_actions, rewards, algo.gamma
