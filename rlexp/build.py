@@ -313,6 +313,8 @@ ALGO_DOMAINS: dict[str, Domain] = {
     "init_std": (lambda v: v > 0, "a value > algo.min_std"),
     "anneal_steps": (lambda v: v is None or v >= 1, "an integer >= 1 (or null for total_steps)"),
     "exploration_noise": NON_NEGATIVE,
+    "exploration_noise_end": (lambda v: v is None or v >= 0, "a value >= 0 (or null for exploration_noise)"),
+    "exploration_anneal_steps": (lambda v: v >= 0, "an integer >= 0 (0 = constant noise)"),
     "policy_delay": COUNT,
     "target_noise": (lambda v: v >= 0, "a value >= 0 (0 = off)"),
     "target_noise_clip": NON_NEGATIVE,

@@ -374,7 +374,13 @@ class AlgoConfig:
     min_std: float = knob(0.01, "ppo, a2c, mappo: tanh_normal's std = softplus(s + b) + min_std (its floor)")
     init_std: float = knob(1.0, "ppo, a2c, mappo: tanh_normal's std where the scale output s is 0 (sets b)")
     # ddpg, td3
-    exploration_noise: float = knob(0.1, "ddpg, td3: Gaussian action noise std (fraction of the half range)")
+    exploration_noise: float = knob(
+        0.1, "ddpg, td3, maddpg: Gaussian action noise std (fraction of the half range; maddpg: at the start)"
+    )
+    exploration_noise_end: float | None = knob(
+        None, "maddpg: the noise std reached after exploration_anneal_steps, linearly (null = exploration_noise)"
+    )
+    exploration_anneal_steps: int = knob(0, "maddpg: env steps per member of the noise's decay (0 = constant noise)")
     twin: bool = knob(True, "ddpg, td3: two critics, the target takes their minimum")
     policy_delay: int = knob(2, "ddpg, td3: actor and target updates every policy_delay critic updates")
     target_noise: float = knob(0.2, "ddpg, td3: target policy smoothing std (fraction of the half range); 0 = off")

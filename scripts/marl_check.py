@@ -148,11 +148,8 @@ def rlexp_overrides(task: str, algo: str, bm: dict, frames: int) -> list[str]:
             f"algo.shared_value={str(alg['share_param_critic']).lower()}",  # one value for every agent
         ]  # fmt: skip
     # MADDPG: BenchMARL's Gaussian noise sigma falls linearly from eps_init to eps_end over a third of the
-    # frames, stepped after each batch; rlexp's is constant: that schedule's mean over the batches
+    # frames (stepped after each batch); rlexp's falls over the same frames, at every env step
     third = exp["exploration_anneal_frames"] or frames // 3
-    start, end = exp["exploration_eps_init"], exp["exploration_eps_end"]
-    sigmas = [max(end, start - (start - end) * b * BATCH / third) for b in range(frames // BATCH)]
-    noise = sum(sigmas) / len(sigmas)
     assert alg["loss_function"] == "l2" and exp["off_policy_init_random_frames"] == 0
     # rlexp shares the actor and the critic together (one Q for every agent, as BenchMARL's shared critic)
     assert exp["share_policy_params"] == alg["share_param_critic"], (exp["share_policy_params"], alg)
@@ -165,7 +162,9 @@ def rlexp_overrides(task: str, algo: str, bm: dict, frames: int) -> list[str]:
         f"algo.buffer_size={min(exp['off_policy_memory_size'], frames)}",  # neither side's replay fills up
         f"algo.tau={exp['polyak_tau']}",
         "algo.learning_starts=0",
-        f"algo.exploration_noise={noise:.4f}",
+        f"algo.exploration_noise={exp['exploration_eps_init']}",
+        f"algo.exploration_noise_end={exp['exploration_eps_end']}",
+        f"algo.exploration_anneal_steps={third}",
     ]
 
 

@@ -264,6 +264,19 @@ def test_shared_maddpg_losses_are_the_direct_computation(env):
     ctx.env.close(), ctx.evaluator.close()
 
 
+def test_maddpg_exploration_noise_falls_linearly_then_stays():
+    """noise_std: exploration_noise at step 0, linear to exploration_noise_end at exploration_anneal_steps,
+    then constant; constant without a decay; the end defaults to the start."""
+    from rlexp.algos.maddpg import noise_std
+    from rlexp.config import MADDPGConfig
+
+    algo = MADDPGConfig(name="maddpg", exploration_noise=0.8, exploration_noise_end=0.01, exploration_anneal_steps=40)
+    for step, want in [(0, 0.8), (10, 0.8 - 0.79 / 4), (20, 0.8 - 0.79 / 2), (40, 0.01), (1000, 0.01)]:
+        assert noise_std(step, algo) == pytest.approx(want, abs=1e-12), step
+    assert noise_std(30, MADDPGConfig(name="maddpg", exploration_noise=0.3)) == 0.3
+    assert noise_std(30, MADDPGConfig(name="maddpg", exploration_noise=0.3, exploration_anneal_steps=10)) == 0.3
+
+
 def test_maddpg_sharing_refuses_agents_of_different_spaces():
     with pytest.raises(ConfigError) as err:
         validate(compose_config(["algo=maddpg", "env=simple_adversary", "algo.share_parameters=true"]))

@@ -12,7 +12,8 @@ reduction (clipping, losses, divergence) stays per member and per agent.
 Actions as the critics see them: a discrete agent's one-hot vector, a continuous agent's vector in
 its box (``center + half_range * tanh(net)``, TD3's squashing). Acting: a discrete agent samples
 argmax(logits + Gumbel noise) (a sample of softmax(logits)); a continuous one adds Gaussian noise
-(``exploration_noise`` x the half range), as TD3. The critic update of agent i (no gradient through y):
+(``exploration_noise`` x the half range, as TD3; annealed linearly to ``exploration_noise_end`` over
+``exploration_anneal_steps`` when set). The critic update of agent i (no gradient through y):
     a'_j = onehot(argmax mu'_j(o'_j)) (discrete) or mu'_j(o'_j) (continuous), for every agent j
     y_i  = r_i + gamma (1 - terminated) Q'_i(x', a'_1..a'_N)
     critic loss_i = mean (Q_i(x, a) - y_i)^2
@@ -139,6 +140,16 @@ def policy_actions(agent: Agent, out: torch.Tensor, noise: torch.Tensor, algo: M
     return agent.squash(out)
 
 
+def noise_std(step: int, algo: MADDPGConfig) -> float:
+    """The exploration noise's std at env ``step`` (a fraction of the half range): ``exploration_noise``,
+    falling linearly to ``exploration_noise_end`` over ``exploration_anneal_steps``, then constant."""
+    end = algo.exploration_noise if algo.exploration_noise_end is None else algo.exploration_noise_end
+    if algo.exploration_anneal_steps <= 0:
+        return algo.exploration_noise
+    fraction = min(step / algo.exploration_anneal_steps, 1.0)
+    return algo.exploration_noise + fraction * (end - algo.exploration_noise)
+
+
 def evaluation_policy(agents: list[Agent], device: torch.device) -> Policy:
     """The deterministic joint policy: normalized joint observations [P, N, D] -> one action array per
     agent (argmax of the logits, or mu(o) clipped to the box)."""
@@ -230,7 +241,7 @@ def train(ctx: RunContext) -> None:
                     if step <= algo.learning_starts:
                         action = s.low + u * (s.high - s.low)
                     else:
-                        noise = normal(u, u.shape, torch.device("cpu")).numpy() * algo.exploration_noise
+                        noise = normal(u, u.shape, torch.device("cpu")).numpy() * noise_std(step, algo)
                         action = np.clip(greedy(agent, out).cpu().numpy() + noise * (s.high - s.low) / 2, s.low, s.high)
                     stored.append(action.astype(np.float32))
                 actions.append(action)
