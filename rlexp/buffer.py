@@ -85,13 +85,7 @@ class ReplayBuffer:
         valid_count = valid.cumsum(1)  # [P, E]
         pos = np.where(valid, (self.ptr[:, None] + valid_count - 1) % self.capacity, self.capacity)
         added = valid_count[:, -1]
-        rows = np.empty((members, num_envs, self.data.shape[-1]), dtype=np.float32)  # [P, E, F]
-        o, a = self._obs_width, self._reward_col
-        rows[..., :o] = obs if o else 0.0
-        rows[..., o : 2 * o] = next_obs if o else 0.0
-        rows[..., 2 * o : a] = np.asarray(actions).reshape(members, num_envs, self._action_width)
-        rows[..., a] = rewards
-        rows[..., a + 1] = terminated
+        rows = self._rows(obs, actions, rewards, next_obs, terminated)
         frames = None
         if self.frames is not None:
             frames = np.empty((members, num_envs, 2 * self.obs_dim), dtype=np.uint8)  # [P, E, 2 * obs]
@@ -102,6 +96,21 @@ class ReplayBuffer:
         if self._filling:  # the size stops changing once every member's memory is full
             self.size = np.minimum(self.size + added, self.capacity)
             self._filling = bool((self.size < self.capacity).any())
+
+    def _rows(
+        self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, next_obs: np.ndarray, terminated: np.ndarray
+    ) -> np.ndarray:
+        """One step's float32 rows [P, E, F]: obs | next_obs (none when kept as frames) | action | reward |
+        terminated."""
+        members, num_envs = np.shape(rewards)
+        rows = np.empty((members, num_envs, self.data.shape[-1]), dtype=np.float32)
+        o, a = self._obs_width, self._reward_col
+        rows[..., :o] = obs if o else 0.0
+        rows[..., o : 2 * o] = next_obs if o else 0.0
+        rows[..., 2 * o : a] = np.asarray(actions).reshape(members, num_envs, self._action_width)
+        rows[..., a] = rewards
+        rows[..., a + 1] = terminated
+        return rows
 
     def _write(self, pos: np.ndarray, rows: np.ndarray, frames: np.ndarray | None) -> None:
         """Rows [P, E, F] (and uint8 frames [P, E, ...]) at each member's rows ``pos`` [P, E]: through the
@@ -187,11 +196,7 @@ class FrameStackReplay(ReplayBuffer):
         members, num_envs = valid.shape
         valid_count = valid.cumsum(1)  # [P, E]
         pos = np.where(valid, (self.count[:, None] + valid_count - 1) % self.ring, self.ring)
-        rows = np.empty((members, num_envs, self.data.shape[-1]), dtype=np.float32)  # [P, E, F]
-        a = self._reward_col
-        rows[..., :a] = np.asarray(actions).reshape(members, num_envs, self._action_width)
-        rows[..., a] = rewards
-        rows[..., a + 1] = terminated
+        rows = self._rows(obs, actions, rewards, next_obs, terminated)  # [P, E, 3]: action | reward | terminated
         newest = np.empty((members, num_envs, 2, self.frame), dtype=np.uint8)  # [P, E, 2, frame]
         newest[:, :, 0] = np.asarray(obs).reshape(members, num_envs, self.stack, self.frame)[:, :, -1]
         newest[:, :, 1] = np.asarray(next_obs).reshape(members, num_envs, self.stack, self.frame)[:, :, -1]

@@ -126,10 +126,17 @@ def critic_target(
     terminated: torch.Tensor,
     gamma: float,
 ) -> torch.Tensor:
-    """y_i = r_i + gamma (1 - terminated) Q'_i(x', a') [P, B] (no gradient)."""
+    """y_i = r_i + gamma (1 - terminated) Q'_i(x', a') (no gradient), shaped as ``reward``: [P, B] (one
+    agent's), or [P, B, N] (every agent's reward, bootstrapped from a shared critic's one Q')."""
     with torch.no_grad():
         next_q = agent.critic_target(next_obs, next_actions).squeeze(-1)  # [P, B]
-        return reward + gamma * (1.0 - terminated) * next_q
+        bootstrap = gamma * (1.0 - terminated) * next_q  # [P, B]
+        return reward + bootstrap.view(*bootstrap.shape, *(1,) * (reward.dim() - 2))
+
+
+def td_errors(q: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Q(x, a) [P, B] minus its targets [P, B] or [P, B, N], per member: [P, B] or [P, B * N]."""
+    return (q.unsqueeze(-1) - target.view(*q.shape, -1)).flatten(1)
 
 
 def policy_actions(agent: Agent, out: torch.Tensor, noise: torch.Tensor, algo: MADDPGConfig) -> torch.Tensor:
@@ -399,13 +406,11 @@ def shared_critic_loss(
     """A shared critic's loss [P]: mean over agents i and the batch of (Q(x, a) - y_i)^2, y_i = r_i +
     gamma (1 - terminated) Q'(x', a') (no gradient); with Q(x, a) [P, B] and the targets [P, B, N].
     ``rewards`` [P, B, N] every agent's, ``next_actions`` [P, B, A] the target actor's joint action."""
-    with torch.no_grad():
-        next_q = net.critic_target(batch.next_obs, next_actions)  # [P, B, 1]
-        target = rewards + gamma * (1.0 - batch.terminated.unsqueeze(-1)) * next_q  # [P, B, N]
+    target = critic_target(net, batch.next_obs, next_actions, rewards, batch.terminated, gamma)  # [P, B, N]
     net.critic.train()
     q = net.critic(batch.obs, joint_actions).squeeze(-1)  # [P, B]
     net.critic.eval()
-    return (q.unsqueeze(-1) - target).square().mean((1, 2)), q, target
+    return td_errors(q, target).square().mean(1), q, target
 
 
 def shared_actor_loss(
@@ -428,7 +433,7 @@ def shared_actor_loss(
 def q_stats(name: str, q: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per-member Q statistics of a critic update ([P] each): Q(x, a) [P, B] against its targets [P, B]
     (one agent's) or [P, B, N] (every agent's reward, a shared critic)."""
-    td = (q.unsqueeze(-1) - target.view(*q.shape, -1)).flatten(1)
+    td = td_errors(q, target)
     return {
         f"{name}/q_mean": q.mean(1),
         f"{name}/q_std": q.std(1),
@@ -457,7 +462,7 @@ def instruments(
     stats.update(update_instruments(critic_update, agent.critic_names))
     with torch.no_grad():
         q = q.squeeze(-1)
-        td = (q.unsqueeze(-1) - target.view(*q.shape, -1)).flatten(1)
+        td = td_errors(q, target)
         stats |= {
             f"{name}/q/mean": q.mean(1),
             f"{name}/q/std": q.std(1),
