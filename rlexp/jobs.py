@@ -7,7 +7,8 @@ Starting a job there is refused unless ``resume=true``, which returns the record
 touches no file (Hydra skips its ``.hydra/`` record there too: see ``hydra_subdir``). An earlier
 attempt that did not finish (interrupted, killed, crashed) or whose files are corrupt loses nothing:
 its files move into ``attempt_<n>/`` before the job starts again (its W&B runs renamed ``attempt-<name>``,
-so that syncing never uploads them).
+so that syncing never uploads them). A Ctrl-C while a job trains stops it between two env steps
+and waits for its summaries (``DeferredInterrupts``).
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import fcntl
 import json
 import os
 import re
+import signal
 import socket
 import sys
 import tempfile
+import threading
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -526,3 +529,65 @@ def record_crash(
     job = job_summary(config, cell, choices, members, wall_s, error)
     write_json(out_dir / "summary.json", job)
     return job
+
+
+class DeferredInterrupts:
+    """SIGINT while a job runs (main thread, Python's default handler only).
+
+    - Before and after training: the first raises KeyboardInterrupt at once, as usual.
+    - While the algorithm trains (``training``): it is noted (``requested``) and the recorder raises
+      KeyboardInterrupt at the next env step, so no call in progress (a W&B message half sent, a lock
+      held, a file half written) is cut; a third one while the job has not yet stopped raises at once.
+    - While the job is stopping (``stopping``: the clean-up): held back until ``restore`` — after the
+      summaries are written and the W&B runs closed — which puts the default handler back.
+    """
+
+    def __init__(self) -> None:
+        self.stopping = False
+        self.training = False
+        self.requested = 0  # Ctrl-Cs noted while training, not yet acted on
+        self.deferred = False
+        self._installed = False
+        if threading.current_thread() is threading.main_thread():
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                signal.signal(signal.SIGINT, self._handle)
+                self._installed = True
+
+    def stop_requested(self) -> bool:
+        """True once a Ctrl-C asks the training job to stop (the recorder asks at every env step)."""
+        return self.requested > 0
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.stopping:
+            if not self.deferred:
+                _say("interrupt: finishing the summaries first; the job stops right after")
+            self.deferred = True
+        elif self.training and self.requested < 2:
+            self.requested += 1
+            _say(
+                "interrupt: the job stops at its next env step"
+                if self.requested == 1
+                else "interrupt: still stopping; Ctrl-C once more stops at once"
+            )
+        else:
+            self.stopping = True
+            raise KeyboardInterrupt
+
+    def restore(self, raise_deferred: bool) -> None:
+        """Put Python's default handler back; then raise KeyboardInterrupt for a deferred SIGINT (or one
+        noted while training that training ended before acting on) when ``raise_deferred`` (no
+        exception is on its way out already)."""
+        if self._installed:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            self._installed = False
+        if (self.deferred or self.requested) and raise_deferred:
+            raise KeyboardInterrupt
+
+
+def _say(line: str) -> None:
+    """``line`` on stderr from a signal handler: one write call, never Python's buffered stream (the
+    main thread may be inside a write to it)."""
+    try:
+        os.write(2, (line + "\n").encode())
+    except OSError:
+        pass

@@ -24,7 +24,16 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlexp.config import NON_CELL_KEYS, ConfigError
-from rlexp.jobs import _flatten, hold_dir, record_crash, release_dir, start_job, trained_summary, write_json
+from rlexp.jobs import (
+    DeferredInterrupts,
+    _flatten,
+    hold_dir,
+    record_crash,
+    release_dir,
+    start_job,
+    trained_summary,
+    write_json,
+)
 from rlexp.run import Algorithm, RunContext
 
 
@@ -142,6 +151,7 @@ def _train(
     """Train the cells ``todo`` (index, cell, resolved config) of one pack as one population."""
     start = time.perf_counter()
     sizes = [cell.cfg.num_seeds for _, cell, _ in todo]
+    interrupts = DeferredInterrupts()  # a Ctrl-C while training waits for every cell's summaries
     try:
         first = todo[0][1].cfg.copy()
         first.num_seeds = sum(sizes)  # the population: threads and resources for every member
@@ -154,8 +164,13 @@ def _train(
         shared = dataclasses.replace(member_cfgs[0], num_seeds=len(seeds))
         ctx = RunContext.create(shared, device, member_cfgs, seeds)
     except BaseException as exc:
+        interrupts.stopping = True
         wall = time.perf_counter() - start
-        return {i: _crashed(cell, config, exc, wall) for i, cell, config in todo}
+        crashed = {i: _crashed(cell, config, exc, wall) for i, cell, config in todo}
+        interrupts.restore(raise_deferred=False)
+        if not isinstance(exc, Exception):
+            raise  # KeyboardInterrupt: every cell is recorded crashed; the launcher stops
+        return crashed
     recorder = ctx.recorder
     error: str | None = None
     results: dict[int, dict[str, Any] | BaseException] = {}
@@ -166,8 +181,11 @@ def _train(
                 for (_, cell, config), size in zip(todo, sizes)
             ]
         )
+        recorder.stop_requested = interrupts.stop_requested
+        interrupts.training = True
         train(ctx)
     except BaseException as exc:
+        interrupts.stopping = True
         error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         for _, cell, _ in todo:
             cell.out_dir.mkdir(parents=True, exist_ok=True)
@@ -175,6 +193,7 @@ def _train(
         if not isinstance(exc, Exception):
             raise  # KeyboardInterrupt: the summaries below are written on the way out
     finally:
+        interrupts.stopping = True
         members = recorder.close(error)
         wall = time.perf_counter() - recorder.start_time
         first_member = 0
@@ -189,8 +208,9 @@ def _train(
             print(cell_line(cell, job), flush=True)
         try:
             recorder.close_wandb()
-        finally:
             ctx.env.close()
+        finally:
+            interrupts.restore(raise_deferred=error is None)
     return results
 
 

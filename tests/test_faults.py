@@ -23,14 +23,24 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 from test_cli import ROOT, Launch, cli_env, compose_config, describe, message_lines, read_wandb_run, run_cli
-from test_grid import check_finished_job, file_hashes, read_json
+from test_grid import check_crashed_job, check_finished_job, file_hashes, read_json
 
 from rlexp import build
 from rlexp.build import FILES_RESERVED, validate
 from rlexp.config import ConfigError
-from rlexp.jobs import CORRUPT, LOCK, hold_dir, inspect_job, is_finished, move_aside, release_dir, start_job, write_json
+from rlexp.jobs import (
+    CORRUPT,
+    LOCK,
+    DeferredInterrupts,
+    hold_dir,
+    inspect_job,
+    is_finished,
+    move_aside,
+    release_dir,
+    start_job,
+    write_json,
+)
 from rlexp.report import find_job_dirs, load_job
-from rlexp.runner import DeferredInterrupts
 from rlexp.train import run_job
 
 BUDGET = ["total_steps=600", "algo.learning_starts=200", "logger.log_every=300", "logger.progress=off"]
@@ -55,6 +65,21 @@ def kill(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
+
+
+def interrupt_when(launch: Launch, ready: Callable[[], bool], signals: int = 1) -> subprocess.CompletedProcess:
+    """Send the launched CLI ``signals`` SIGINTs 50 ms apart once ``ready()`` (at most 300 s); its result."""
+    try:
+        deadline = time.monotonic() + 300
+        while not ready():
+            assert launch.proc.poll() is None and time.monotonic() < deadline, describe(launch.result())
+            time.sleep(0.05)
+        for k in range(signals):
+            time.sleep(0.05 * (k > 0))
+            launch.proc.send_signal(signal.SIGINT)
+        return launch.result()
+    finally:
+        launch.stop()
 
 
 def make_finished_job(job_dir: Path, seeds: int = 2) -> dict:
@@ -268,17 +293,10 @@ def test_ctrl_c_records_the_job_crashed_and_resume_runs_it_again(tmp_path):
         "logger.mode=disabled",
         f"hydra.run.dir={run_dir}",
     ]
-    launch = Launch(args, tmp_path / "first")
-    try:
-        deadline = time.monotonic() + 300
-        metrics = run_dir / "seed_0" / "metrics.jsonl"
-        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
-            assert launch.proc.poll() is None and time.monotonic() < deadline, describe(launch.result())
-            time.sleep(0.2)
-        launch.proc.send_signal(signal.SIGINT)
-        first = launch.result()
-    finally:
-        launch.stop()
+    metrics = run_dir / "seed_0" / "metrics.jsonl"
+    first = interrupt_when(
+        Launch(args, tmp_path / "first"), lambda: metrics.exists() and metrics.read_text().count("\n") >= 2
+    )
     assert first.returncode != 0, describe(first)
     job = read_json(run_dir / "summary.json")
     assert job["status"] == "crashed" and job["error"] == "KeyboardInterrupt", job
@@ -297,18 +315,7 @@ def test_a_second_ctrl_c_during_the_clean_up_waits_for_every_summary(tmp_path):
     on disk and the W&B runs are closed."""
     run_dir = tmp_path / "run"
     args = [*BUDGET[1:], "total_steps=200000", "num_seeds=3", "logger.mode=offline", f"hydra.run.dir={run_dir}"]
-    launch = Launch(args, tmp_path)
-    try:
-        deadline = time.monotonic() + 300
-        while not (run_dir / "seed_2" / "metrics.jsonl").exists():
-            assert launch.proc.poll() is None and time.monotonic() < deadline, describe(launch.result())
-            time.sleep(0.05)
-        launch.proc.send_signal(signal.SIGINT)
-        time.sleep(0.05)
-        launch.proc.send_signal(signal.SIGINT)
-        proc = launch.result()
-    finally:
-        launch.stop()
+    proc = interrupt_when(Launch(args, tmp_path), (run_dir / "seed_2" / "metrics.jsonl").exists, signals=2)
     assert proc.returncode != 0, describe(proc)
     job = read_json(run_dir / "summary.json")
     assert job["status"] == "crashed" and job["error"] == "KeyboardInterrupt", job
@@ -318,6 +325,34 @@ def test_a_second_ctrl_c_during_the_clean_up_waits_for_every_summary(tmp_path):
         assert member["status"] == "crashed" and member["error"] == "KeyboardInterrupt", member
     assert read_wandb_run(run_dir / "seed_0")["exit_code"] == 1  # closed, not left to W&B's exit hook
     assert not (run_dir / LOCK).exists()
+
+
+def test_ctrl_c_in_a_packed_grid_records_every_cell_of_the_pack_crashed(tmp_path):
+    """The packed launcher (in this process: n_jobs=1): one SIGINT while a pack of two cells trains
+    stops it at the next env step; both cells' and all their members' summaries say KeyboardInterrupt,
+    the W&B runs that opened are closed, and no lock is left."""
+    sweep = tmp_path / "sweep"
+    args = [
+        "+experiment=stability_grid_small",
+        *BUDGET[1:],
+        "total_steps=200000",
+        "activation=relu",
+        "clipping=none",
+        "init=he,xavier",
+        "hydra/launcher=rlexp_packed",
+        "hydra.launcher.n_jobs=1",
+        "logger.mode=offline",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    proc = interrupt_when(Launch(args, tmp_path), lambda: len(list(sweep.glob("*/seed_*/metrics.jsonl"))) == 4)
+    assert proc.returncode != 0, describe(proc)
+    assert "interrupt: the job stops at its next env step" in proc.stderr, describe(proc)
+    cells = sorted(d for d in sweep.iterdir() if d.is_dir() and d.name.isdigit())
+    assert len(cells) == 2, cells
+    for cell in cells:
+        job = check_crashed_job(cell, "KeyboardInterrupt", wandb=cell == cells[0])  # its W&B runs closed
+        assert job["error"] == "KeyboardInterrupt" and job["packed_with"] == 2, job
+        assert not (cell / LOCK).exists()
 
 
 def test_ctrl_c_while_training_is_acted_on_between_env_steps_and_a_third_stops_at_once():
