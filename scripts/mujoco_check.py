@@ -1,21 +1,27 @@
 """rlexp vs Stable-Baselines3 on gymnasium's MuJoCo tasks: TD3 and SAC, side by side in one invocation.
 
-    python scripts/mujoco_check.py                                   # TD3, SAC x Hopper, HalfCheetah; 100k, 5 seeds
+    python scripts/mujoco_check.py --jobs 2                          # TD3, SAC x Hopper, HalfCheetah; 100k, 5 seeds
+    python scripts/mujoco_check.py --jobs 2 --resume                 # go on after an interruption
     python scripts/mujoco_check.py --algos td3 --envs hopper --seeds 2 --steps 20000
 
 Both sides take rl-baselines3-zoo's hyperparameters, read from the installed ``rl_zoo3`` package's
 hyperparams/<algo>.yml (its MuJoCo entries name the v4 tasks; the v5 tasks here are the same robots),
-over SB3's own defaults for what an entry leaves out. For each (algorithm, env), in turn: rlexp trains
-the seeds 0..N-1 as one population (one process, ``threads=1``), and SB3 trains each seed in a process
-of its own (one torch thread) as it ships; which side goes first alternates from one pair to the
-next. Equal budget (``--steps`` env steps per seed, the zoo's ``learning_starts`` of uniform random
+over SB3's own defaults for what an entry leaves out. For each (algorithm, env), rlexp trains the
+seeds 0..N-1 as one population (one process, ``threads=1``), and SB3 trains each seed in a process
+of its own (one torch thread) as it ships; which side is queued first alternates from one pair to
+the next, and ``--jobs`` processes run at once (each side's processes share the machine alike).
+Equal budget (``--steps`` env steps per seed, the zoo's ``learning_starts`` of uniform random
 actions included) and, per seed, a final evaluation of 10 deterministic episodes (rlexp: evaluation's
 own environments; SB3: ``evaluate_policy`` on an environment seeded 10000 + seed).
 
-Writes --out (default outputs/mujoco_check.json): per pair, both sides' per-seed final evaluation
-returns, their medians, SB3's spread (min, max), wall times (rlexp: the population's process; SB3:
-each seed's process and their sum), the settings and commands, and versions. Needs the ``bench`` and
-``mujoco`` extras and rl_zoo3 (``pip install rl_zoo3``, only its hyperparams files are read).
+Each finished process leaves its record (returns, wall time, command) in the folder named as --out
+without its suffix; ``--resume`` keeps those and runs the rest, so a long comparison can be stopped
+and continued. --out (default outputs/mujoco_check.json), rewritten after every process: per pair,
+both sides' per-seed final evaluation returns, their medians, SB3's spread (min, max), wall times
+(rlexp: the population's process; SB3: each seed's process and their sum), the settings and
+commands, and versions; a pair with processes still to run lists them as ``pending``. Needs the
+``bench`` and ``mujoco`` extras and rl_zoo3 (``pip install --no-deps rl_zoo3``: only its
+hyperparams files are read, and its own requirements would replace the ``optuna`` extra's optuna).
 """
 
 from __future__ import annotations
@@ -27,10 +33,14 @@ import importlib.util
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +50,30 @@ NET_ARCH = {"td3": [400, 300], "sac": [256, 256]}  # SB3's MlpPolicy defaults
 EVAL_EPISODES = 10
 
 
+def pair_line(r: dict[str, Any]) -> str:
+    """A finished pair's returns, medians and wall times on one line."""
+    fmt = lambda xs: ", ".join("-" if x is None else f"{x:.0f}" for x in xs)  # noqa: E731
+    mine, theirs = r["rlexp"], r["sb3"]
+    median = "-" if mine["median"] is None else f"{mine['median']:.0f}"
+    return (
+        f"{r['algo']} {r['env']}: rlexp {fmt(mine['returns'])} (median {median}, {mine['wall_s']:.0f} s)"
+        f" | SB3 {fmt(theirs['returns'])} (median {theirs['median']:.0f}, {theirs['wall_s_total']:.0f} s)"
+    )
+
+
+def refuse(line: str) -> None:
+    """Bad input: one line naming the option, the value and the fix; exit code 2, nothing written."""
+    print(line)
+    raise SystemExit(2)
+
+
 def zoo_entry(algo: str, env_id: str) -> dict[str, Any]:
     """rl-baselines3-zoo's hyperparameters for ``env_id`` (its v4 entry for a v5 task)."""
     import yaml
 
     spec = importlib.util.find_spec("rl_zoo3")  # located, not imported (its imports need more packages)
     if spec is None or spec.origin is None:
-        sys.exit("mujoco_check.py: rl_zoo3 is not installed (its hyperparams files are read): pip install rl_zoo3")
+        refuse("rl_zoo3: not installed (its hyperparams files are read); pip install --no-deps rl_zoo3")
     entries = yaml.safe_load((Path(spec.origin).parent / "hyperparams" / f"{algo}.yml").read_text())
     return dict(entries.get(env_id) or entries[env_id.replace("-v5", "-v4")])
 
@@ -134,12 +161,52 @@ def run(command: list[str]) -> tuple[str, float]:
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
-        sys.exit(f"mujoco_check.py: {' '.join(command)} failed:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"{' '.join(command)} failed:\n{proc.stderr[-3000:]}")
     return proc.stdout, wall
 
 
-def rlexp_side(overrides: list[str], seeds: int, steps: int, run_dir: Path) -> dict[str, Any]:
-    command = [
+@dataclass
+class Unit:
+    """One process of the comparison: rlexp's population of every seed, or one SB3 seed. Its result
+    (``result``: the JSON it leaves on disk when it has finished) makes a later ``--resume`` skip it."""
+
+    pair: str  # "<algo>_<env>"
+    side: str  # "rlexp" or "sb3"
+    seed: int | None  # SB3's seed; None for rlexp's population
+    command: list[str]
+    result: Path
+
+    @property
+    def label(self) -> str:
+        return self.side if self.seed is None else f"{self.side} seed {self.seed}"
+
+    def done(self) -> dict[str, Any] | None:
+        """The finished unit's record, or None."""
+        return json.loads(self.result.read_text()) if self.result.exists() else None
+
+    def execute(self) -> dict[str, Any]:
+        """Run it (rlexp's job dir made anew) and write its record."""
+        record: dict[str, Any] = {"command": " ".join(self.command[1:])}
+        if self.side == "rlexp":
+            run_dir = self.result.parent / "rlexp"
+            shutil.rmtree(run_dir, ignore_errors=True)  # an earlier, unfinished attempt
+            _, wall = run([*self.command, f"hydra.run.dir={run_dir}"])
+            members = json.loads((run_dir / "summary.json").read_text())["members"]
+            record |= {"returns": [m.get("eval_return") for m in members], "status": [m["status"] for m in members]}
+        else:
+            out, wall = run(self.command)
+            record["return"] = json.loads(out.strip().splitlines()[-1])["eval_return"]
+        record["wall_s"] = round(wall, 1)
+        self.result.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.result.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        tmp.replace(self.result)  # whole or absent: a killed run leaves no half record
+        return record
+
+
+def rlexp_command(overrides: list[str], seeds: int, steps: int) -> list[str]:
+    """rlexp's population of seeds 0..seeds-1 in one process on one thread (its run dir added when run)."""
+    return [
         sys.executable,
         "-m",
         "rlexp.train",
@@ -152,27 +219,35 @@ def rlexp_side(overrides: list[str], seeds: int, steps: int, run_dir: Path) -> d
         f"eval.episodes={EVAL_EPISODES}",
         "logger.mode=disabled",
         "logger.progress=off",
-        f"hydra.run.dir={run_dir}",
     ]
-    _, wall = run(command)
-    members = json.loads((run_dir / "summary.json").read_text())["members"]
-    return {
-        "returns": [m.get("eval_return") for m in members],
-        "status": [m["status"] for m in members],
-        "wall_s": round(wall, 1),
-        "command": " ".join(command[1:]),
+
+
+def sb3_command(algo: str, env_id: str, seed: int, steps: int, learning_starts: int) -> list[str]:
+    """One SB3 seed in a process of its own (this script's internal ``--sb3`` mode)."""
+    script = str(Path(__file__).resolve())
+    return [sys.executable, script, "--sb3", algo, env_id, str(seed), str(steps), str(learning_starts)]
+
+
+def pair_result(algo: str, env_id: str, order: tuple[str, str], settings: dict[str, Any], units: list[Unit]) -> dict:
+    """One (algorithm, env)'s entry of the report from its units' records (``pending`` while any is missing)."""
+    records = [u.done() for u in units]
+    result: dict[str, Any] = {"algo": algo, "env": env_id, "order": list(order), "settings": settings}
+    if any(r is None for r in records):
+        return result | {"pending": [u.label for u, r in zip(units, records) if r is None]}
+    rlexp, sb3 = records[0], records[1:]
+    mine = [r for r in rlexp["returns"] if r is not None]
+    theirs = [r["return"] for r in sb3]
+    walls = [r["wall_s"] for r in sb3]
+    result["rlexp"] = rlexp | {"median": statistics.median(mine) if mine else None}
+    result["sb3"] = {
+        "returns": theirs,
+        "median": statistics.median(theirs),
+        "spread": [min(theirs), max(theirs)],
+        "wall_s": walls,
+        "wall_s_total": round(sum(walls), 1),
+        "commands": [r["command"] for r in sb3],
     }
-
-
-def sb3_side(algo: str, env_id: str, seeds: int, steps: int, learning_starts: int) -> dict[str, Any]:
-    returns, walls = [], []
-    for seed in range(seeds):
-        command = [sys.executable, str(Path(__file__).resolve()), "--sb3", algo, env_id, str(seed), str(steps)]
-        command.append(str(learning_starts))
-        out, wall = run(command)
-        returns.append(json.loads(out.strip().splitlines()[-1])["eval_return"])
-        walls.append(round(wall, 1))
-    return {"returns": returns, "wall_s": walls, "wall_s_total": round(sum(walls), 1)}
+    return result
 
 
 def versions() -> dict[str, str | None]:
@@ -192,6 +267,8 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 on both sides (default 5)")
     parser.add_argument("--steps", type=int, default=100_000, help="env steps per seed (default 100k)")
     parser.add_argument("--learning-starts", type=int, help="both sides' random steps (default: the zoo's, 10k)")
+    parser.add_argument("--jobs", type=int, default=1, help="processes at once, one torch thread each (default 1)")
+    parser.add_argument("--resume", action="store_true", help="keep the finished processes' records; run the rest")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "mujoco_check.json")
     parser.add_argument("--sb3", nargs=5, help=argparse.SUPPRESS)  # internal: algo env_id seed steps learning_starts
     args = parser.parse_args()
@@ -200,52 +277,77 @@ def main() -> int:
         settings = sb3_settings(algo, zoo_entry(algo, env_id)) | {"learning_starts": int(starts)}
         print(json.dumps(sb3_train(algo, env_id, int(seed), int(steps), settings)))
         return 0
+    for key in ("seeds", "steps", "jobs"):
+        if getattr(args, key) < 1:
+            refuse(f"--{key}: {getattr(args, key)} is below 1; give a value >= 1")
+    work = args.out.resolve().with_suffix("")  # the processes' records and rlexp's job dirs
+    if work.exists() and any(work.iterdir()) and not args.resume:
+        refuse(f"--out: {work} holds an earlier invocation's records; add --resume to go on with it, or remove it")
 
-    results = []
-    run_root = args.out.parent / f"mujoco_check-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    pairs: dict[str, tuple] = {}  # name -> pair_result's arguments
+    units: list[Unit] = []
     for i, (algo, env) in enumerate((a, e) for a in args.algos for e in args.envs):
         env_id = ENVS[env]
         settings = sb3_settings(algo, zoo_entry(algo, env_id))
         if args.learning_starts is not None:
             settings["learning_starts"] = args.learning_starts
-        overrides = rlexp_overrides(algo, env, settings)
-        sides: dict[str, Any] = {}
-        order = ("rlexp", "sb3") if i % 2 == 0 else ("sb3", "rlexp")
-        for side in order:
-            print(f"{algo} {env_id}: {side} ...", flush=True)
-            if side == "rlexp":
-                sides[side] = rlexp_side(overrides, args.seeds, args.steps, run_root / f"{algo}_{env}")
-            else:
-                sides[side] = sb3_side(algo, env_id, args.seeds, args.steps, settings["learning_starts"])
-        finite = {k: [r for r in v["returns"] if r is not None] for k, v in sides.items()}
-        result = {
-            "algo": algo,
-            "env": env_id,
-            "order": list(order),
-            "settings": settings,
-            "rlexp": sides["rlexp"] | {"median": statistics.median(finite["rlexp"]) if finite["rlexp"] else None},
-            "sb3": sides["sb3"]
-            | {"median": statistics.median(finite["sb3"]), "spread": [min(finite["sb3"]), max(finite["sb3"])]},
+        if settings["learning_starts"] >= args.steps:
+            refuse(
+                f"--steps: {args.steps} leaves no update after {settings['learning_starts']} random steps; "
+                "give more steps or a smaller --learning-starts"
+            )
+        name = f"{algo}_{env}"
+        command = rlexp_command(rlexp_overrides(algo, env, settings), args.seeds, args.steps)
+        mine = Unit(name, "rlexp", None, command, work / name / "rlexp.json")
+        starts = settings["learning_starts"]
+        theirs = [
+            Unit(name, "sb3", k, sb3_command(algo, env_id, k, args.steps, starts), work / name / f"sb3_seed{k}.json")
+            for k in range(args.seeds)
+        ]
+        order = ("rlexp", "sb3") if i % 2 == 0 else ("sb3", "rlexp")  # which side starts alternates
+        pair_units = [mine, *theirs]
+        pairs[name] = (algo, env_id, order, settings, pair_units)
+        units += pair_units if order[0] == "rlexp" else [*theirs, mine]
+        for unit in pair_units:
+            record = unit.done()
+            if record is not None and record["command"] != " ".join(unit.command[1:]):
+                refuse(f"--resume: {unit.result} was run as `{record['command']}`; remove it to run it as now")
+
+    def report() -> dict[str, dict[str, Any]]:
+        """Write the report as it stands (finished pairs in full, the others with what is pending)."""
+        results = {name: pair_result(*pair) for name, pair in pairs.items()}
+        doc = {
+            "steps": args.steps,
+            "seeds": args.seeds,
+            "eval_episodes": EVAL_EPISODES,
+            "jobs": args.jobs,
+            "machine": {"cpus": os.cpu_count(), "load": list(os.getloadavg())},
+            "versions": versions(),
+            "results": list(results.values()),
         }
-        results.append(result)
-        fmt = lambda xs: ", ".join("-" if x is None else f"{x:.0f}" for x in xs)  # noqa: E731
-        print(
-            f"{algo} {env_id}: rlexp {fmt(sides['rlexp']['returns'])} (median {result['rlexp']['median']:.0f}, "
-            f"{sides['rlexp']['wall_s']:.0f} s) | SB3 {fmt(sides['sb3']['returns'])} (median "
-            f"{result['sb3']['median']:.0f}, {sides['sb3']['wall_s_total']:.0f} s)",
-            flush=True,
-        )
-    report = {
-        "steps": args.steps,
-        "seeds": args.seeds,
-        "eval_episodes": EVAL_EPISODES,
-        "machine": {"cpus": os.cpu_count(), "load": list(os.getloadavg())},
-        "versions": versions(),
-        "results": results,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(doc, indent=2) + "\n")
+        return results
+
+    todo = [u for u in units if u.done() is None]
+    print(f"mujoco_check.py: {len(todo)} of {len(units)} processes to run, {args.jobs} at once; records in {work}")
+    lock = threading.Lock()
+
+    def execute(unit: Unit) -> None:
+        print(f"{unit.pair}: {unit.label} ...", flush=True)
+        unit.execute()
+        with lock:
+            result = report()[unit.pair]
+        if "pending" not in result:  # the pair's last process
+            print(pair_line(result), flush=True)
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        failed = [f.exception() for f in [pool.submit(execute, u) for u in todo] if f.exception() is not None]
+    report()
     print(f"wrote {args.out}")
+    if failed:
+        print(f"mujoco_check.py: {len(failed)} processes failed; the first:\n{failed[0]}", file=sys.stderr)
+        return 1
     return 0
 
 
