@@ -409,6 +409,11 @@ class AlgoConfig:
     )
     gumbel_hard: bool = knob(True, "maddpg: the critic sees the one-hot sample, with the soft sample's gradient")
     policy_reg: float = knob(1e-3, "maddpg: actor loss += policy_reg * mean logits^2 (discrete agents)")
+    target_actor: bool = knob(
+        True,
+        "maddpg: the critics' target takes a' from the EMA target actor (false: from the current actor, no "
+        "gradient, as TorchRL's DDPG loss without delay_actor, BenchMARL's MADDPG)",
+    )
     # mappo
     share_parameters: bool = knob(
         True,

@@ -150,7 +150,7 @@ def rlexp_overrides(task: str, algo: str, bm: dict, frames: int) -> list[str]:
     # MADDPG: BenchMARL's Gaussian noise sigma falls linearly from eps_init to eps_end over a third of the
     # frames (stepped after each batch); rlexp's falls over the same frames, at every env step
     third = exp["exploration_anneal_frames"] or frames // 3
-    assert alg["loss_function"] == "l2" and exp["off_policy_init_random_frames"] == 0
+    assert alg["loss_function"] == "l2" and alg["delay_value"] and exp["off_policy_init_random_frames"] == 0
     # rlexp shares the actor and the critic together (one Q for every agent, as BenchMARL's shared critic)
     assert exp["share_policy_params"] == alg["share_param_critic"], (exp["share_policy_params"], alg)
     return common + [
@@ -161,6 +161,7 @@ def rlexp_overrides(task: str, algo: str, bm: dict, frames: int) -> list[str]:
         f"algo.batch_size={exp['off_policy_train_batch_size']}",
         f"algo.buffer_size={min(exp['off_policy_memory_size'], frames)}",  # neither side's replay fills up
         f"algo.tau={exp['polyak_tau']}",
+        "algo.target_actor=false",  # TorchRL's DDPGLoss: a target critic (delay_value), no target actor
         "algo.learning_starts=0",
         f"algo.exploration_noise={exp['exploration_eps_init']}",
         f"algo.exploration_noise_end={exp['exploration_eps_end']}",
@@ -235,6 +236,9 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=6000, help="env steps between evaluations, both sides")
     parser.add_argument("--eval-episodes", type=int, default=10, help="episodes per evaluation, both sides")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each side")
+    parser.add_argument(
+        "--sides", nargs="+", default=["rlexp", "benchmarl"], choices=["rlexp", "benchmarl"], help="the sides run"
+    )
     parser.add_argument("--out", default="marl_check.json")
     args = parser.parse_args()
     if not Path(args.benchmarl_python).exists():
@@ -261,6 +265,8 @@ def main() -> None:
     for seed in args.seeds:  # seed by seed: a cut-short invocation has every cell's first seeds
         for task, algo in cells:
             for side in ("rlexp", "benchmarl") if seed % 2 == 0 else ("benchmarl", "rlexp"):  # the first alternates
+                if side not in args.sides:
+                    continue
                 if side == "rlexp":
                     overrides = record["overrides"][f"{task}/{algo}"]["rlexp"]
                     result = run_rlexp(task, algo, seed, frames(algo), args, overrides)

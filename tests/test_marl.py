@@ -2,6 +2,7 @@
 member independence, the collapse instruments, a smoke run per env family and bad input."""
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,8 @@ pytest.importorskip("mpe2", reason="pip install -e '.[marl]'")
 pytest.importorskip("vmas", reason="pip install -e '.[marl]'")
 
 from rlexp import marl_envs  # noqa: E402
-from rlexp.algos.maddpg import critic_target, gumbel_softmax  # noqa: E402
+from rlexp.algos.maddpg import Agent, critic_target, gumbel_softmax, joint_target  # noqa: E402
+from rlexp.algos.td3 import ScaledTanh  # noqa: E402
 from rlexp.build import validate  # noqa: E402
 from rlexp.collapse import ActionWindow  # noqa: E402
 from rlexp.config import ConfigError, DiagnosticsConfig, EnvConfig  # noqa: E402
@@ -99,6 +101,33 @@ def test_centralized_critic_target_is_the_direct_computation():
             expected = reward[p, b].item() + (0.0 if terminated[p, b] else 0.95 * q)
             assert y[p, b].item() == pytest.approx(expected, rel=1e-6, abs=1e-6)
     assert not y.requires_grad
+
+
+@pytest.mark.parametrize("delayed", [True, False], ids=["target_actor", "current_actor"])
+def test_the_targets_joint_action_comes_from_the_target_or_the_current_actors(delayed):
+    """a' of a discrete agent (one-hot argmax) and a continuous one (in its box [-2, 2]) from the target
+    actors, or with ``algo.target_actor=false`` from the current ones, side by side."""
+    torch.manual_seed(0)
+    P, B = 2, 5
+    spaces = [AgentSpace("a", 3, True, 4), AgentSpace("b", 2, False, 2, np.full(2, -2.0), np.full(2, 2.0))]
+    agents, start = [], 0
+    for space in spaces:
+        agent = Agent.__new__(Agent)  # the parts target_action reads
+        agent.space, agent.obs = space, slice(start, start + space.obs_dim)
+        agent.actor, agent.actor_target = (torch.nn.Linear(space.obs_dim, space.action_dim) for _ in range(2))
+        agent.squash = None if space.discrete else ScaledTanh(space.low, space.high, torch.device("cpu"))
+        agents.append(agent)
+        start += space.obs_dim
+    next_obs = torch.randn(P, B, 5)
+    got = joint_target(agents, next_obs, delayed)
+    pick = (lambda a: a.actor_target) if delayed else (lambda a: a.actor)
+    for p in range(P):
+        for b in range(B):
+            logits = pick(agents[0])(next_obs[p, b, :3])
+            expected = [1.0 if k == logits.argmax().item() else 0.0 for k in range(4)]
+            expected += [2.0 * math.tanh(v) for v in pick(agents[1])(next_obs[p, b, 3:]).tolist()]
+            assert got[p, b].tolist() == pytest.approx(expected, abs=1e-6)
+    assert not got.requires_grad
 
 
 @pytest.mark.parametrize("hard", [True, False])

@@ -15,12 +15,14 @@ argmax(logits + Gumbel noise) (a sample of softmax(logits)); a continuous one ad
 (``exploration_noise`` x the half range, as TD3; annealed linearly to ``exploration_noise_end`` over
 ``exploration_anneal_steps`` when set). The critic update of agent i (no gradient through y):
     a'_j = onehot(argmax mu'_j(o'_j)) (discrete) or mu'_j(o'_j) (continuous), for every agent j
+           (``target_actor=false``: mu_j, the current actor, as BenchMARL's MADDPG)
     y_i  = r_i + gamma (1 - terminated) Q'_i(x', a'_1..a'_N)
     critic loss_i = mean (Q_i(x, a) - y_i)^2
 The actor update of agent i: its action from the replayed o_i is replaced, the others' stay as replayed:
     discrete:   a_i = Gumbel-softmax(logits, gumbel_temperature), straight-through one-hot when gumbel_hard
     actor loss_i = -mean Q_i(x, a_1..a_i..a_N) + policy_reg * mean logits^2   (the paper's 1e-3)
-Targets: theta' <- (1 - tau) theta' + tau theta. A truncated episode bootstraps, a terminated one not.
+Targets: theta' <- (1 - tau) theta' + tau theta (the actors' only with ``target_actor``). A truncated
+episode bootstraps, a terminated one not.
 
 With ``share_parameters`` (BenchMARL's MADDPG; agents of one observation and action space) every agent
 acts with one actor mu(o_i) and one critic Q(x, a) stands for all of them, trained on every agent's
@@ -104,18 +106,20 @@ class Agent:
         self.actor_names = parameter_names(self.actor, f"{self.name}.actor")
         self.critic_names = parameter_names(self.critic, f"{self.name}.critic")
 
-    def target_action(self, next_obs: torch.Tensor) -> torch.Tensor:
-        """a'_i from the target actor on o'_i [P, B, obs_i]: one-hot argmax, or the squashed output."""
-        out = self.actor_target(next_obs[..., self.obs])
+    def target_action(self, next_obs: torch.Tensor, delayed: bool = True) -> torch.Tensor:
+        """a'_i on o'_i [P, B, obs_i] from the target actor (``delayed``) or the current one: one-hot
+        argmax, or the squashed output."""
+        out = (self.actor_target if delayed else self.actor)(next_obs[..., self.obs])
         if self.squash is None:
             return F.one_hot(out.argmax(-1), self.space.action_dim).float()
         return self.squash(out)
 
 
-def joint_target(agents: list[Agent], next_obs: torch.Tensor) -> torch.Tensor:
-    """Every agent's target action, side by side [P, B, sum A] (no gradient)."""
+def joint_target(agents: list[Agent], next_obs: torch.Tensor, delayed: bool = True) -> torch.Tensor:
+    """Every agent's target action (``delayed``: its target actor's, else its actor's), side by side
+    [P, B, sum A] (no gradient)."""
     with torch.no_grad():
-        return torch.cat([agent.target_action(next_obs) for agent in agents], -1)
+        return torch.cat([agent.target_action(next_obs, delayed) for agent in agents], -1)
 
 
 def critic_target(
@@ -274,7 +278,7 @@ def train(ctx: RunContext) -> None:
                 batch.actions[..., :joint_act],
                 batch.actions[..., joint_act:],
             )  # [P, B, A], [P, B, N]
-            next_actions = joint_target(agents, batch.next_obs)  # [P, B, A]
+            next_actions = joint_target(agents, batch.next_obs, algo.target_actor)  # [P, B, A]
             diagnose = recorder.diagnose(updates)
 
             def update(  # this gradient step's (step and diagnose bound now)
@@ -377,7 +381,8 @@ def train(ctx: RunContext) -> None:
                         record |= instruments(agent, batch.obs, joint_actions, target, actor_update, critic_update, cfg)
             intervene_critics(updates + 1, batch.obs, joint_actions)
             for agent in owners:
-                soft_update_(agent.actor_target, agent.actor, algo.tau)
+                if algo.target_actor:
+                    soft_update_(agent.actor_target, agent.actor, algo.tau)
                 soft_update_(agent.critic_target, agent.critic, algo.tau)
             recorder.record_update(results, stats)
             if diagnose:
