@@ -10,6 +10,7 @@
     python scripts/learning_check.py --preset muzero_lite  # MuZero-lite CartPole, 50k steps, eval >= 475
     python scripts/learning_check.py --overrides activation=tanh init=he
     python scripts/learning_check.py --preset minatar_dqn  # DQN, MinAtar Breakout, 1M steps, median >= 11.1
+    python scripts/learning_check.py --preset minatar_dqn --run-dir outputs/learning_check/minatar --resume
 
 Three criteria, all reported: "reach" — the mean return of the member's last 10 training episodes
 is >= --threshold at some log step within the budget (the first such step is printed); "final" — it
@@ -22,7 +23,9 @@ for "median" when the median falls short). Results go to <run dir>/learning_chec
 minatar_dqn: the MinAtar paper's DQN (Young & Tian 2019, +experiment=minatar_dqn) on MinAtar Breakout
 for 1M steps, evaluated every 50k steps; it passes when the median final evaluation return reaches
 11.1, the 10-episode evaluation at 1M frames of MinAtar's own examples/dqn.py run with the paper's
-settings (the paper gives its curves as figures only; docs/benchmarks.md).
+settings (the paper gives its curves as figures only; docs/benchmarks.md). It saves a checkpoint
+(with the replay) every 100k steps, so a stopped check goes on from there with --run-dir and --resume
+(rlexp's ``resume=true``); its wall_s is then the last invocation's.
 """
 
 from __future__ import annotations
@@ -46,7 +49,11 @@ PRESETS = {  # name -> (overrides, deciding criterion, threshold)
     "td3_pendulum": (["+experiment=td3_pendulum"], "final", -250.0),
     "sac_pendulum": (["+experiment=sac_pendulum"], "eval", -250.0),
     "muzero_lite": (["algo=muzero_lite", "total_steps=50000"], "eval", 475.0),
-    "minatar_dqn": (["+experiment=minatar_dqn"], "median", 11.1),  # MinAtar's dqn.py at 1M frames
+    "minatar_dqn": (  # MinAtar's dqn.py at 1M frames; hours: checkpoints to go on from
+        ["+experiment=minatar_dqn", "checkpoint.every=100000", "checkpoint.replay=true"],
+        "median",
+        11.1,
+    ),
 }
 
 
@@ -70,10 +77,15 @@ def main() -> int:
     parser.add_argument("--criterion", choices=["reach", "final", "eval", "median"], help="default: the preset's")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "learning_check")
     parser.add_argument("--overrides", nargs="*", default=[], help="extra Hydra overrides")
+    parser.add_argument("--run-dir", type=Path, help="the job dir (default: a new one under --out)")
+    parser.add_argument("--resume", action="store_true", help="go on with --run-dir's job from its last checkpoint")
     args = parser.parse_args()
+    if args.resume and (args.run_dir is None or not args.run_dir.is_dir()):
+        print(f"--resume: --run-dir {args.run_dir} is not a job dir; give the dir of the check to go on with")
+        return 2
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    run_dir = args.out / f"{args.preset}-seed{args.seed}-{stamp}-{os.getpid()}"  # one dir per invocation
+    run_dir = args.run_dir or args.out / f"{args.preset}-seed{args.seed}-{stamp}-{os.getpid()}"
     overrides, criterion, threshold = PRESETS[args.preset]
     criterion = args.criterion or criterion
     args.threshold = threshold if args.threshold is None else args.threshold
@@ -87,11 +99,15 @@ def main() -> int:
         f"seed={args.seed}",
         "logger.mode=disabled",
         f"hydra.run.dir={run_dir}",
+        *(["resume=true"] if args.resume else []),
     ]
     print(" ".join(command), flush=True)
     start = time.perf_counter()
-    subprocess.run(command, cwd=ROOT, check=True, env={**os.environ, "WANDB_SILENT": "true"})
+    done = subprocess.run(command, cwd=ROOT, env={**os.environ, "WANDB_SILENT": "true"})
     wall = time.perf_counter() - start
+    if done.returncode != 0:
+        print(f"the job stopped (exit {done.returncode}); go on with: --run-dir {run_dir} --resume")
+        return 1
 
     job = json.loads((run_dir / "summary.json").read_text())
     returns = [m["final_return"] for m in job["members"]]
@@ -116,7 +132,8 @@ def main() -> int:
         "first_reach_step": reached,
         "final_returns": returns,
         "eval_returns": evals,
-        "wall_s": round(wall, 1),
+        "wall_s": round(wall, 1),  # this invocation's (with --resume: since the last checkpoint)
+        "resumed": args.resume,
         "command": " ".join(command[1:]),
     }
     (run_dir / "learning_check.json").write_text(json.dumps(result, indent=2) + "\n")

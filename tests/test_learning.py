@@ -1,7 +1,7 @@
 """Learning checks (slow): populations of 10 seeds must learn CartPole-v1 (DQN, PPO) and Pendulum-v1 (TD3, SAC).
 
 Run with ``python -m pytest -m slow``; each test drives scripts/learning_check.py, which exits
-non-zero when fewer than 8 of 10 members pass.
+non-zero when fewer than 8 of 10 members pass. The default suite checks its --resume on a tiny budget.
 """
 
 import json
@@ -24,6 +24,41 @@ def _check(tmp_path: Path, preset: str) -> dict:
     result = json.loads(next(tmp_path.glob("*/learning_check.json")).read_text())
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return result
+
+
+def test_a_stopped_check_goes_on_from_its_checkpoint_with_resume(tmp_path):
+    """A check whose job stops at env step 1500 (a forced crash) says how to go on; --resume continues
+    the job from its checkpoint at 1000 and gives the verdict over the whole run."""
+    script = [
+        sys.executable,
+        str(ROOT / "scripts" / "learning_check.py"),
+        "--seeds",
+        "2",
+        "--threshold",
+        "9",
+        "--min-pass",
+        "1",
+    ]
+    run_dir = tmp_path / "check"
+    budget = ["total_steps=2000", "algo.learning_starts=500", "checkpoint.every=1000", "logger.progress=off"]
+    args = [*script, "--run-dir", str(run_dir), "--overrides", *budget]
+    first = subprocess.run([*args, "debug.crash_at_step=1500"], cwd=ROOT, capture_output=True, text=True)
+    assert first.returncode == 1 and f"go on with: --run-dir {run_dir} --resume" in first.stdout, first.stdout
+    assert not (run_dir / "learning_check.json").exists()
+    again = subprocess.run([*args, "--resume"], cwd=ROOT, capture_output=True, text=True)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    result = json.loads((run_dir / "learning_check.json").read_text())
+    assert result["resumed"] and result["command"].endswith("resume=true") and len(result["final_returns"]) == 2
+    steps = [json.loads(line)["step"] for line in (run_dir / "seed_1" / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1] == 2000 and len(steps) == len(set(steps))  # one history, continued from the checkpoint
+    assert json.loads((run_dir / "attempt_1" / "summary.json").read_text())["status"] == "crashed"
+
+
+def test_resume_without_a_job_dir_is_one_line(tmp_path):
+    script = [sys.executable, str(ROOT / "scripts" / "learning_check.py"), "--resume", "--run-dir", "missing"]
+    done = subprocess.run(script, cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 2 and done.stdout.startswith("--resume: --run-dir missing is not a job dir"), done.stdout
+    assert "Traceback" not in done.stderr and not list(tmp_path.iterdir())
 
 
 @pytest.mark.slow
