@@ -22,6 +22,8 @@ first for an even seed, BenchMARL first for an odd one; each trains on the algor
 agent: BenchMARL logs each episode's reward summed over steps and averaged over agents, rlexp the
 team's (summed over agents), divided here by the number of agents. The JSON holds both sides' final
 returns and evaluation curves, wall times (start-up included), the settings and the versions.
+``--sides rlexp`` (or ``benchmarl``) runs one side alone: BenchMARL's returns repeat exactly for a seed,
+so a change on rlexp's side can be measured against an earlier invocation's BenchMARL runs.
 """
 
 from __future__ import annotations
