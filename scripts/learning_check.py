@@ -80,6 +80,8 @@ def main() -> int:
     parser.add_argument("--run-dir", type=Path, help="the job dir (default: a new one under --out)")
     parser.add_argument("--resume", action="store_true", help="go on with --run-dir's job from its last checkpoint")
     args = parser.parse_args()
+    if args.run_dir is not None:
+        args.run_dir = args.run_dir.resolve()  # the job runs from the project's root
     if args.resume and (args.run_dir is None or not args.run_dir.is_dir()):
         print(f"--resume: --run-dir {args.run_dir} is not a job dir; give the dir of the check to go on with")
         return 2

@@ -41,11 +41,11 @@ def test_a_stopped_check_goes_on_from_its_checkpoint_with_resume(tmp_path):
     ]
     run_dir = tmp_path / "check"
     budget = ["total_steps=2000", "algo.learning_starts=500", "checkpoint.every=1000", "logger.progress=off"]
-    args = [*script, "--run-dir", str(run_dir), "--overrides", *budget]
-    first = subprocess.run([*args, "debug.crash_at_step=1500"], cwd=ROOT, capture_output=True, text=True)
+    args = [*script, "--run-dir", "check", "--overrides", *budget]  # relative to the caller's dir
+    first = subprocess.run([*args, "debug.crash_at_step=1500"], cwd=tmp_path, capture_output=True, text=True)
     assert first.returncode == 1 and f"go on with: --run-dir {run_dir} --resume" in first.stdout, first.stdout
     assert not (run_dir / "learning_check.json").exists()
-    again = subprocess.run([*args, "--resume"], cwd=ROOT, capture_output=True, text=True)
+    again = subprocess.run([*args, "--resume"], cwd=tmp_path, capture_output=True, text=True)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     result = json.loads((run_dir / "learning_check.json").read_text())
     assert result["resumed"] and result["command"].endswith("resume=true") and len(result["final_returns"]) == 2
@@ -57,7 +57,8 @@ def test_a_stopped_check_goes_on_from_its_checkpoint_with_resume(tmp_path):
 def test_resume_without_a_job_dir_is_one_line(tmp_path):
     script = [sys.executable, str(ROOT / "scripts" / "learning_check.py"), "--resume", "--run-dir", "missing"]
     done = subprocess.run(script, cwd=tmp_path, capture_output=True, text=True)
-    assert done.returncode == 2 and done.stdout.startswith("--resume: --run-dir missing is not a job dir"), done.stdout
+    expected = f"--resume: --run-dir {tmp_path / 'missing'} is not a job dir"
+    assert done.returncode == 2 and done.stdout.startswith(expected), done.stdout
     assert "Traceback" not in done.stderr and not list(tmp_path.iterdir())
 
 
