@@ -62,6 +62,27 @@ def copy_matrices(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src)
 
 
+def member_baddbmm(bias: torch.Tensor, x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
+    """``torch.baddbmm(bias, x, weight_t)``: [P, 1, out] + [P, B, in] @ [P, in, out], computed by a
+    population of one as by a member of any larger one (``member_bmm``), its backward too."""
+    if x.shape[0] == 1 and weight_t.shape[-1] == 1:
+        two = (2, -1, -1)
+        return torch.baddbmm(bias.expand(two), x.expand(two), weight_t.expand(two))[:1]
+    return torch.baddbmm(bias, x, weight_t)
+
+
+def member_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``torch.bmm(a, b)``, [P, m, k] @ [P, k, 1] or [P, k, n]. A population of one times one column (a
+    value head) runs as two views of its member: torch multiplies a single matrix by a vector with
+    another kernel than a batch of them, whose sums round differently, and a member must compute alone
+    what it computes in any population. (A single row, m = 1, can round differently in populations of
+    different sizes in torch's kernels; rlexp's layers meet it only in a backward over one sample.)"""
+    if a.shape[0] == 1 and b.shape[2] == 1:
+        two = (2, -1, -1)
+        return torch.bmm(a.expand(two), b.expand(two))[:1]
+    return torch.bmm(a, b)
+
+
 class PopLinear(Component):
     """y = x W^T + b for each member: x [P, B, in] -> [P, B, out]."""
 
@@ -96,11 +117,11 @@ class PopLinear(Component):
         return {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.baddbmm(self.bias.unsqueeze(1), x, self.effective_weight().mT)
+        return member_baddbmm(self.bias.unsqueeze(1), x, self.effective_weight().mT)
 
     def forward_saved(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple]:
         """``forward`` without autograd, and what ``backward_to_grads`` needs (the input, the weight used)."""
-        return torch.baddbmm(self.bias.unsqueeze(1), x, self.weight.mT), (x, self.weight)
+        return member_baddbmm(self.bias.unsqueeze(1), x, self.weight.mT), (x, self.weight)
 
     def backward_to_grads(self, saved: tuple, grad: torch.Tensor, input_grad: bool = True) -> torch.Tensor | None:
         """As autograd runs baddbmm's backward: writes the parameters' gradients for the gradient ``grad``
@@ -108,8 +129,8 @@ class PopLinear(Component):
         x, weight = saved[:2]
         ensure_grads(self.weight, self.bias)
         torch.sum(grad, 1, out=self.bias.grad)
-        self._weight_grads(saved, torch.bmm(x.mT, grad).mT)  # [P, in, out] seen as [P, out, in], as autograd has it
-        return torch.bmm(grad, weight) if input_grad else None
+        self._weight_grads(saved, member_bmm(x.mT, grad).mT)  # [P, in, out] seen as [P, out, in], as autograd has it
+        return member_bmm(grad, weight) if input_grad else None
 
     def _weight_grads(self, saved: tuple, grad_weight: torch.Tensor) -> None:
         """Write the gradients that come from the one wrt the weight used, [P, out, in]."""
@@ -118,7 +139,7 @@ class PopLinear(Component):
     def fast_forward(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """``forward`` as one raw op on detached views of the parameters (no-grad acting)."""
         bias, weight_t = self.bias.detach().unsqueeze(1), self.weight.detach().mT  # [P, 1, out], [P, in, out]
-        return lambda x: torch.baddbmm(bias, x, weight_t)
+        return lambda x: member_baddbmm(bias, x, weight_t)
 
     def host_forward(self) -> HostForward | None:
         """x [P, B, in] -> [P, B, out] in numpy on views of the parameters."""
@@ -174,7 +195,7 @@ class PopWeightNormLinear(PopLinear):
     def forward_saved(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple]:
         """``forward`` without autograd, and what ``backward_to_grads`` needs (the norms and scales too)."""
         weight, norms, scale = self._scaled()
-        return torch.baddbmm(self.bias.unsqueeze(1), x, weight.mT), (x, weight, norms, scale)
+        return member_baddbmm(self.bias.unsqueeze(1), x, weight.mT), (x, weight, norms, scale)
 
     def _weight_grads(self, saved: tuple, grad_weight: torch.Tensor) -> None:
         """The gradients of v and g as autograd composes them through w = v * (g / sqrt(sum(v^2) + eps)):
@@ -238,18 +259,18 @@ class PopSpectralNormLinear(PopLinear):
         u, weight = self.u, self.weight.detach()
         for _ in range(iterations):
             v = self._right(weight, u)
-            u = F.normalize(torch.bmm(weight, v.unsqueeze(-1)).squeeze(-1), dim=-1, eps=self.EPS)  # [P, out]
+            u = F.normalize(member_bmm(weight, v.unsqueeze(-1)).squeeze(-1), dim=-1, eps=self.EPS)  # [P, out]
         self.u.copy_(u)
 
     def _right(self, weight: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """v = W^T u / ||W^T u||: [P, in]."""
-        return F.normalize(torch.bmm(u.unsqueeze(1), weight).squeeze(1), dim=-1, eps=self.EPS)
+        return F.normalize(member_bmm(u.unsqueeze(1), weight).squeeze(1), dim=-1, eps=self.EPS)
 
     def sigma(self) -> torch.Tensor:
         """u^T W v per member, [P], with the gradient through W."""
         u = self.u.clone()
         v = self._right(self.weight.detach(), u)
-        return (u * torch.bmm(self.weight, v.unsqueeze(-1)).squeeze(-1)).sum(-1)
+        return (u * member_bmm(self.weight, v.unsqueeze(-1)).squeeze(-1)).sum(-1)
 
     def effective_weight(self) -> torch.Tensor:
         if self.training:

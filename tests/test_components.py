@@ -152,6 +152,32 @@ def test_copy_matrices_copies_transposed_and_plain_sources(members, shape):
     assert torch.equal(flat[:, rows * cols :], torch.zeros(members, 16))
 
 
+@pytest.mark.parametrize("batch, n_in, n_out", [(128, 64, 1), (32, 256, 1), (10, 400, 1), (256, 3, 1), (128, 64, 64)])
+def test_a_population_of_one_computes_a_layer_as_a_member_of_three(batch, n_in, n_out):
+    """Forward, input and parameter gradients (autograd's and the written ones) and the acting forward of a
+    layer, a value head's (one output) among them: member 1 of three and the same member alone give the
+    same bits (torch alone would take its single-matrix kernel for a population of one, and round
+    otherwise)."""
+    g = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(3, n_out, n_in, generator=g), torch.randn(3, n_out, generator=g)
+    x, grad = torch.randn(3, batch, n_in, generator=g), torch.randn(3, batch, n_out, generator=g)
+
+    def run(members: slice) -> list[torch.Tensor]:
+        layer = PopLinear(members.stop - members.start, n_in, n_out)
+        with torch.no_grad():
+            layer.weight.copy_(weight[members]), layer.bias.copy_(bias[members])
+        inputs = x[members].clone().requires_grad_(True)
+        y = layer(inputs)
+        y.backward(grad[members])
+        saved = layer.forward_saved(x[members])[1]
+        layer.weight.grad, layer.bias.grad = None, None
+        written_input_grad = layer.backward_to_grads(saved, grad[members])
+        return [y, inputs.grad, layer.weight.grad, written_input_grad, layer.fast_forward()(x[members])]
+
+    for alone, in_three in zip(run(slice(1, 2)), run(slice(0, 3))):
+        assert torch.equal(alone[0], in_three[1])
+
+
 def test_pop_linear_gradient_is_per_member():
     torch.manual_seed(1)
     layer = PopLinear(2, 3, 4)

@@ -76,6 +76,24 @@ def test_dqn_members_differing_in_every_per_member_key_train_in_a_pack_as_alone(
     assert_packed_equals_alone(tmp_path, DQN, variants)
 
 
+@pytest.mark.parametrize("algo", ["sac", "ppo"])
+def test_a_population_of_one_trains_as_that_member_in_a_larger_one(tmp_path, algo):
+    """Seed 1 alone and as member 1 of seeds 0-2: the same records, bit for bit, with value heads of one
+    output (torch's single-matrix kernels round a matrix times a vector otherwise)."""
+    base = {
+        "sac": ["algo=sac", "env=pendulum", "total_steps=400", "algo.learning_starts=200", "algo.batch_size=64"],
+        "ppo": ["algo=ppo", "env=cartpole", "total_steps=512", "algo.num_steps=64"],
+    }[algo]
+    base += ["network.hidden=[32,32]", "logger.log_every=200", "logger.progress=off", "logger.mode=disabled"]
+    alone, three = tmp_path / "alone", tmp_path / "three"
+    run_population(compose_config([*base, "seed=1", "num_seeds=1"]), alone, prepare)
+    run_population(compose_config([*base, "seed=0", "num_seeds=3"]), three, prepare)
+    rows_alone, summary_alone = member_records(alone, 0)
+    rows_three, summary_three = member_records(three, 1)
+    assert rows_alone and rows_three == rows_alone
+    assert {**summary_three, "member": 0} == summary_alone
+
+
 def test_a_diverging_member_leaves_its_pack_mates_as_alone(tmp_path):
     variants = [["clipping=global_norm"], ["optimizer=sgd", "optimizer.lr=1e30"], ["init=xavier"]]
     jobs = assert_packed_equals_alone(tmp_path, DQN, variants)
