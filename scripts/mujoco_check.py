@@ -342,7 +342,8 @@ def main() -> int:
             print(pair_line(result), flush=True)
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        failed = [f.exception() for f in [pool.submit(execute, u) for u in todo] if f.exception() is not None]
+        futures = [pool.submit(execute, u) for u in todo]
+        failed = [err for err in (f.exception() for f in futures) if err is not None]
     report()
     print(f"wrote {args.out}")
     if failed:

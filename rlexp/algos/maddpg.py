@@ -106,7 +106,7 @@ class Agent:
         self.actor_names = parameter_names(self.actor, f"{self.name}.actor")
         self.critic_names = parameter_names(self.critic, f"{self.name}.critic")
 
-    def target_action(self, next_obs: torch.Tensor, delayed: bool = True) -> torch.Tensor:
+    def target_action(self, next_obs: torch.Tensor, delayed: bool) -> torch.Tensor:
         """a'_i on o'_i [P, B, obs_i] from the target actor (``delayed``) or the current one: one-hot
         argmax, or the squashed output."""
         out = (self.actor_target if delayed else self.actor)(next_obs[..., self.obs])
@@ -115,7 +115,7 @@ class Agent:
         return self.squash(out)
 
 
-def joint_target(agents: list[Agent], next_obs: torch.Tensor, delayed: bool = True) -> torch.Tensor:
+def joint_target(agents: list[Agent], next_obs: torch.Tensor, delayed: bool) -> torch.Tensor:
     """Every agent's target action (``delayed``: its target actor's, else its actor's), side by side
     [P, B, sum A] (no gradient)."""
     with torch.no_grad():
@@ -237,6 +237,7 @@ def train(ctx: RunContext) -> None:
         # act: uniform random actions until learning_starts, then every agent's policy sample
         x = torch.from_numpy(ctx.obs_norm(obs)).to(device)  # [P, E, D]
         actions, stored = [], []
+        sigma = noise_std(step, algo)  # continuous agents' exploration noise at this step
         with torch.no_grad():
             for agent in agents:
                 s = agent.space
@@ -252,7 +253,7 @@ def train(ctx: RunContext) -> None:
                     if step <= algo.learning_starts:
                         action = s.low + u * (s.high - s.low)
                     else:
-                        noise = normal(u, u.shape, torch.device("cpu")).numpy() * noise_std(step, algo)
+                        noise = normal(u, u.shape, torch.device("cpu")).numpy() * sigma
                         action = np.clip(greedy(agent, out).cpu().numpy() + noise * (s.high - s.low) / 2, s.low, s.high)
                     stored.append(action.astype(np.float32))
                 actions.append(action)
