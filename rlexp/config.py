@@ -560,6 +560,11 @@ class EnvConfig:
         None, "episode step limit (null = the env's own); pettingzoo: max_cycles; vmas: max_steps"
     )
     kwargs: dict[str, Any] = knob({}, "keyword arguments of gymnasium.make")
+    timeout_terminal: bool = knob(
+        False,
+        "an episode cut by the step limit ends terminated, not truncated: no bootstrap from its last "
+        "observation (TorchRL's VMAS wrapper does so; Pardo et al. 2018 on what it costs)",
+    )
     clip_reward: bool = knob(True, "atari (ALE/ ids): rewards clipped to their sign")
     episodic_life: bool = knob(True, "atari (ALE/ ids): a lost life ends the training episode (the game goes on)")
 

@@ -217,6 +217,16 @@ class EnvStep:
     valid: np.ndarray  # False where the step only reset the environment (NEXT_STEP autoreset)
 
 
+def episode_ends(
+    terminated: np.ndarray, truncated: np.ndarray, timeout_terminal: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """(terminated, truncated) [n] as the learner sees them: with ``timeout_terminal`` a truncation is a
+    termination (env.timeout_terminal)."""
+    if not timeout_terminal:
+        return terminated, truncated
+    return terminated | truncated, np.zeros_like(truncated)
+
+
 class CartPoles:
     """n gymnasium CartPoleEnv's physics stepped together: states [4, n] float64, one row per variable.
 
@@ -304,6 +314,7 @@ class PopulationEnv:
         together = n >= self.MIN_TOGETHER and CartPoles.fits(self.envs[0])
         self.cartpoles: CartPoles | None = CartPoles(self.envs) if together else None
         self.max_steps = time_limit(self.envs[0])  # stepping together truncates episodes by it
+        self.timeout_terminal = cfg.timeout_terminal
         self._done = np.zeros(n, dtype=bool)  # the env's last step ended an episode: its next step resets it
         self._ep_return = np.zeros(n)
         self._ep_length = np.zeros(n, dtype=np.int64)
@@ -363,6 +374,7 @@ class PopulationEnv:
             if term or trunc:
                 done[i] = True
                 self._finish_episode(i)
+        terminated, truncated = episode_ends(terminated, truncated, self.timeout_terminal)
         return EnvStep(
             self._shaped(obs.copy()),
             self._shaped(reward),
@@ -385,6 +397,7 @@ class PopulationEnv:
         np.logical_or(terminated, truncated, out=self._done)
         for i in np.flatnonzero(self._done):
             self._finish_episode(i)
+        terminated, truncated = episode_ends(terminated, truncated, self.timeout_terminal)
         return EnvStep(
             self._shaped(self._obs),
             self._shaped(reward),

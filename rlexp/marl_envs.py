@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from rlexp.config import ConfigError, EnvConfig
-from rlexp.envs import TRAINING, EnvStep, PopulationEnv, env_seeds
+from rlexp.envs import TRAINING, EnvStep, PopulationEnv, env_seeds, episode_ends
 
 APIS = ("gymnasium", "pettingzoo", "vmas")
 MARL_EXTRA = "pip install -e '.[marl]'"
@@ -133,6 +133,7 @@ class MultiAgentPopulationEnv:
         self.api = cfg.api
         self.members = len(member_seeds)
         self.num_envs = cfg.num_envs
+        self.timeout_terminal = cfg.timeout_terminal
         n = self.members * self.num_envs
         self.seeds = [s for m in member_seeds for s in env_seeds(m, cfg.num_envs, purpose)]
         if self.api == "pettingzoo":
@@ -274,6 +275,7 @@ class MultiAgentPopulationEnv:
                 k, j = divmod(int(i), self.num_envs)
                 parts = self._vmas_call(k, lambda k=k, j=j: self.envs[k].reset_at(j))
                 next_obs[i] = torch.cat([p[j] for p in parts], -1).numpy()
+        terminated, truncated = episode_ends(terminated, truncated, self.timeout_terminal)
         return MultiAgentStep(
             self._shaped(obs),
             self._shaped(agent_reward.sum(1)),

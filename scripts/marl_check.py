@@ -123,7 +123,9 @@ def rlexp_overrides(task: str, algo: str, bm: dict, frames: int) -> list[str]:
     )
     common = [
         f"algo={algo}", f"env=vmas_{task}", *scenario,
-        f"env.max_episode_steps={bm['task']['max_steps']}", f"algo.gamma={exp['gamma']}", f"optimizer.lr={exp['lr']}",
+        f"env.max_episode_steps={bm['task']['max_steps']}",
+        "env.timeout_terminal=true",  # TorchRL's VMAS wrapper marks the step limit terminated: no bootstrap
+        f"algo.gamma={exp['gamma']}", f"optimizer.lr={exp['lr']}",
         f"optimizer.eps={exp['adam_eps']}", *clip, f"network.hidden=[{','.join(map(str, model['num_cells']))}]",
         "activation=tanh", "init=default",
     ]  # fmt: skip

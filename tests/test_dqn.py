@@ -678,6 +678,25 @@ def test_population_env_steps_exactly_as_gymnasium_sync_vector_env(env_id, P, E,
     sync.close()
 
 
+@pytest.mark.parametrize("E", [1, 4], ids=["one_after_another", "together"])
+def test_timeout_terminal_turns_the_step_limit_into_a_termination(E):
+    """env.timeout_terminal: the same steps, with each truncation reported as a termination instead."""
+    runs = []
+    for terminal in (False, True):
+        env = PopulationEnv(
+            EnvConfig(id="CartPole-v1", num_envs=E, max_episode_steps=6, timeout_terminal=terminal), [5]
+        )
+        env.reset()
+        rng = np.random.default_rng(0)
+        runs.append([env.step(rng.integers(0, 2, (1, E))) for _ in range(40)])
+    for plain, terminal in zip(*runs):
+        np.testing.assert_array_equal(terminal.obs, plain.obs)
+        np.testing.assert_array_equal(terminal.valid, plain.valid)
+        np.testing.assert_array_equal(terminal.terminated, plain.terminated | plain.truncated)
+        assert not terminal.truncated.any()
+    assert sum(r.truncated.sum() for r in runs[0]) > 0
+
+
 def test_population_env_steps_cartpoles_together_only_when_it_is_the_same():
     """Together needs 4+ environments of gymnasium's own CartPole: not for fewer, not for another
     environment, not when rendered (the single environment's render call would be skipped)."""

@@ -76,6 +76,24 @@ def test_a_member_steps_as_it_would_alone(cfg):
     pair.close(), alone.close()
 
 
+@pytest.mark.parametrize("api, env_id", [("pettingzoo", "mpe2.simple_adversary_v3"), ("vmas", "balance")])
+def test_timeout_terminal_turns_the_step_limit_into_a_termination(api, env_id):
+    """env.timeout_terminal: the same steps, with each truncation reported as a termination instead."""
+    runs = []
+    for terminal in (False, True):
+        env = population_env(
+            EnvConfig(id=env_id, api=api, num_envs=2, max_episode_steps=4, timeout_terminal=terminal), [3]
+        )
+        env.reset()
+        rng = np.random.default_rng(0)
+        runs.append([env.step(random_actions(env, rng)) for _ in range(9)])
+        env.close()
+    for plain, terminal in zip(*runs):
+        assert np.array_equal(plain.next_obs, terminal.next_obs)
+        assert np.array_equal(terminal.terminated, plain.terminated | plain.truncated) and not terminal.truncated.any()
+    assert sum(r.truncated.sum() for r in runs[0]) == 4  # steps 4 and 8 of both environments were cut
+
+
 def test_simple_adversary_has_per_agent_spaces():
     env = population_env(EnvConfig(id="mpe2.simple_adversary_v3", api="pettingzoo"), [0])
     assert [(a.obs_dim, a.discrete, a.action_dim) for a in env.agents] == [(8, True, 5), (10, True, 5), (10, True, 5)]
