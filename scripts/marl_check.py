@@ -21,7 +21,8 @@ first for an even seed, BenchMARL first for an odd one; each trains on the algor
 ``--eval-every`` frames and at the end on ``--eval-episodes`` deterministic episodes. Returns are per
 agent: BenchMARL logs each episode's reward summed over steps and averaged over agents, rlexp the
 team's (summed over agents), divided here by the number of agents. The JSON holds both sides' final
-returns and evaluation curves, wall times (start-up included), the settings and the versions.
+returns and evaluation curves, P(an rlexp seed ends above a BenchMARL seed), wall times (start-up
+included), the settings and the versions.
 ``--sides rlexp`` (or ``benchmarl``) runs one side alone: BenchMARL's returns repeat exactly for a seed,
 so a change on rlexp's side can be measured against an earlier invocation's BenchMARL runs.
 """
@@ -213,8 +214,16 @@ def versions(python: str) -> dict[str, str]:
     return {"rlexp": ours, "benchmarl": theirs}
 
 
+def p_above(mine: list[float], theirs: list[float]) -> float:
+    """The probability that a seed of ``mine`` ends above a seed of ``theirs`` (ties count half): the
+    Mann-Whitney U over the pairs, as rliable's probability of improvement."""
+    pairs = [(a > b) + 0.5 * (a == b) for a in mine for b in theirs]
+    return sum(pairs) / len(pairs)
+
+
 def summarize(runs: list[dict]) -> list[dict]:
-    """Per (task, algorithm, side): every seed's final return per agent and wall time, and their medians."""
+    """Per (task, algorithm, side): every seed's final return per agent and wall time, and their medians;
+    rlexp's row, when BenchMARL's side ran too, also P(an rlexp seed ends above a BenchMARL seed)."""
     rows = []
     for key in dict.fromkeys((r["task"], r["algo"], r["side"]) for r in runs):
         mine = [r for r in runs if (r["task"], r["algo"], r["side"]) == key]
@@ -226,6 +235,10 @@ def summarize(runs: list[dict]) -> list[dict]:
             | {"first_eval": first, "median_first_eval": statistics.median(first)}
             | {"wall_s": walls, "median_wall_s": statistics.median(walls)}
         )
+    for row in rows:
+        other = [r for r in rows if (r["task"], r["algo"], r["side"]) == (row["task"], row["algo"], "benchmarl")]
+        if row["side"] == "rlexp" and other:
+            row["p_above_benchmarl"] = p_above(row["returns"], other[0]["returns"])
     return rows
 
 

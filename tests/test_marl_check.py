@@ -4,6 +4,7 @@ The comparison itself runs with ``python -m pytest -m slow tests/test_marl_check
 venv (``MARL_CHECK_BENCHMARL_PYTHON``, default the script's /work/venvs/benchmarl/bin/python).
 """
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -33,6 +34,24 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, key):
     assert done.returncode == 2
     assert done.stdout.strip().startswith(key) and len(done.stdout.strip().splitlines()) == 1
     assert "Traceback" not in done.stderr and not (tmp_path / "out.json").exists()
+
+
+def test_summary_gives_each_sides_medians_and_the_probability_of_rlexp_above():
+    spec = importlib.util.spec_from_file_location("marl_check", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    ours, theirs = [3.0, -1.0, 2.0], [2.0, 5.0, 0.0, 1.0]
+    runs = [
+        {"task": "balance", "algo": "maddpg", "side": side, "seed": k, "return_per_agent": v, "wall_s": 1.0 + k,
+         "curve": [(6000, v - 1)]}
+        for side, values in (("rlexp", ours), ("benchmarl", theirs))
+        for k, v in enumerate(values)
+    ]  # fmt: skip
+    mine, other = script.summarize(runs)
+    assert (mine["side"], mine["median_return"], other["median_return"]) == ("rlexp", 2.0, 1.5)
+    # pairs above: 3 > {2, 0, 1}; 2 > {0, 1} and 2 == 2 (half): (3 + 2.5) of 12
+    assert mine["p_above_benchmarl"] == 5.5 / 12 and "p_above_benchmarl" not in other
+    assert script.summarize(runs[:3])[0].keys() == other.keys()  # rlexp alone: no comparison
 
 
 @pytest.mark.slow  # one MAPPO batch per side on navigation (~30-60 s)
