@@ -66,8 +66,7 @@ def member_baddbmm(bias: torch.Tensor, x: torch.Tensor, weight_t: torch.Tensor) 
     """``torch.baddbmm(bias, x, weight_t)``: [P, 1, out] + [P, B, in] @ [P, in, out], computed by a
     population of one as by a member of any larger one (``member_bmm``), its backward too."""
     if x.shape[0] == 1 and weight_t.shape[-1] == 1:
-        two = (2, -1, -1)
-        return torch.baddbmm(bias.expand(two), x.expand(two), weight_t.expand(two))[:1]
+        return _as_two_members(torch.baddbmm, bias, x, weight_t)
     return torch.baddbmm(bias, x, weight_t)
 
 
@@ -78,9 +77,13 @@ def member_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     what it computes in any population. (A single row, m = 1, can round differently in populations of
     different sizes in torch's kernels; rlexp's layers meet it only in a backward over one sample.)"""
     if a.shape[0] == 1 and b.shape[2] == 1:
-        two = (2, -1, -1)
-        return torch.bmm(a.expand(two), b.expand(two))[:1]
+        return _as_two_members(torch.bmm, a, b)
     return torch.bmm(a, b)
+
+
+def _as_two_members(op: Callable[..., torch.Tensor], *members: torch.Tensor) -> torch.Tensor:
+    """``op`` on a population of one [1, ...] run as two expanded views of it; the first member's result."""
+    return op(*(t.expand(2, -1, -1) for t in members))[:1]
 
 
 class PopLinear(Component):

@@ -39,6 +39,10 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+import numpy as np
+
+from rlexp.report_stats import poi_fast
+
 AGENTS = {"navigation": 3, "balance": 4}  # as BenchMARL's task yaml sets them (VMAS's own: 4 and 3)
 BENCHMARL_PYTHON = "/work/venvs/benchmarl/bin/python"  # where this machine keeps it; --benchmarl-python
 BATCH = 6000  # BenchMARL's frames per batch (on- and off-policy): budgets and evaluations are multiples
@@ -214,13 +218,6 @@ def versions(python: str) -> dict[str, str]:
     return {"rlexp": ours, "benchmarl": theirs}
 
 
-def p_above(mine: list[float], theirs: list[float]) -> float:
-    """The probability that a seed of ``mine`` ends above a seed of ``theirs`` (ties count half): the
-    Mann-Whitney U over the pairs, as rliable's probability of improvement."""
-    pairs = [(a > b) + 0.5 * (a == b) for a in mine for b in theirs]
-    return sum(pairs) / len(pairs)
-
-
 def summarize(runs: list[dict]) -> list[dict]:
     """Per (task, algorithm, side): every seed's final return per agent and wall time, and their medians;
     rlexp's row, when BenchMARL's side ran too, also P(an rlexp seed ends above a BenchMARL seed)."""
@@ -238,7 +235,8 @@ def summarize(runs: list[dict]) -> list[dict]:
     for row in rows:
         other = [r for r in rows if (r["task"], r["algo"], r["side"]) == (row["task"], row["algo"], "benchmarl")]
         if row["side"] == "rlexp" and other:
-            row["p_above_benchmarl"] = p_above(row["returns"], other[0]["returns"])
+            mine, theirs = np.array(row["returns"])[:, None], np.array(other[0]["returns"])[:, None]  # [seeds, 1 task]
+            row["p_above_benchmarl"] = poi_fast(mine, theirs)  # ties count half: rliable's improvement
     return rows
 
 

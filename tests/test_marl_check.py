@@ -49,8 +49,8 @@ def test_summary_gives_each_sides_medians_and_the_probability_of_rlexp_above():
     ]  # fmt: skip
     mine, other = script.summarize(runs)
     assert (mine["side"], mine["median_return"], other["median_return"]) == ("rlexp", 2.0, 1.5)
-    # pairs above: 3 > {2, 0, 1}; 2 > {0, 1} and 2 == 2 (half): (3 + 2.5) of 12
-    assert mine["p_above_benchmarl"] == 5.5 / 12 and "p_above_benchmarl" not in other
+    # of 12 pairs, 5 above (3 > {2, 0, 1}, 2 > {0, 1}) and 1 tie (2 == 2), counted half
+    assert mine["p_above_benchmarl"] == 5 / 12 + 0.5 * (1 / 12) and "p_above_benchmarl" not in other
     assert script.summarize(runs[:3])[0].keys() == other.keys()  # rlexp alone: no comparison
 
 
