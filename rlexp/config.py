@@ -414,6 +414,11 @@ class AlgoConfig:
         "maddpg: the critics' target takes a' from the EMA target actor (false: from the current actor, no "
         "gradient, as TorchRL's DDPG loss without delay_actor, BenchMARL's MADDPG)",
     )
+    actor_first: bool = knob(
+        False,
+        "maddpg: each gradient step moves the actor against the critic as it was before that step's critic "
+        "update (TorchRL's DDPG loss, BenchMARL's MADDPG; false: after it, as the MADDPG paper's code)",
+    )
     # mappo
     share_parameters: bool = knob(
         True,

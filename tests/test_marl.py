@@ -311,6 +311,40 @@ def test_shared_maddpg_losses_are_the_direct_computation(env):
     ctx.env.close(), ctx.evaluator.close()
 
 
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "per_agent"])
+def test_actor_first_moves_the_actor_against_the_critic_before_its_step(tmp_path, monkeypatch, shared):
+    """One gradient step. Each critic's forward for its loss (its parameters trainable) is followed by
+    its forward for the actor's loss (frozen): with ``algo.actor_first`` the second sees the critic's
+    parameters unchanged, without it the parameters after the critic's step. The critics end the same
+    either way, the actors not."""
+    from rlexp.checkpoint import FILE
+    from rlexp.nets import PopMLP
+
+    calls, plain = [], PopMLP.forward
+
+    def forward(self, x, extra=None, **kw):
+        if extra is not None and torch.is_grad_enabled():  # a critic, for a loss (targets run without grad)
+            calls.append((next(self.parameters()).requires_grad, [p.detach().clone() for p in self.parameters()]))
+        return plain(self, x, extra, **kw)
+
+    monkeypatch.setattr(PopMLP, "forward", forward)
+    ends = {}
+    for first in (True, False):
+        calls.clear()
+        overrides = TINY + [f"algo.share_parameters={shared}", f"algo.actor_first={first}", "env=simple_spread"]
+        overrides += ["env.num_envs=1", "total_steps=40", "algo.learning_starts=39", "algo.train_frequency=1"]
+        overrides += ["algo.gradient_steps=1", "diagnostics.every=0", "checkpoint.every=40"]
+        run_job(compose_config(overrides), tmp_path / str(first))
+        assert [trainable for trainable, _ in calls] == [True, False] * (1 if shared else 3)
+        for (_, before), (_, seen) in zip(calls[::2], calls[1::2]):
+            assert all(torch.equal(a, b) for a, b in zip(before, seen)) == first
+        ends[first] = torch.load(tmp_path / str(first) / "seed_0" / FILE, weights_only=True)["state"]
+    critics = [k for k in ends[True] if ".critic/" in k]
+    actors = [k for k in ends[True] if ".actor/" in k]
+    assert critics and all(torch.equal(ends[True][k], ends[False][k]) for k in critics)
+    assert not all(torch.equal(ends[True][k], ends[False][k]) for k in actors)
+
+
 def test_maddpg_exploration_noise_falls_linearly_then_stays():
     """noise_std: exploration_noise at step 0, linear to exploration_noise_end at exploration_anneal_steps,
     then constant; constant without a decay; the end defaults to the start."""

@@ -21,6 +21,9 @@ argmax(logits + Gumbel noise) (a sample of softmax(logits)); a continuous one ad
 The actor update of agent i: its action from the replayed o_i is replaced, the others' stay as replayed:
     discrete:   a_i = Gumbel-softmax(logits, gumbel_temperature), straight-through one-hot when gumbel_hard
     actor loss_i = -mean Q_i(x, a_1..a_i..a_N) + policy_reg * mean logits^2   (the paper's 1e-3)
+The critic steps before the actor's loss is computed on the same minibatch (the MADDPG paper's code);
+``actor_first``: after the actor's step, so the actor's loss sees the critic before this step's
+update, as TorchRL's DDPG loss computes both from one forward (BenchMARL's MADDPG).
 Targets: theta' <- (1 - tau) theta' + tau theta (the actors' only with ``target_actor``). A truncated
 episode bootstraps, a terminated one not.
 
@@ -305,15 +308,9 @@ def train(ctx: RunContext) -> None:
                 critic_loss, q, target = shared_critic_loss(
                     net, batch, joint_actions, next_actions, rewards, algo.gamma
                 )
-                critic_update = update(
-                    net.critic_pipe,
-                    critic_loss,
-                    net.critic,
-                    "shared.critic",
-                    net.critic_names,
-                    batch.obs,
-                    joint_actions,
-                )
+                critic_step = (net.critic_pipe, critic_loss, net.critic, "shared.critic", net.critic_names)
+                if not algo.actor_first:
+                    critic_update = update(*critic_step, batch.obs, joint_actions)
                 net.critic.requires_grad_(False)  # the actor's loss moves the actor only
                 noises = [
                     gumbel(
@@ -326,6 +323,8 @@ def train(ctx: RunContext) -> None:
                 actor_update = update(
                     net.actor_pipe, actor_loss, net.actor, "shared.actor", net.actor_names, batch.obs[..., net.obs]
                 )
+                if algo.actor_first:  # the actor's loss saw the critic before this step's update
+                    critic_update = update(*critic_step, batch.obs, joint_actions)
                 intervene_actors[0](updates + 1, batch.obs[..., net.obs])
                 results = {"shared/actor_": actor_update, "shared/critic_": critic_update}
                 stats = q_stats("shared", q.detach(), target)
@@ -340,15 +339,10 @@ def train(ctx: RunContext) -> None:
                     agent.critic.train()
                     q = agent.critic(batch.obs, joint_actions).squeeze(-1)  # [P, B]
                     agent.critic.eval()
-                    critic_update = update(
-                        agent.critic_pipe,
-                        (q - target).square().mean(1),
-                        agent.critic,
-                        f"{agent.name}.critic",
-                        agent.critic_names,
-                        batch.obs,
-                        joint_actions,
-                    )
+                    critic_step = (agent.critic_pipe, (q - target).square().mean(1), agent.critic)
+                    critic_step += (f"{agent.name}.critic", agent.critic_names)
+                    if not algo.actor_first:
+                        critic_update = update(*critic_step, batch.obs, joint_actions)
 
                     agent.critic.requires_grad_(False)  # the actor's loss moves the actor only
                     agent.actor.train()
@@ -374,6 +368,8 @@ def train(ctx: RunContext) -> None:
                         agent.actor_names,
                         batch.obs[..., agent.obs],
                     )
+                    if algo.actor_first:
+                        critic_update = update(*critic_step, batch.obs, joint_actions)
                     intervene_actors[i](updates + 1, batch.obs[..., agent.obs])
                     results[f"{agent.name}/actor_"] = actor_update
                     results[f"{agent.name}/critic_"] = critic_update
