@@ -353,6 +353,7 @@ def sac_mujoco_overrides(steps: int) -> list[str]:
         "env=hopper",
         "activation=relu",
         "init=default",
+        "actor.last_layer_gain=null",  # the scheme's output layer, as SB3's
         "normalization=none",
         "clipping=none",
         "optimizer=adam",

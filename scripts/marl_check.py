@@ -133,6 +133,7 @@ def rlexp_overrides(task: str, algo: str, bm: dict, frames: int) -> list[str]:
         f"algo.gamma={exp['gamma']}", f"optimizer.lr={exp['lr']}",
         f"optimizer.eps={exp['adam_eps']}", *clip, f"network.hidden=[{','.join(map(str, model['num_cells']))}]",
         "activation=tanh", "init=default",
+        "actor.last_layer_gain=null",  # PyTorch's output layer, as TorchRL's MLP (rlexp's actor takes 0.01)
     ]  # fmt: skip
     if algo == "mappo":
         envs, batch = exp["on_policy_n_envs_per_worker"], exp["on_policy_collected_frames_per_batch"]
@@ -171,6 +172,7 @@ def rlexp_overrides(task: str, algo: str, bm: dict, frames: int) -> list[str]:
         f"algo.buffer_size={min(exp['off_policy_memory_size'], frames)}",  # neither side's replay fills up
         f"algo.tau={exp['polyak_tau']}",
         "algo.target_actor=false",  # TorchRL's DDPGLoss: a target critic (delay_value), no target actor
+        "algo.actor_first=true",  # ... and both losses from one forward: the actor's sees the critic before its step
         "algo.learning_starts=0",
         f"algo.exploration_noise={exp['exploration_eps_init']}",
         f"algo.exploration_noise_end={exp['exploration_eps_end']}",

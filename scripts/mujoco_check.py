@@ -98,13 +98,15 @@ def sb3_settings(algo: str, entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def rlexp_overrides(algo: str, env: str, s: dict[str, Any]) -> list[str]:
-    """rlexp's overrides for the same settings (ReLU, torch's default init, Adam, no clipping)."""
+    """rlexp's overrides for the same settings (ReLU, torch's default init, the actor's output layer
+    included, Adam, no clipping)."""
     hidden = ",".join(str(w) for w in s["net_arch"])
     overrides = [
         f"algo={algo}",
         f"env={env}",
         "activation=relu",
         "init=default",
+        "actor.last_layer_gain=null",  # the scheme's output layer, as SB3's (rlexp's actor takes 0.01 by default)
         "normalization=none",
         "clipping=none",
         "optimizer=adam",

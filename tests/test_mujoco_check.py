@@ -52,6 +52,40 @@ def test_an_earlier_invocations_records_are_kept_unless_resumed(tmp_path):
     assert not (tmp_path / "out.json").exists()
 
 
+@pytest.mark.parametrize("algo", ["td3", "sac"])
+def test_rlexp_side_starts_from_the_linear_init_sb3_uses(algo, monkeypatch):
+    """rlexp's side builds every layer as nn.Linear initializes SB3's: weights and biases from
+    U(+-1/sqrt(fan_in)), the actor's output layer included (rlexp's actor takes a 0.01 gain there
+    unless told). Each weight's largest |w| lies within its layer's bound and near it."""
+    import torch
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from rlexp.run import RunContext
+
+    spec = importlib.util.spec_from_file_location("mujoco_check", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "mujoco_check", script)  # its dataclasses look their module up
+    spec.loader.exec_module(script)
+    settings = dict(learning_rate=1e-3, net_arch=[64, 64], buffer_size=1000, batch_size=32, learning_starts=100)
+    settings |= dict(gamma=0.99, tau=0.005, train_freq=1, gradient_steps=1, noise_std=0.1, policy_delay=2)
+    settings |= dict(target_policy_noise=0.2, target_noise_clip=0.5)
+    overrides = script.rlexp_overrides(algo, "pendulum", settings) + ["logger.mode=disabled", "device=cpu"]
+    with initialize_config_dir(config_dir=str(SCRIPT.parents[1] / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    ctx = RunContext.create(OmegaConf.to_object(cfg), torch.device("cpu"))
+    obs, act = ctx.env.obs_dim, 1
+    nets = [ctx.make_net(obs, act * (2 if algo == "sac" else 1), role="actor")]
+    nets += [ctx.make_net(obs, 1, role="critic", extra_in=act) for _ in range(2)]
+    for net in nets:
+        layers = [(w, b) for w, b in zip(net.parameters(), list(net.parameters())[1:]) if w.dim() == 3]
+        assert len(layers) == 3
+        for w, b in layers:  # [P, out, in], [P, out]
+            bound = 1 / w.shape[-1] ** 0.5
+            assert 0.8 * bound < w.abs().max().item() <= bound and b.abs().max().item() <= bound
+    ctx.env.close(), ctx.evaluator.close()
+
+
 @pytest.mark.slow  # both sides, 300 steps of SAC on Hopper (~30 s)
 def test_one_invocation_runs_both_sides_and_resume_runs_only_what_is_missing(tmp_path):
     needs_zoo()
