@@ -22,8 +22,8 @@ The actor update of agent i: its action from the replayed o_i is replaced, the o
     discrete:   a_i = Gumbel-softmax(logits, gumbel_temperature), straight-through one-hot when gumbel_hard
     actor loss_i = -mean Q_i(x, a_1..a_i..a_N) + policy_reg * mean logits^2   (the paper's 1e-3)
 The critic steps before the actor's loss is computed on the same minibatch (the MADDPG paper's code);
-``actor_first``: after the actor's step, so the actor's loss sees the critic before this step's
-update, as TorchRL's DDPG loss computes both from one forward (BenchMARL's MADDPG).
+with ``actor_first`` the critic steps after the actor, whose loss then sees the critic before this
+step's update, as TorchRL's DDPG loss computes both from one forward (BenchMARL's MADDPG).
 Targets: theta' <- (1 - tau) theta' + tau theta (the actors' only with ``target_actor``). A truncated
 episode bootstraps, a terminated one not.
 
