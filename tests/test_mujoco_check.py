@@ -78,11 +78,10 @@ def test_rlexp_side_starts_from_the_linear_init_sb3_uses(algo, monkeypatch):
     nets = [ctx.make_net(obs, act * (2 if algo == "sac" else 1), role="actor")]
     nets += [ctx.make_net(obs, 1, role="critic", extra_in=act) for _ in range(2)]
     for net in nets:
-        layers = [(w, b) for w, b in zip(net.parameters(), list(net.parameters())[1:]) if w.dim() == 3]
-        assert len(layers) == 3
-        for w, b in layers:  # [P, out, in], [P, out]
-            bound = 1 / w.shape[-1] ** 0.5
-            assert 0.8 * bound < w.abs().max().item() <= bound and b.abs().max().item() <= bound
+        assert len(net.layers) == 3
+        for layer in net.layers:  # weight [P, out, in], bias [P, out]
+            bound = 1 / layer.weight.shape[-1] ** 0.5
+            assert 0.8 * bound < layer.weight.abs().max().item() <= bound and layer.bias.abs().max().item() <= bound
     ctx.env.close(), ctx.evaluator.close()
 
 

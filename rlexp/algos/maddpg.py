@@ -309,8 +309,9 @@ def train(ctx: RunContext) -> None:
                     net, batch, joint_actions, next_actions, rewards, algo.gamma
                 )
                 critic_step = (net.critic_pipe, critic_loss, net.critic, "shared.critic", net.critic_names)
+                critic_step += (batch.obs, joint_actions)
                 if not algo.actor_first:
-                    critic_update = update(*critic_step, batch.obs, joint_actions)
+                    critic_update = update(*critic_step)
                 net.critic.requires_grad_(False)  # the actor's loss moves the actor only
                 noises = [
                     gumbel(
@@ -324,7 +325,7 @@ def train(ctx: RunContext) -> None:
                     net.actor_pipe, actor_loss, net.actor, "shared.actor", net.actor_names, batch.obs[..., net.obs]
                 )
                 if algo.actor_first:  # the actor's loss saw the critic before this step's update
-                    critic_update = update(*critic_step, batch.obs, joint_actions)
+                    critic_update = update(*critic_step)
                 intervene_actors[0](updates + 1, batch.obs[..., net.obs])
                 results = {"shared/actor_": actor_update, "shared/critic_": critic_update}
                 stats = q_stats("shared", q.detach(), target)
@@ -339,10 +340,11 @@ def train(ctx: RunContext) -> None:
                     agent.critic.train()
                     q = agent.critic(batch.obs, joint_actions).squeeze(-1)  # [P, B]
                     agent.critic.eval()
-                    critic_step = (agent.critic_pipe, (q - target).square().mean(1), agent.critic)
-                    critic_step += (f"{agent.name}.critic", agent.critic_names)
+                    critic_loss = (q - target).square().mean(1)  # [P]
+                    critic_step = (agent.critic_pipe, critic_loss, agent.critic, f"{agent.name}.critic")
+                    critic_step += (agent.critic_names, batch.obs, joint_actions)
                     if not algo.actor_first:
-                        critic_update = update(*critic_step, batch.obs, joint_actions)
+                        critic_update = update(*critic_step)
 
                     agent.critic.requires_grad_(False)  # the actor's loss moves the actor only
                     agent.actor.train()
@@ -369,7 +371,7 @@ def train(ctx: RunContext) -> None:
                         batch.obs[..., agent.obs],
                     )
                     if algo.actor_first:
-                        critic_update = update(*critic_step, batch.obs, joint_actions)
+                        critic_update = update(*critic_step)
                     intervene_actors[i](updates + 1, batch.obs[..., agent.obs])
                     results[f"{agent.name}/actor_"] = actor_update
                     results[f"{agent.name}/critic_"] = critic_update
