@@ -3,13 +3,15 @@
     python scripts/mujoco_check.py --jobs 2                          # TD3, SAC x Hopper, HalfCheetah; 100k, 5 seeds
     python scripts/mujoco_check.py --jobs 2 --resume                 # go on after an interruption
     python scripts/mujoco_check.py --algos td3 --envs hopper --seeds 2 --steps 20000
+    python scripts/mujoco_check.py --algos td3 --first-seed 3 --seeds 2 --out outputs/mujoco_check_3.json  # seeds 3, 4
 
 Both sides take rl-baselines3-zoo's hyperparameters, read from the installed ``rl_zoo3`` package's
 hyperparams/<algo>.yml (its MuJoCo entries name the v4 tasks; the v5 tasks here are the same robots),
 over SB3's own defaults for what an entry leaves out. For each (algorithm, env), rlexp trains the
-seeds 0..N-1 as one population (one process, ``threads=1``), and SB3 trains each seed in a process
-of its own (one torch thread) as it ships; which side is queued first alternates from one pair to
-the next, and ``--jobs`` processes run at once (each side's processes share the machine alike).
+seeds S..S+N-1 (``--first-seed`` S, default 0; ``--seeds`` N) as one population (one process,
+``threads=1``; member k takes seed S + k), and SB3 trains each seed in a process of its own (one
+torch thread) as it ships; which side is queued first alternates from one pair to the next, and
+``--jobs`` processes run at once (each side's processes share the machine alike).
 Equal budget (``--steps`` env steps per seed, the zoo's ``learning_starts`` of uniform random
 actions included) and, per seed, a final evaluation of 10 deterministic episodes (rlexp: evaluation's
 own environments; SB3: ``evaluate_policy`` on an environment seeded 10000 + seed).
@@ -206,8 +208,9 @@ class Unit:
         return record
 
 
-def rlexp_command(overrides: list[str], seeds: int, steps: int) -> list[str]:
-    """rlexp's population of seeds 0..seeds-1 in one process on one thread (its run dir added when run)."""
+def rlexp_command(overrides: list[str], first_seed: int, seeds: int, steps: int) -> list[str]:
+    """rlexp's population of seeds first_seed..first_seed+seeds-1 (member k: seed first_seed + k) in one
+    process on one thread (its run dir added when run)."""
     return [
         sys.executable,
         "-m",
@@ -215,7 +218,7 @@ def rlexp_command(overrides: list[str], seeds: int, steps: int) -> list[str]:
         *overrides,
         f"total_steps={steps}",
         f"num_seeds={seeds}",
-        "seed=0",
+        f"seed={first_seed}",
         "threads=1",
         "eval.every=0",
         f"eval.episodes={EVAL_EPISODES}",
@@ -266,7 +269,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algos", nargs="+", choices=("td3", "sac"), default=["td3", "sac"])
     parser.add_argument("--envs", nargs="+", choices=sorted(ENVS), default=["hopper", "halfcheetah"])
-    parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 on both sides (default 5)")
+    parser.add_argument("--seeds", type=int, default=5, help="N: seeds S..S+N-1 on both sides (default 5)")
+    parser.add_argument("--first-seed", type=int, default=0, help="S, the first seed (default 0)")
     parser.add_argument("--steps", type=int, default=100_000, help="env steps per seed (default 100k)")
     parser.add_argument("--learning-starts", type=int, help="both sides' random steps (default: the zoo's, 10k)")
     parser.add_argument("--jobs", type=int, default=1, help="processes at once, one torch thread each (default 1)")
@@ -282,6 +286,9 @@ def main() -> int:
     for key in ("seeds", "steps", "jobs"):
         if getattr(args, key) < 1:
             refuse(f"--{key}: {getattr(args, key)} is below 1; give a value >= 1")
+    if args.first_seed < 0:
+        refuse(f"--first-seed: {args.first_seed} is negative; give a seed >= 0")
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
     work = args.out.resolve().with_suffix("")  # the processes' records and rlexp's job dirs
     if work.exists() and any(work.iterdir()) and not args.resume:
         refuse(f"--out: {work} holds an earlier invocation's records; add --resume to go on with it, or remove it")
@@ -299,12 +306,12 @@ def main() -> int:
                 "give more steps or a smaller --learning-starts"
             )
         name = f"{algo}_{env}"
-        command = rlexp_command(rlexp_overrides(algo, env, settings), args.seeds, args.steps)
+        command = rlexp_command(rlexp_overrides(algo, env, settings), args.first_seed, args.seeds, args.steps)
         mine = Unit(name, "rlexp", None, command, work / name / "rlexp.json")
         starts = settings["learning_starts"]
         theirs = [
             Unit(name, "sb3", k, sb3_command(algo, env_id, k, args.steps, starts), work / name / f"sb3_seed{k}.json")
-            for k in range(args.seeds)
+            for k in seeds
         ]
         order = ("rlexp", "sb3") if i % 2 == 0 else ("sb3", "rlexp")  # which side starts alternates
         pair_units = [mine, *theirs]
@@ -320,7 +327,7 @@ def main() -> int:
         results = {name: pair_result(*pair) for name, pair in pairs.items()}
         doc = {
             "steps": args.steps,
-            "seeds": args.seeds,
+            "seeds": list(seeds),
             "eval_episodes": EVAL_EPISODES,
             "jobs": args.jobs,
             "machine": {"cpus": os.cpu_count(), "load": list(os.getloadavg())},

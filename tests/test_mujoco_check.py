@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "mujoco_check.py"
-TINY = ["--algos", "sac", "--envs", "hopper", "--seeds", "1", "--steps", "300", "--learning-starts", "200"]
+TINY = ["--first-seed", "2", "--algos", "sac", "--envs", "hopper", "--seeds", "1"]
+TINY += ["--steps", "300", "--learning-starts", "200"]
 
 
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -33,7 +34,9 @@ def refused(done: subprocess.CompletedProcess, key: str) -> None:
     assert "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("args, key", [(["--seeds", "0"], "--seeds"), (["--jobs", "0"], "--jobs")])
+@pytest.mark.parametrize(
+    "args, key", [(["--seeds", "0"], "--seeds"), (["--jobs", "0"], "--jobs"), (["--first-seed", "-1"], "--first-seed")]
+)
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, key):
     refused(run(*args, "--out", "out.json", cwd=tmp_path), key)
     assert list(tmp_path.iterdir()) == []
@@ -96,12 +99,13 @@ def test_one_invocation_runs_both_sides_and_resume_runs_only_what_is_missing(tmp
     result = json.loads((tmp_path / "out.json").read_text())["results"][0]
     assert result["settings"]["learning_starts"] == 200 and "pending" not in result
     assert "total_steps=300" in result["rlexp"]["command"] and len(result["sb3"]["returns"]) == 1
+    assert "num_seeds=1 seed=2" in result["rlexp"]["command"] and " 2 300 200" in result["sb3"]["commands"][0]
     assert result["sb3"]["spread"] == [result["sb3"]["returns"][0]] * 2
     rlexp_record = (tmp_path / "out" / "sac_hopper" / "rlexp.json").read_text()
-    (tmp_path / "out" / "sac_hopper" / "sb3_seed0.json").unlink()  # as if stopped while SB3 ran
+    (tmp_path / "out" / "sac_hopper" / "sb3_seed2.json").unlink()  # as if stopped while SB3 ran
     again = run(*TINY, "--resume", "--out", "out.json", cwd=tmp_path)
     assert again.returncode == 0 and "1 of 2 processes to run" in again.stdout, again.stdout
-    assert "sac_hopper: sb3 seed 0 ..." in again.stdout and "rlexp ..." not in again.stdout
+    assert "sac_hopper: sb3 seed 2 ..." in again.stdout and "rlexp ..." not in again.stdout
     assert (tmp_path / "out" / "sac_hopper" / "rlexp.json").read_text() == rlexp_record
     assert json.loads((tmp_path / "out.json").read_text())["results"][0]["rlexp"] == result["rlexp"]
     changed = [*TINY[:-3], "400", *TINY[-2:]]  # --steps 400
