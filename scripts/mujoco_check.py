@@ -208,17 +208,17 @@ class Unit:
         return record
 
 
-def rlexp_command(overrides: list[str], first_seed: int, seeds: int, steps: int) -> list[str]:
-    """rlexp's population of seeds first_seed..first_seed+seeds-1 (member k: seed first_seed + k) in one
-    process on one thread (its run dir added when run)."""
+def rlexp_command(overrides: list[str], seeds: range, steps: int) -> list[str]:
+    """rlexp's population of ``seeds`` (member k: seed seeds.start + k) in one process on one thread
+    (its run dir added when run)."""
     return [
         sys.executable,
         "-m",
         "rlexp.train",
         *overrides,
         f"total_steps={steps}",
-        f"num_seeds={seeds}",
-        f"seed={first_seed}",
+        f"num_seeds={len(seeds)}",
+        f"seed={seeds.start}",
         "threads=1",
         "eval.every=0",
         f"eval.episodes={EVAL_EPISODES}",
@@ -283,11 +283,9 @@ def main() -> int:
         settings = sb3_settings(algo, zoo_entry(algo, env_id)) | {"learning_starts": int(starts)}
         print(json.dumps(sb3_train(algo, env_id, int(seed), int(steps), settings)))
         return 0
-    for key in ("seeds", "steps", "jobs"):
-        if getattr(args, key) < 1:
-            refuse(f"--{key}: {getattr(args, key)} is below 1; give a value >= 1")
-    if args.first_seed < 0:
-        refuse(f"--first-seed: {args.first_seed} is negative; give a seed >= 0")
+    for key, least in (("seeds", 1), ("steps", 1), ("jobs", 1), ("first_seed", 0)):
+        if getattr(args, key) < least:
+            refuse(f"--{key.replace('_', '-')}: {getattr(args, key)} is below {least}; give a value >= {least}")
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     work = args.out.resolve().with_suffix("")  # the processes' records and rlexp's job dirs
     if work.exists() and any(work.iterdir()) and not args.resume:
@@ -306,7 +304,7 @@ def main() -> int:
                 "give more steps or a smaller --learning-starts"
             )
         name = f"{algo}_{env}"
-        command = rlexp_command(rlexp_overrides(algo, env, settings), args.first_seed, args.seeds, args.steps)
+        command = rlexp_command(rlexp_overrides(algo, env, settings), seeds, args.steps)
         mine = Unit(name, "rlexp", None, command, work / name / "rlexp.json")
         starts = settings["learning_starts"]
         theirs = [
