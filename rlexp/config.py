@@ -381,6 +381,9 @@ class AlgoConfig:
         None, "maddpg: the noise std reached after exploration_anneal_steps, linearly (null = exploration_noise)"
     )
     exploration_anneal_steps: int = knob(0, "maddpg: env steps per member of the noise's decay (0 = constant noise)")
+    exploration_anneal_every: int = knob(
+        0, "maddpg: the decay moves once per this many env steps per member, as a collector's batch (0 = every step)"
+    )
     twin: bool = knob(True, "ddpg, td3: two critics, the target takes their minimum")
     policy_delay: int = knob(2, "ddpg, td3: actor and target updates every policy_delay critic updates")
     target_noise: float = knob(0.2, "ddpg, td3: target policy smoothing std (fraction of the half range); 0 = off")

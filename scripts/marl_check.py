@@ -158,7 +158,7 @@ def rlexp_overrides(task: str, algo: str, bm: dict, frames: int) -> list[str]:
             f"algo.shared_value={str(alg['share_param_critic']).lower()}",  # one value for every agent
         ]  # fmt: skip
     # MADDPG: BenchMARL's Gaussian noise sigma falls linearly from eps_init to eps_end over a third of the
-    # frames (stepped after each batch); rlexp's falls over the same frames, at every env step
+    # frames, stepped after each batch by the batch's frames; rlexp's the same (exploration_anneal_every)
     third = exp["exploration_anneal_frames"] or frames // 3
     assert alg["loss_function"] == "l2" and alg["delay_value"] and exp["off_policy_init_random_frames"] == 0
     # rlexp shares the actor and the critic together (one Q for every agent, as BenchMARL's shared critic)
@@ -177,6 +177,7 @@ def rlexp_overrides(task: str, algo: str, bm: dict, frames: int) -> list[str]:
         f"algo.exploration_noise={exp['exploration_eps_init']}",
         f"algo.exploration_noise_end={exp['exploration_eps_end']}",
         f"algo.exploration_anneal_steps={third}",
+        f"algo.exploration_anneal_every={exp['off_policy_collected_frames_per_batch']}",
     ]
 
 

@@ -175,6 +175,7 @@ OUT_OF_DOMAIN: dict[str, str] = {
     "algo.exploration_noise": "-0.1",
     "algo.exploration_noise_end": "-0.1",
     "algo.exploration_anneal_steps": "-1",
+    "algo.exploration_anneal_every": "-1",
     "algo.policy_delay": "0",
     "algo.target_noise": "-0.2",
     "algo.target_noise_clip": "-0.5",

@@ -347,15 +347,41 @@ def test_actor_first_moves_the_actor_against_the_critic_before_its_step(tmp_path
 
 def test_maddpg_exploration_noise_falls_linearly_then_stays():
     """noise_std: exploration_noise at step 0, linear to exploration_noise_end at exploration_anneal_steps,
-    then constant; constant without a decay; the end defaults to the start."""
+    then constant; in steps of exploration_anneal_every when set; constant without a decay; the end
+    defaults to the start."""
     from rlexp.algos.maddpg import noise_std
     from rlexp.config import MADDPGConfig
 
     algo = MADDPGConfig(name="maddpg", exploration_noise=0.8, exploration_noise_end=0.01, exploration_anneal_steps=40)
     for step, want in [(0, 0.8), (10, 0.8 - 0.79 / 4), (20, 0.8 - 0.79 / 2), (40, 0.01), (1000, 0.01)]:
         assert noise_std(step, algo) == pytest.approx(want, abs=1e-12), step
+    batched = MADDPGConfig(
+        name="maddpg",
+        exploration_noise=0.8,
+        exploration_noise_end=0.01,
+        exploration_anneal_steps=40,
+        exploration_anneal_every=20,
+    )  # stepped once per batch of 20: the value at the batch's first step holds through the batch
+    for step, want in [(0, 0.8), (19, 0.8), (20, 0.8 - 0.79 / 2), (39, 0.8 - 0.79 / 2), (40, 0.01), (95, 0.01)]:
+        assert noise_std(step, batched) == pytest.approx(want, abs=1e-12), step
     assert noise_std(30, MADDPGConfig(name="maddpg", exploration_noise=0.3)) == 0.3
     assert noise_std(30, MADDPGConfig(name="maddpg", exploration_noise=0.3, exploration_anneal_steps=10)) == 0.3
+
+
+@pytest.mark.parametrize("every", [0, 40])
+def test_maddpg_logs_the_noise_its_continuous_agents_act_with(tmp_path, every):
+    """train/exploration_noise at each log step is the std the last vector step acted with: the schedule
+    after the steps taken before it, held through each batch of exploration_anneal_every steps."""
+    schedule = dict(exploration_noise=0.8, exploration_noise_end=0.0, exploration_anneal_steps=80)
+    overrides = [f"algo.{k}={v}" for k, v in schedule.items()] + [f"algo.exploration_anneal_every={every}"]
+    run = ["env=vmas_navigation", "env.num_envs=2", "env.max_episode_steps=20", "total_steps=120"]
+    job = run_job(compose_config(TINY + run + overrides + ["algo.learning_starts=40", "logger.log_every=20"]), tmp_path)
+    assert job["counts"]["ok"] == 1
+    logged = {r["step"]: r["train/exploration_noise"] for r in read_metrics(tmp_path, 0)}
+    want = {20: 0.8, 40: 0.8, 60: 0.4, 80: 0.4, 100: 0.0, 120: 0.0} if every else {
+        s: 0.8 * (1 - (s - 2) / 80) if s - 2 < 80 else 0.0 for s in range(20, 121, 20)
+    }  # fmt: skip
+    assert logged == pytest.approx(want, abs=1e-12)
 
 
 def test_maddpg_sharing_refuses_agents_of_different_spaces():

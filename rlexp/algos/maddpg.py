@@ -13,7 +13,8 @@ Actions as the critics see them: a discrete agent's one-hot vector, a continuous
 its box (``center + half_range * tanh(net)``, TD3's squashing). Acting: a discrete agent samples
 argmax(logits + Gumbel noise) (a sample of softmax(logits)); a continuous one adds Gaussian noise
 (``exploration_noise`` x the half range, as TD3; annealed linearly to ``exploration_noise_end`` over
-``exploration_anneal_steps`` when set). The critic update of agent i (no gradient through y):
+``exploration_anneal_steps`` when set, at every step or, with ``exploration_anneal_every``, once per
+that many steps). The critic update of agent i (no gradient through y):
     a'_j = onehot(argmax mu'_j(o'_j)) (discrete) or mu'_j(o'_j) (continuous), for every agent j
            (``target_actor=false``: mu_j, the current actor, as BenchMARL's MADDPG)
     y_i  = r_i + gamma (1 - terminated) Q'_i(x', a'_1..a'_N)
@@ -155,11 +156,15 @@ def policy_actions(agent: Agent, out: torch.Tensor, noise: torch.Tensor, algo: M
 
 
 def noise_std(step: int, algo: MADDPGConfig) -> float:
-    """The exploration noise's std at env ``step`` (a fraction of the half range): ``exploration_noise``,
-    falling linearly to ``exploration_noise_end`` over ``exploration_anneal_steps``, then constant."""
+    """The exploration noise's std after ``step`` env steps per member (a fraction of the half range):
+    ``exploration_noise``, falling linearly to ``exploration_noise_end`` over ``exploration_anneal_steps``,
+    then constant; with ``exploration_anneal_every`` it moves only at that step's multiples (a collector
+    that steps the decay after each batch of that many, as TorchRL's AdditiveGaussianModule in BenchMARL)."""
     end = algo.exploration_noise if algo.exploration_noise_end is None else algo.exploration_noise_end
     if algo.exploration_anneal_steps <= 0:
         return algo.exploration_noise
+    if algo.exploration_anneal_every > 0:
+        step -= step % algo.exploration_anneal_every
     fraction = min(step / algo.exploration_anneal_steps, 1.0)
     return algo.exploration_noise + fraction * (end - algo.exploration_noise)
 
@@ -191,6 +196,7 @@ def train(ctx: RunContext) -> None:
     members, num_envs, spaces = env.members, env.num_envs, env.agents
     widths = [s.action_dim for s in spaces]
     joint_act = sum(widths)
+    continuous = not all(s.discrete for s in spaces)  # logs train/exploration_noise
     act_slices = [slice(a, b) for a, b in zip(np.cumsum([0, *widths])[:-1], np.cumsum(widths))]
     share = algo.share_parameters  # one actor and one critic (a single Q) for every agent
     first = Agent(ctx, 0, spaces[0], env.slices[0], env.obs_dim, joint_act, name="shared" if share else None)
@@ -240,7 +246,9 @@ def train(ctx: RunContext) -> None:
         # act: uniform random actions until learning_starts, then every agent's policy sample
         x = torch.from_numpy(ctx.obs_norm(obs)).to(device)  # [P, E, D]
         actions, stored = [], []
-        sigma = noise_std(step, algo)  # continuous agents' exploration noise at this step
+        sigma = noise_std(step - num_envs, algo)  # continuous agents' noise: the steps taken before this one
+        if continuous:
+            recorder.note(exploration_noise=sigma)
         with torch.no_grad():
             for agent in agents:
                 s = agent.space
