@@ -315,7 +315,7 @@ ALGO_DOMAINS: dict[str, Domain] = {
     "exploration_noise": NON_NEGATIVE,
     "exploration_noise_end": (lambda v: v is None or v >= 0, "a value >= 0 (or null for exploration_noise)"),
     "exploration_anneal_steps": (lambda v: v >= 0, "an integer >= 0 (0 = constant noise)"),
-    "exploration_anneal_every": (lambda v: v >= 0, "an integer >= 0 (0 = every env step)"),
+    "exploration_anneal_every": STEPS,
     "policy_delay": COUNT,
     "target_noise": (lambda v: v >= 0, "a value >= 0 (0 = off)"),
     "target_noise_clip": NON_NEGATIVE,
