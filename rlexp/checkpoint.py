@@ -9,13 +9,13 @@ for bit. A file holds tensors, numbers, strings, lists and dicts only:
 then a rename).
 
 Parts: ``env/`` (the training environments: CartPoles' arrays, each gymnasium environment's Python
-state and random generator, a PettingZoo environment's objects, a VMAS environment's tensors and
-random state, the episode bookkeeping), ``streams/`` and ``eval_streams/`` (the
-members' torch generators and their drawn pools), ``obs_norm/``, ``reward_norm/``, ``recorder/``
-(health, divergence records, the latest instruments, counters), ``torch_rng``, and what the
-algorithm hands over (``ctx.checkpoint_state``): ``<object>/...`` for its networks, pipelines
-(optimizer state) and, with ``checkpoint.replay``, its replay buffer; ``loop/<name>`` for its loop's
-variables.
+state and random generator (a MinAtar game's objects, sticky action and generator), a PettingZoo
+environment's objects, a VMAS environment's tensors and random state, the episode bookkeeping),
+``streams/`` and ``eval_streams/`` (the members' torch generators and their drawn pools),
+``obs_norm/``, ``reward_norm/``, ``recorder/`` (health, divergence records, the latest instruments,
+counters), ``torch_rng``, and what the algorithm hands over (``ctx.checkpoint_state``): ``<object>/...``
+for its networks, pipelines (optimizer state) and, with ``checkpoint.replay``, its replay buffer;
+``loop/<name>`` for its loop's variables.
 """
 
 from __future__ import annotations
@@ -150,8 +150,34 @@ def _load_stats(stats: RunningMeanStd, state: dict[str, Any]) -> None:
 
 
 def _exact(env: gym.Env) -> bool:
-    """True when the environment's whole state is Python attributes (gymnasium's classic control)."""
-    return type(env.unwrapped).__module__.startswith("gymnasium.envs.classic_control")
+    """True when the environment's whole state is Python attributes (gymnasium's classic control, MinAtar)."""
+    return type(env.unwrapped).__module__.startswith("gymnasium.envs.classic_control") or _minatar(env) is not None
+
+
+def _minatar(env: gym.Env) -> Any:
+    """The MinAtar ``Environment`` behind a gymnasium environment (its game, sticky action and generator), or None."""
+    game = getattr(env.unwrapped, "game", None)
+    return game if type(game).__module__ == "minatar.environment" else None
+
+
+def _minatar_state(game: Any) -> dict[str, Any]:
+    """A MinAtar game's state: its last (sticky) action, its generator (JSON) and the game's attributes
+    (ints, bools, arrays and lists of them; the generator the game shares with its wrapper aside)."""
+    name, keys, pos, has_gauss, cached = game.random.get_state()
+    return {
+        "last_action": game.last_action,
+        "random": json.dumps([name, keys.tolist(), pos, has_gauss, cached]),
+        "game": {key: value for key, value in vars(game.env).items() if key != "random"},
+    }
+
+
+def _load_minatar(game: Any, state: dict[str, Any]) -> None:
+    game.last_action = state["last_action"]
+    name, keys, pos, has_gauss, cached = json.loads(state["random"])
+    game.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    game.env.random = game.random  # one generator for the sticky actions and the game, as MinAtar's seed() sets it
+    for key, value in state["game"].items():
+        setattr(game.env, key, value.numpy().copy() if isinstance(value, torch.Tensor) else value)
 
 
 def _gym_state(env: gym.Env) -> dict[str, Any]:
@@ -169,6 +195,8 @@ def _gym_state(env: gym.Env) -> dict[str, Any]:
         layer, level = layer.env, level + 1
     generator = env.unwrapped._np_random
     state["np_random"] = None if generator is None else json.dumps(generator.bit_generator.state)
+    if (game := _minatar(env)) is not None:
+        state["minatar"] = _minatar_state(game)
     return state
 
 
@@ -180,6 +208,9 @@ def _load_gym(env: gym.Env, state: dict[str, Any]) -> None:
         if key == "np_random":
             if value is not None:
                 env.unwrapped.np_random.bit_generator.state = json.loads(value)
+            continue
+        if key == "minatar":
+            _load_minatar(_minatar(env), value)
             continue
         level, name = key.split(".", 1)
         if isinstance(value, torch.Tensor):

@@ -4,7 +4,8 @@ A job interrupted by ``debug.crash_at_step`` and resumed from its checkpoint (wi
 ends bitwise as the uninterrupted job: every metrics record (perf/ aside), every member summary
 (wall time aside) and every tensor of the final checkpoint, for DQN (a member diverged before the
 checkpoint, gymnasium's CartPole stepped one by one), PPO (a checkpoint inside a rollout, CartPoles
-stepped together, observation and reward normalization), TD3 (Pendulum), MADDPG and MAPPO on
+stepped together, observation and reward normalization), DQN on MinAtar Breakout (its game objects,
+sticky action and generator; a conv network; uint8 frames in the replay), TD3 (Pendulum), MADDPG and MAPPO on
 PettingZoo's simple_spread (checkpoints inside an episode; MAPPO's inside a rollout) and MADDPG on VMAS's
 navigation (inside an episode). A member's file alone
 loads as a population of one and evaluates as the member did in its population. Bad input: a
@@ -51,6 +52,18 @@ RUNS = {  # (overrides, crash step, checkpoint step continued from)
             "debug.inject.what=param",  # member 1 diverges at step 350, before the checkpoint at 400
             "debug.inject.member=1",
             "debug.inject.step=350",
+        ],
+        550,
+        400,
+    ),
+    # MinAtar's game objects, sticky action and generator; uint8 frames in the replay; a conv network
+    "dqn_minatar": (
+        [
+            "+experiment=minatar_dqn",
+            *DQN_EVAL,
+            "network.hidden=[16]",
+            "network.conv=[[4,3,1]]",
+            "algo.target_update_period=100",
         ],
         550,
         400,
@@ -253,6 +266,8 @@ def assert_same_job(done: Path, other: Path, members: int) -> None:
 @pytest.mark.parametrize("algo", sorted(RUNS))
 def test_an_interrupted_job_resumed_from_its_checkpoint_ends_bitwise_as_the_uninterrupted_one(algo, tmp_path):
     overrides, crash_at, saved_at = RUNS[algo]
+    if algo == "dqn_minatar":
+        pytest.importorskip("minatar", reason="pip install -e '.[minatar]'")
     run(overrides, tmp_path / "whole")
     job = tmp_path / "cut"
     crash(overrides, job, crash_at)
