@@ -56,7 +56,7 @@ from rlexp.nets import (
     soft_update_,
     weight_parameters,
 )
-from rlexp.optim import make_optimizer
+from rlexp.optim import _sqrt, make_optimizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -1252,6 +1252,47 @@ def test_optimizer_is_bitwise_its_torch_twin_and_follows_lr_changes(case):
         for key, value in ref.state[b].items():
             if key != "step":
                 assert torch.equal(getattr(opt, key)[i], value), key
+
+
+@pytest.mark.parametrize("centered", [False, True])
+def test_rmsprop_stays_bitwise_torch_as_its_averages_decay_to_subnormals_and_zero(centered):
+    """Units whose gradient stops: their running averages decay through the subnormal numbers to 0,
+    where the square root is lifted to the smallest normal one (``_sqrt``); the steps stay torch's."""
+    cfg = RMSpropConfig(name="rmsprop", lr=0.01, alpha=0.5, eps=1e-8, momentum=0.9, centered=centered)
+    gen = torch.Generator().manual_seed(2)
+    ours = [torch.nn.Parameter(torch.randn(2, 64, generator=gen))]
+    theirs = [torch.nn.Parameter(ours[0].detach().clone())]
+    opt = make_optimizer(ours, structured(RMSpropConfig, **vars(cfg)))
+    ref = torch.optim.RMSprop(theirs, lr=0.01, alpha=0.5, eps=1e-8, momentum=0.9, centered=centered, foreach=True)
+    tiny, seen_subnormal, seen_zero = torch.finfo(torch.float32).tiny, False, False
+    for step in range(200):
+        grad = torch.randn(2, 64, generator=gen)
+        grad[:, 32:] = 0.0 if step >= 5 else grad[:, 32:]  # half the units stop learning
+        grad[:, :8] = 0.25  # a constant gradient: centered, v - mean^2 rounds near 0
+        ours[0].grad, theirs[0].grad = grad.clone(), grad.clone()
+        opt.step()
+        ref.step()
+        v = opt.square_avg[0]
+        seen_subnormal |= bool(((v > 0) & (v < tiny)).any())
+        seen_zero |= bool((v[:, 32:] == 0).all())
+        assert torch.equal(ours[0], theirs[0]), step
+    assert seen_subnormal and seen_zero  # the averages went through both
+
+
+def test_sqrt_lifts_only_what_eps_absorbs():
+    """Zero and subnormal averages are lifted to the smallest normal number when eps absorbs its square
+    root; sqrt(v) + eps stays torch's bit for bit, NaN, infinity and a negative average included."""
+    tiny = torch.finfo(torch.float32).tiny
+    v = torch.tensor([-0.0, 0.0, 1e-40, 1e-45, tiny, 2.0, math.inf, math.nan])
+    negative = torch.tensor([0.0, 1e-40, -1e-30, 2.0])  # centered, rounded below 0: torch's NaN
+    for values in (v, negative):
+        for eps in (1e-8, 1e-11, 1e-13, 0.0):  # 1e-13, 0: too small to absorb sqrt(tiny)
+            got, want = _sqrt([values], eps)[0] + eps, values.sqrt() + eps
+            assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)), (values, eps)
+            assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(_sqrt([v], 1e-8)[0][:4], torch.full((4,), tiny).sqrt())  # lifted: -0, 0 and subnormals
+    assert torch.equal(_sqrt([v], 1e-13)[0][:4], v[:4].sqrt())  # too small an eps: torch's own
+    assert torch.equal(_sqrt([negative], 1e-8)[0][:2], negative[:2].sqrt())  # a negative: torch's own
 
 
 def test_no_optimizer_imports_torch_dynamo():
