@@ -136,13 +136,13 @@ def _sqrt(values: list[torch.Tensor], eps: float) -> list[torch.Tensor]:
     square root of zero or of a subnormal number (a unit's running average that decays once its
     gradient is 0) takes 10-50 times that of a normal one. Every v below the smallest normal number
     gives sqrt(v) + eps == eps when eps exceeds 4 sqrt(tiny) / (machine epsilon) (3.6e-12 in float32),
-    so on a CPU those are raised to it first: the same bits, at the cost of a normal square root. A
-    negative v (centered, rounded below 0) takes torch's own square root, whose NaN marks the member."""
+    so on a CPU those are raised to it first: the same bits, at the cost of a normal square root.
+    Values with a negative v (centered, rounded below 0) or a NaN take torch's own square root."""
     info = torch.finfo(values[0].dtype)
     if (
         values[0].device.type != "cpu"
         or not eps * info.eps / 4 > math.sqrt(info.tiny)
-        or min(float(v.amin()) for v in values) < 0  # NaN compares False: NaN stays NaN either way
+        or not all(float(v.amin()) >= 0 for v in values)  # a negative or a NaN anywhere: torch's own
     ):
         return torch._foreach_sqrt(values)
     lifted = torch._foreach_clamp_min(values, info.tiny)
