@@ -34,16 +34,52 @@ STABILITY_GROUPS = ("activation", "init", "normalization", "clipping", "optimize
 PRESETS = [p.stem for p in sorted((CONF / "experiment").glob("*.yaml"))]
 
 
-@pytest.mark.parametrize("group", STABILITY_GROUPS)
-@pytest.mark.parametrize("preset", PRESETS)
-def test_every_preset_composes_with_every_stability_option(preset, group):
-    """A preset sets keys of its groups; every option of those groups still composes and validates."""
-    register()
+def _compose(overrides: list[str]):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def _with_option(preset_cfg, probes, group: str, option: str):
+    """The preset composed with ``group=option``, built from composes of the preset with one option per schema:
+    an option yaml holds its schema and its name only, and a group's keys are the group's own (both tested here),
+    so two options of one schema compose to the same group but for the name."""
+    probe = next(p for p in probes if SCHEMAS[group][p[group].name] is SCHEMAS[group][option])
+    cfg = copy.deepcopy(preset_cfg)
+    cfg[group] = copy.deepcopy(probe[group])
+    cfg[group].name = option
+    return cfg
+
+
+def _probes(preset: str) -> list:
+    """The preset composed with the k-th schema's first option of every stability group at once, for each k."""
+    firsts = {g: list({SCHEMAS[g][o]: o for o in reversed(group_options(g))}.values())[::-1] for g in STABILITY_GROUPS}
+    depth = max(len(options) for options in firsts.values())
+    return [
+        _compose([f"+experiment={preset}", *(f"{g}={o[k]}" for g, o in firsts.items() if k < len(o))])
+        for k in range(depth)
+    ]
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_composes_with_every_stability_option(preset):
+    """A preset sets keys of its groups; every option of those groups still composes and validates."""
+    preset_cfg, probes = _compose([f"+experiment={preset}"]), _probes(preset)
+    for group in STABILITY_GROUPS:
         for option in group_options(group):
-            cfg = compose(config_name="config", overrides=[f"+experiment={preset}", f"{group}={option}"])
+            cfg = _with_option(preset_cfg, probes, group, option)
             assert cfg[group].name == option
             validate(cfg)
+
+
+def test_a_preset_with_an_option_is_built_as_hydra_composes_it():
+    """The construction above against Hydra itself, on the preset that writes keys of the most of these groups."""
+    preset = "seed_critic"
+    preset_cfg, probes = _compose([f"+experiment={preset}"]), _probes(preset)
+    for group in STABILITY_GROUPS:
+        for option in group_options(group):
+            built = _with_option(preset_cfg, probes, group, option)
+            composed = _compose([f"+experiment={preset}", f"{group}={option}"])
+            assert OmegaConf.to_container(built) == OmegaConf.to_container(composed), (group, option)
 
 
 @pytest.mark.parametrize("group", sorted(SCHEMAS))
@@ -74,7 +110,7 @@ def test_register_is_idempotent_and_stores_every_schema():
 def test_option_yamls_hold_no_value_their_schema_holds():
     """Each default is written once: an option yaml names its schema and option, nothing else
     (an algorithm's yaml also sets other groups' keys: its learning rate, its env count; an env's its api)."""
-    for group in ("clipping", "optimizer", "network", "divergence", "env", "algo"):
+    for group in (*STABILITY_GROUPS, "network", "divergence", "intervention", "env", "algo"):
         for option in group_options(group):
             raw = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{option}.yaml"))
             raw.pop("defaults")
