@@ -34,7 +34,7 @@ from omegaconf.errors import OmegaConfBaseException
 from rlexp.algos import ALGOS
 from rlexp.build import validate
 from rlexp.cells import cell_name, job_settings, swept_keys
-from rlexp.cli import check_command_line, job_overrides, needs_whole_check
+from rlexp.cli import ConfigCheck, check_command_line, job_overrides, needs_whole_check
 from rlexp.config import NON_CELL_KEYS, ConfigError, EnvConfig
 from rlexp.envs import check_env_id
 from rlexp.marl_envs import is_multi_agent
@@ -291,6 +291,9 @@ BAD_VALUES = {
         ["4", "[1, 3]", "3 linear layers"],
     ),
 }
+# the cases also run as the CLI, as processes: every case takes the same path (rlexp.cli.ConfigCheck, before
+# Hydra makes a dir), which the others' tests take in process
+BAD_VALUES_AS_PROCESSES = ("lr_negative", "env_id_typo", "batch_above_buffer")
 
 
 # ====================================================================== the runs that train
@@ -338,7 +341,7 @@ def runs(request, tmp_path_factory):
     pool = ThreadPoolExecutor(max_workers=2)
     bad = {}
     if "bad_runs" in wanted:
-        cases = {**{k: v[0] for k, v in HYDRA_REFUSALS.items()}, **{k: v[0] for k, v in BAD_VALUES.items()}}
+        cases = {k: v[0] for k, v in HYDRA_REFUSALS.items()} | {k: BAD_VALUES[k][0] for k in BAD_VALUES_AS_PROCESSES}
         for k, args in cases.items():
             tmp = base / "bad" / k
             dirs = [f"hydra.run.dir={tmp / 'run'}", f"hydra.sweep.dir={tmp / 'run'}"]
@@ -432,13 +435,13 @@ def partners(group: str, option: str, cfg: Any) -> list[str]:
 @pytest.mark.parametrize("group,option", ALL_OPTIONS, ids=[f"{g}={o}" for g, o in ALL_OPTIONS])
 def test_every_option_composes_and_validates(group, option):
     cfg = compose_config([f"{group}={option}"])
-    env_cfg = compose_config([f"{group}={option}", *partners(group, option, cfg)]).env
-    if not is_multi_agent(env_cfg):
+    if with_partners := partners(group, option, cfg):
+        cfg = compose_config([f"{group}={option}", *with_partners])
+    if not is_multi_agent(cfg.env):
         try:
-            check_env_id(env_cfg.id)  # registers an optional family's ids (MinAtar, ALE)
+            check_env_id(cfg.env.id)  # registers an optional family's ids (MinAtar, ALE)
         except ConfigError as err:
             pytest.skip(str(err))  # its extra is missing: the line names the install command
-    cfg = compose_config([f"{group}={option}", *partners(group, option, cfg)])
     node = cfg[group]
     if group == "env":
         assert OmegaConf.get_type(node) is EnvConfig
@@ -587,20 +590,31 @@ def test_command_line_check_passes_good_sweeps_and_leaves_hydras_options():
 
 
 @pytest.mark.parametrize("case", sorted(BAD_VALUES))
-def test_bad_value_is_one_line_naming_the_key(bad_runs, case):
+def test_bad_value_is_one_line_naming_the_key(case, capsys):
+    """As the CLI checks a single run's composed config: one line on stderr and exit code 2."""
     if case == "cuda_without_cuda" and torch.cuda.is_available():
         pytest.skip("CUDA is available here")
-    proc, run_dir = bad_runs[case]
-    _, key, words = BAD_VALUES[case]
-    assert proc.returncode != 0, describe(proc)
-    assert "Traceback" not in proc.stdout + proc.stderr, describe(proc)
-    lines = message_lines(proc)
-    assert len(lines) == 1, describe(proc)
-    line = lines[0]
-    assert line in proc.stderr.splitlines()
+    overrides, key, words = BAD_VALUES[case]
+    with pytest.raises(SystemExit) as exited:
+        ConfigCheck().on_run_start(compose_config(overrides))
+    assert exited.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1, (out, err)
+    line = err.splitlines()[0]
     assert line.startswith(f"config error: {key}: "), line
     for word in words:
         assert word in line, (word, line)
+
+
+@pytest.mark.parametrize("case", BAD_VALUES_AS_PROCESSES)
+def test_bad_value_ends_the_cli_with_its_line_and_writes_nothing(bad_runs, case):
+    proc, run_dir = bad_runs[case]
+    _, key, _ = BAD_VALUES[case]
+    assert proc.returncode == 2, describe(proc)
+    assert "Traceback" not in proc.stdout + proc.stderr, describe(proc)
+    lines = message_lines(proc)
+    assert len(lines) == 1 and lines[0] in proc.stderr.splitlines(), describe(proc)
+    assert lines[0].startswith(f"config error: {key}: "), lines[0]
     assert_no_training(run_dir)
 
 
