@@ -303,23 +303,24 @@ def wait_for(paths: Sequence[Path], proc: subprocess.Popen, timeout: float = 300
     while not all(p.exists() for p in paths):
         assert proc.poll() is None, f"the grid ended (exit {proc.returncode}) before {paths} appeared"
         assert time.monotonic() < deadline, f"{paths} did not appear within {timeout} s"
-        time.sleep(0.2)
+        time.sleep(0.02)
 
 
 def test_resume_after_a_kill_keeps_finished_jobs_and_completes_the_rest(tmp_path):
     sweep = tmp_path / "sweep"
-    # a budget whose second half takes about a second, so that the kill lands while job 1 runs (with
-    # SMALL's 600 steps job 1 could finish between its first record and the kill)
+    # a budget whose second half (3000 env steps of two members, learning) takes tenths of a second on a fast
+    # machine: the grid is stopped within a poll (20 ms) of job 1's first record, while job 1 runs
     budget = [
-        "total_steps=12000",
+        "total_steps=6000",
         "algo.learning_starts=200",
-        f"logger.log_every={12000 // ROWS}",
+        f"logger.log_every={6000 // ROWS}",
         "logger.progress=off",
     ]
     args = ["+experiment=stability_grid_small", *budget, "logger.mode=disabled", f"hydra.sweep.dir={sweep}"]
     first = Launch(args, tmp_path / "first")
-    try:  # kill the grid once job 0 is finished and job 1 has started writing
+    try:  # stop, then kill, the grid once job 0 is finished and job 1 has started writing
         wait_for([sweep / "0" / "summary.json", sweep / "1" / "seed_0" / "metrics.jsonl"], first.proc)
+        first.proc.send_signal(signal.SIGSTOP)
         finished = file_hashes(sweep / "0")
         first.proc.send_signal(signal.SIGKILL)
         first.proc.wait(timeout=60)
