@@ -33,6 +33,7 @@ from typing import Any, NoReturn
 
 import hydra
 import torch
+from hydra._internal.utils import get_args_parser
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException, ConfigCompositionException, OverrideParseException
@@ -45,7 +46,7 @@ from rlexp.cells import cell_name, is_cell_key, job_settings, parse_overrides, s
 from rlexp.cli import SweepSummary, check_command_line, end_of_run_lines, needs_whole_check
 from rlexp.config import ConfigError
 from rlexp.loggers import resolve_wandb_mode
-from rlexp.registry import CONF_DIR, register
+from rlexp.registry import CONF_DIR, help_text, register
 from rlexp.run import Algorithm
 from rlexp.runner import run_population
 
@@ -147,8 +148,13 @@ def cli() -> None:
     checked first (``rlexp.cli.check_command_line``); a single run's config, composed once by Hydra, is
     checked by ``rlexp.cli.ConfigCheck`` before Hydra makes its dir, and a mistake Hydra's composition
     refuses is named by ``check_command_line`` after it: a refusal is one line and exit code 2, no dir.
-    Any other error is reported as Hydra reports it (``HYDRA_FULL_ERROR=1``: in full)."""
+    Any other error is reported as Hydra reports it (``HYDRA_FULL_ERROR=1``: in full). ``--help`` prints
+    what Hydra's help template holds (``rlexp.registry.help_text``) without Hydra, which would first list
+    every config group, copying its config store for each (tens of seconds)."""
     argv = sys.argv[1:]
+    if get_args_parser().parse_args(argv).help:
+        print(help_text())
+        return
     if needs_whole_check(argv):
         refuse_or_pass(argv)
         try:
