@@ -20,7 +20,7 @@ import pytest
 import scipy.stats
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
+from composing import compose_config
 
 import rlexp.config  # noqa: F401  (registers the structured-config schemas with Hydra)
 from rlexp.algos.ppo import Actor, Minibatch, explained_variance, gae, masked_mean, ppo_losses
@@ -46,11 +46,6 @@ from rlexp.train import run_job
 torch.set_num_threads(1)
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 QUIET = ["logger.mode=disabled", "logger.progress=off", "device=cpu", "threads=1"]
-
-
-def compose_config(overrides: list[str]):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
 
 
 def pop_mlp(

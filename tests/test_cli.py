@@ -26,7 +26,7 @@ from typing import Any
 import gymnasium as gym
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from composing import compose_config
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -38,7 +38,7 @@ from rlexp.cli import ConfigCheck, check_command_line, job_overrides, needs_whol
 from rlexp.config import NON_CELL_KEYS, ConfigError, EnvConfig
 from rlexp.envs import check_env_id
 from rlexp.marl_envs import is_multi_agent
-from rlexp.registry import SCHEMAS, register
+from rlexp.registry import SCHEMAS
 from rlexp.wandb_files import read_records as read_wandb_records
 from rlexp.wandb_files import run_dirs
 
@@ -70,12 +70,6 @@ TIMEOUT = 600
 
 
 # ====================================================================== helpers
-def compose_config(overrides: Sequence[str] = ()):
-    register()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
-
-
 def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 

@@ -13,9 +13,8 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
+from composing import compose_config, compose_hydra
 from hydra.core.config_store import ConfigStore
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from rlexp.build import validate
@@ -34,11 +33,6 @@ STABILITY_GROUPS = ("activation", "init", "normalization", "clipping", "optimize
 PRESETS = [p.stem for p in sorted((CONF / "experiment").glob("*.yaml"))]
 
 
-def _compose(overrides: list[str]):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
-
-
 def _with_option(preset_cfg, probes, group: str, option: str):
     """The preset composed with ``group=option``, built from composes of the preset with one option per schema:
     an option yaml holds its schema and its name only, and a group's keys are the group's own (both tested here),
@@ -55,7 +49,7 @@ def _probes(preset: str) -> list:
     firsts = {g: list({SCHEMAS[g][o]: o for o in reversed(group_options(g))}.values())[::-1] for g in STABILITY_GROUPS}
     depth = max(len(options) for options in firsts.values())
     return [
-        _compose([f"+experiment={preset}", *(f"{g}={o[k]}" for g, o in firsts.items() if k < len(o))])
+        compose_hydra([f"+experiment={preset}", *(f"{g}={o[k]}" for g, o in firsts.items() if k < len(o))])
         for k in range(depth)
     ]
 
@@ -63,7 +57,7 @@ def _probes(preset: str) -> list:
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_composes_with_every_stability_option(preset):
     """A preset sets keys of its groups; every option of those groups still composes and validates."""
-    preset_cfg, probes = _compose([f"+experiment={preset}"]), _probes(preset)
+    preset_cfg, probes = compose_hydra([f"+experiment={preset}"]), _probes(preset)
     for group in STABILITY_GROUPS:
         for option in group_options(group):
             cfg = _with_option(preset_cfg, probes, group, option)
@@ -74,12 +68,42 @@ def test_every_preset_composes_with_every_stability_option(preset):
 def test_a_preset_with_an_option_is_built_as_hydra_composes_it():
     """The construction above against Hydra itself, on the preset that writes keys of the most of these groups."""
     preset = "seed_critic"
-    preset_cfg, probes = _compose([f"+experiment={preset}"]), _probes(preset)
+    preset_cfg, probes = compose_hydra([f"+experiment={preset}"]), _probes(preset)
     for group in STABILITY_GROUPS:
         for option in group_options(group):
             built = _with_option(preset_cfg, probes, group, option)
-            composed = _compose([f"+experiment={preset}", f"{group}={option}"])
+            composed = compose_hydra([f"+experiment={preset}", f"{group}={option}"])
             assert OmegaConf.to_container(built) == OmegaConf.to_container(composed), (group, option)
+
+
+COMPOSITIONS = [
+    [],
+    ["optimizer.lr=0.1", "num_seeds=3", "network.hidden=[8,8]"],
+    ["+experiment=nan_hunt", "total_steps=100", "optimizer=adam", "optimizer.lr=0.5"],
+    ["algo.tau=0.1", "algo=td3", "env=pendulum", "algo.tau=0.2", "+env.kwargs.g=9.0"],
+    ["hydra.run.dir=/tmp/run", "logger.mode=disabled", "hydra/launcher=rlexp_joblib", "algo.gamma=0.5"],
+    ["network={hidden:[4]}", "intervention=redo", "intervention.tau=0.5", "debug.crash_at_step=5"],
+    ["~debug.inject"],
+    ["optimizer.lrr=1"],
+    ["activation=rleu"],
+    ["total_steps=abc"],
+]
+
+
+@pytest.mark.parametrize("overrides", COMPOSITIONS, ids=[" ".join(o) or "defaults" for o in COMPOSITIONS])
+def test_the_tests_composition_is_hydras(overrides):
+    """tests/composing.py: the group choices composed once, the key overrides applied as Hydra applies them."""
+    try:
+        expected = compose_hydra(overrides)
+    except Exception as err:  # the same refusal, word for word
+        with pytest.raises(type(err)) as refused:
+            compose_config(overrides)
+        assert str(refused.value) == str(err) and str(refused.value.__cause__) == str(err.__cause__)
+        return
+    cfg = compose_config(overrides)
+    assert OmegaConf.to_container(cfg) == OmegaConf.to_container(expected)
+    assert OmegaConf.is_struct(cfg) and OmegaConf.get_type(cfg.algo) is OmegaConf.get_type(expected.algo)
+    assert compose_config(overrides) is not cfg  # each call its own config
 
 
 @pytest.mark.parametrize("group", sorted(SCHEMAS))
@@ -127,9 +151,7 @@ def test_the_top_level_config_holds_no_values():
 
 
 def test_non_cell_keys_are_hydras_exclusions():
-    register()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="config", return_hydra_config=True)
+    cfg = compose_hydra(return_hydra_config=True)
     assert list(cfg.hydra.job.config.override_dirname.exclude_keys) == list(NON_CELL_KEYS)
 
 
@@ -310,17 +332,12 @@ def test_the_out_of_domain_table_covers_every_numeric_key():
 
 
 def refused_keys(base: list[str], keys: list[str]) -> dict[str, str | None]:
-    """Compose once with ``base``; for each key, the key validate names once the key is set to its
-    out-of-domain value (parsed as Hydra parses a command-line override), or None when it is accepted."""
-    parser = OverridesParser.create()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        composed = compose(config_name="config", overrides=base)
+    """For each key, the key validate names once the key is set to its out-of-domain value on the command
+    line after ``base``, or None when it is accepted."""
     named: dict[str, str | None] = {}
     for key in keys:
-        cfg = copy.deepcopy(composed)
-        OmegaConf.update(cfg, key, parser.parse_override(f"{key}={OUT_OF_DOMAIN[key]}").value())
         try:
-            validate(cfg)
+            validate(compose_config([*base, f"{key}={OUT_OF_DOMAIN[key]}"]))
             named[key] = None
         except ConfigError as err:
             named[key] = err.key
@@ -345,19 +362,15 @@ def test_every_other_numeric_key_refuses_a_value_outside_its_domain():
 
 
 def test_threads_beyond_the_cores_names_the_largest_allowed():
-    register()
     cores = len(os.sched_getaffinity(0))
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        validate(compose(config_name="config", overrides=[f"threads={cores}"]))
-        cfg = compose(config_name="config", overrides=[f"threads={cores + 1}"])
+    validate(compose_config([f"threads={cores}"]))
+    cfg = compose_config([f"threads={cores + 1}"])
     with pytest.raises(ConfigError, match=rf"at most {cores}, the cores this process may use") as err:
         validate(cfg)
     assert err.value.key == "threads"
 
 
 def test_a_network_without_hidden_layers_is_refused():
-    register()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["network.hidden=[]"])
+    cfg = compose_config(["network.hidden=[]"])
     with pytest.raises(ConfigError, match="a network needs at least one hidden layer"):
         validate(cfg)

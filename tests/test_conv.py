@@ -13,6 +13,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from composing import compose_config
 from torch import nn
 
 from rlexp.config import (
@@ -367,7 +368,7 @@ def test_the_memory_check_counts_two_frames_a_row_for_stacked_frames():
     action | reward | terminated floats and the link per row, over buffer_size + 3 x num_envs + 1 rows."""
     from rlexp.build import memory_per_member
 
-    cfg = _compose(["+experiment=zoo_dqn_atari"])
+    cfg = compose_config(["+experiment=zoo_dqn_atari"])
     frame, rows = 84 * 84, cfg.algo.buffer_size + 3 * cfg.env.num_envs + 1
     shared, _ = memory_per_member(cfg, 4 * frame, 4, frames=True, stack=4)
     plain, _ = memory_per_member(cfg, 4 * frame, 4, frames=True)
@@ -402,7 +403,7 @@ def test_atari_dqn_keeps_each_frame_once_and_trains_as_with_the_plain_replay(tmp
                 mp.setattr(dqn, "FrameStackReplay", lambda m, c, o, d, stack, n: ReplayBuffer(m, c, o, d, frames=True))
             else:
                 mp.setattr(dqn, "FrameStackReplay", replay)
-            run_job(_compose(overrides + [f"hydra.run.dir={tmp_path / name}"]), tmp_path / name)
+            run_job(compose_config(overrides + [f"hydra.run.dir={tmp_path / name}"]), tmp_path / name)
         lines = [(tmp_path / name / f"seed_{k}" / "metrics.jsonl").read_text().splitlines() for k in range(2)]
         runs[name] = [
             [{k: v for k, v in json.loads(ln).items() if not k.startswith("perf/")} for ln in m] for m in lines
@@ -410,15 +411,6 @@ def test_atari_dqn_keeps_each_frame_once_and_trains_as_with_the_plain_replay(tmp
     assert len(made) == 1 and made[0].stack == 4 and made[0].count.tolist() == [120, 120]  # wrapped (64 rows)
     assert runs["shared"] == runs["plain"]
     assert runs["shared"][0][-1]["train/updates"] > 0 and runs["shared"][0] != runs["shared"][1]
-
-
-def _compose(overrides):
-    from hydra import compose, initialize_config_dir
-
-    from rlexp.registry import CONF_DIR
-
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
 
 
 TINY = ["logger.mode=disabled", "logger.progress=off", "device=cpu", "threads=1", "eval.episodes=1", "eval.every=0"]
@@ -431,12 +423,12 @@ def test_image_env_needs_a_convolutional_torso_and_the_reverse():
 
     pytest.importorskip("minatar", reason="pip install -e '.[minatar]'")
     with pytest.raises(ConfigError, match="network=mlp cannot read MinAtar/Breakout-v0's image") as err:
-        validate(_compose(TINY + ["env=minatar_breakout"]))
+        validate(compose_config(TINY + ["env=minatar_breakout"]))
     assert err.value.key == "network"
     with pytest.raises(ConfigError, match=r"network=cnn needs image observations \[C, H, W\]"):
-        validate(_compose(TINY + ["network=cnn"]))
+        validate(compose_config(TINY + ["network=cnn"]))
     with pytest.raises(ConfigError, match="does not fit the 1x1 map") as err:
-        validate(_compose(TINY + ["env=minatar_breakout", "network=nature_cnn"]))
+        validate(compose_config(TINY + ["env=minatar_breakout", "network=nature_cnn"]))
     assert err.value.key == "network.conv[1]"
 
 
@@ -451,7 +443,7 @@ def test_missing_extra_names_its_install_command(monkeypatch, module, env, extra
     if module == "minatar":
         monkeypatch.setitem(sys.modules, "minatar.gym", None)
     with pytest.raises(ConfigError, match=re.escape(f"pip install -e '.[{extra}]'")) as err:
-        validate(_compose(TINY + [f"env={env}", "network=cnn"]))
+        validate(compose_config(TINY + [f"env={env}", "network=cnn"]))
     assert err.value.key == "env.id"
 
 
@@ -477,7 +469,7 @@ def test_dqn_smoke_per_image_family(tmp_path, monkeypatch, family):
         overrides = ["env=atari_pong", "network=nature_cnn", "total_steps=60", "algo.learning_starts=30"]
         overrides += ["algo.buffer_size=100", "algo.batch_size=4", "env.max_episode_steps=100", "normalization=batch"]
     overrides += ["diagnostics.every=5", "intervention=redo", "intervention.every=10", "logger.log_every=50"]
-    job = run_job(_compose(TINY + overrides), tmp_path)
+    job = run_job(compose_config(TINY + overrides), tmp_path)
     assert job["status"] == "ok"
     metrics = (tmp_path / "seed_0" / "metrics.jsonl").read_text()
     assert "dormant/q.0" in metrics and "srank/q.0" in metrics

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from composing import compose_config
 
 import rlexp.config  # noqa: F401  (registers the structured-config schemas with Hydra)
 from rlexp.activations import ACTIVATIONS
@@ -762,13 +763,6 @@ def test_population_env_reset_starts_episode_bookkeeping_afresh():
 
 
 # ---------------------------------------------------------------- the training loop's storage
-def _compose(overrides):
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
-
-
 # evaluation off: these runs record every step of the (training) environments
 TINY = [
     "logger.mode=disabled",
@@ -828,7 +822,7 @@ def recorded_dqn_run(tmp_path_factory):
     try:
         mp.setattr(dqn_module, "ReplayBuffer", RecordingBuffer)
         envrec = _EnvRecorder(mp)
-        cfg = _compose(
+        cfg = compose_config(
             TINY
             + [
                 "total_steps=400",
@@ -1061,7 +1055,7 @@ def _read_metrics(path: Path):
 def test_tiny_training_run_writes_the_output_contract(tmp_path, monkeypatch):
     envrec = _EnvRecorder(monkeypatch)
     total, starts, freq, gsteps, log_every = 600, 200, 50, 4, 100
-    cfg = _compose(
+    cfg = compose_config(
         TINY
         + [
             f"total_steps={total}",
@@ -1125,7 +1119,7 @@ def test_tiny_training_run_writes_the_output_contract(tmp_path, monkeypatch):
 
 def test_a_divergence_is_a_result(tmp_path):
     total, starts, freq, log_every = 600, 200, 50, 100
-    cfg = _compose(
+    cfg = compose_config(
         TINY
         + [
             f"total_steps={total}",
@@ -1167,7 +1161,9 @@ def test_threads_minus_one_picks_one_thread_per_8_members_within_the_cores(membe
     assert population_threads(members) == expected
     try:
         job = run_job(
-            _compose(TINY[:-1] + ["threads=-1", f"num_seeds={members}", "total_steps=40", "algo.learning_starts=20"]),
+            compose_config(
+                TINY[:-1] + ["threads=-1", f"num_seeds={members}", "total_steps=40", "algo.learning_starts=20"]
+            ),
             tmp_path,
         )
         assert job["threads"] == expected == torch.get_num_threads()
@@ -1206,7 +1202,7 @@ def test_training_writes_gradients_without_autograd_only_where_exact(tmp_path, m
     calls = []
     real = PopMLP.backward_to_grads
     monkeypatch.setattr(PopMLP, "backward_to_grads", lambda self, *a: calls.append(1) or real(self, *a))
-    cfg = _compose(
+    cfg = compose_config(
         TINY
         + overrides
         + [

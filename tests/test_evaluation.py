@@ -17,7 +17,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from composing import compose_config
 from omegaconf import OmegaConf
 from rich.console import Console
 
@@ -34,11 +34,6 @@ from rlexp.train import run_job
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 QUIET = ["logger.mode=disabled", "logger.progress=off", "device=cpu", "threads=1"]
-
-
-def compose_config(overrides: list[str]):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
 
 
 def evaluator(seed: int, members: int, episodes: int, epsilon: float = 0.0) -> Evaluator:

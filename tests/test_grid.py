@@ -22,14 +22,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
+from composing import compose_hydra
 from omegaconf import OmegaConf
 from test_cli import CONF, Launch, compose_config, describe, message_lines, read_jsonl, read_wandb_run, run_cli
 
 from rlexp.config import ConfigError
 from rlexp.jobs import config_difference, move_aside, start_job, write_json
 from rlexp.loggers import _fit as fit_wandb  # W&B group names: the cell, cut to 128 characters
-from rlexp.registry import register
 
 BUDGET = ["total_steps=600", "algo.learning_starts=200", "logger.log_every=300", "logger.progress=off"]
 SMALL = ["+experiment=stability_grid_small", *BUDGET]
@@ -50,12 +49,6 @@ RAY_INSTALLED = importlib.util.find_spec("hydra_plugins.hydra_ray_launcher") is 
 
 
 # ====================================================================== helpers
-def compose_hydra(overrides: Sequence[str]):
-    register()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
-
-
 def job_dirs(sweep: Path) -> list[Path]:
     return sorted((p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
 
@@ -113,7 +106,7 @@ def choices_of(job: dict) -> tuple:
 
 # ====================================================================== presets compose
 def test_stability_grid_preset_is_the_canonical_grid():
-    cfg = compose_hydra(["+experiment=stability_grid"])
+    cfg = compose_hydra(["+experiment=stability_grid"], return_hydra_config=True)
     assert cfg.hydra.mode.name == "MULTIRUN"
     assert cfg.hydra.sweep.dir == "outputs/grids/stability_grid"
     params = {k: str(v).split(",") for k, v in cfg.hydra.sweeper.params.items()}
@@ -125,7 +118,7 @@ def test_stability_grid_preset_is_the_canonical_grid():
 
 
 def test_small_grid_preset_is_a_few_cells_with_a_tiny_budget():
-    cfg = compose_hydra(["+experiment=stability_grid_small"])
+    cfg = compose_hydra(["+experiment=stability_grid_small"], return_hydra_config=True)
     assert cfg.hydra.mode.name == "MULTIRUN"
     assert cfg.hydra.sweep.dir == "outputs/grids/stability_grid_small"
     params = {k: str(v).split(",") for k, v in cfg.hydra.sweeper.params.items()}
@@ -134,7 +127,7 @@ def test_small_grid_preset_is_a_few_cells_with_a_tiny_budget():
 
 
 def test_resume_does_not_change_the_cell():
-    cfg = compose_hydra(["resume=true"])
+    cfg = compose_hydra(["resume=true"], return_hydra_config=True)
     assert cfg.resume is True
     assert "resume" in cfg.hydra.job.config.override_dirname.exclude_keys
 
@@ -158,7 +151,9 @@ def test_resume_does_not_change_the_cell():
     ],
 )
 def test_launcher_preset_composes_on_the_plugin(preset, target, keys):
-    launcher = compose_hydra(["+experiment=stability_grid", f"hydra/launcher={preset}"]).hydra.launcher
+    launcher = compose_hydra(
+        ["+experiment=stability_grid", f"hydra/launcher={preset}"], return_hydra_config=True
+    ).hydra.launcher
     assert launcher._target_.endswith(f".{target}")
     assert {k: launcher[k] for k in keys} == keys
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
+from composing import compose_config
 
 import rlexp.config  # noqa: F401  (registers the structured-config schemas with Hydra before compose)
 from rlexp.algos import dqn
@@ -582,11 +582,6 @@ BASE = [
     "logger.progress=off",
     f"logger.log_every={LOG_EVERY}",
 ]
-
-
-def compose_config(overrides: Sequence[str]):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
 
 
 def read_metrics(out: Path, k: int) -> list[dict]:

@@ -8,12 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from torch.nn import functional as F
 
 pytest.importorskip("pettingzoo", reason="pip install -e '.[marl]'")
 pytest.importorskip("mpe2", reason="pip install -e '.[marl]'")
 pytest.importorskip("vmas", reason="pip install -e '.[marl]'")
+
+from composing import compose_config
 
 from rlexp import marl_envs  # noqa: E402
 from rlexp.algos.maddpg import Agent, critic_target, gumbel_softmax, joint_target  # noqa: E402
@@ -27,11 +28,6 @@ from rlexp.train import run_job  # noqa: E402
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 QUIET = ["logger.mode=disabled", "logger.progress=off", "device=cpu", "threads=1"]
 TINY = ["algo=maddpg", "network.hidden=[16,16]", "algo.batch_size=32", "eval.episodes=1", "eval.every=0", *QUIET]
-
-
-def compose_config(overrides: list[str]):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
 
 
 def read_metrics(out: Path, k: int) -> list[dict]:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from composing import compose_config
 from hydra import compose, initialize_config_dir
 
 import rlexp.config  # noqa: F401  (registers the structured-config schemas with Hydra)
@@ -33,11 +34,6 @@ torch.set_num_threads(1)
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 QUIET = ["logger.mode=disabled", "logger.progress=off", "device=cpu", "threads=1"]
 OBS, ACTIONS, STATE = 3, 2, 5
-
-
-def compose_config(overrides: list[str]):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
 
 
 def model(members: int = 2, seed: int = 0) -> Model:

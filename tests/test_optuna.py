@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from composing import compose_hydra
 from test_cli import CONF, compose_config, describe, run_cli
-from test_grid import compose_hydra, file_hashes
+from test_grid import file_hashes
 
 from hydra_plugins.rlexp_optuna_sweeper import optuna_sweeper
 from hydra_plugins.rlexp_optuna_sweeper.optuna_sweeper import RlexpOptunaSweeper, trial_outcome
@@ -125,7 +126,7 @@ def test_each_job_is_reported_to_its_running_trial(tmp_path):
 
 # ====================================================================== the preset
 def test_preset_searches_per_member_keys_so_a_batch_is_one_pack(tmp_path):
-    cfg = compose_hydra(["+experiment=optuna_dqn", f"hydra.sweep.dir={tmp_path}"])
+    cfg = compose_hydra(["+experiment=optuna_dqn", f"hydra.sweep.dir={tmp_path}"], return_hydra_config=True)
     sweeper = cfg.hydra.sweeper
     assert sweeper._target_.endswith("rlexp_optuna_sweeper.optuna_sweeper.RlexpOptunaSweeper")
     assert (sweeper.direction, sweeper.study_name, sweeper.objective) == ("maximize", "optuna_dqn", "iqm")
@@ -172,7 +173,8 @@ def test_without_optuna_the_sweeper_names_the_extra(monkeypatch, capsys):
         monkeypatch.setitem(sys.modules, name, None)  # importing it raises ImportError
     try:
         assert importlib.reload(config).node == {"_target_": config.TARGET}
-        assert compose_hydra(["+experiment=optuna_dqn"]).hydra.sweeper.sampler.seed == 0  # the preset composes
+        preset = compose_hydra(["+experiment=optuna_dqn"], return_hydra_config=True)
+        assert preset.hydra.sweeper.sampler.seed == 0  # the preset composes
         with pytest.raises(SystemExit) as stop:
             RlexpOptunaSweeper(objective="iqm", n_trials=2)
     finally:

@@ -9,11 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
+from composing import compose_config
 from omegaconf import OmegaConf
 
 from rlexp.build import validate
-from rlexp.registry import register
 from rlexp.train import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,12 +34,6 @@ EXPECTED = {
     "lr_1e-3": {"optimizer.lr": 1e-3},
     "layer_norm": {"normalization.name": "layer", "normalization.eps": 1e-5},
 }
-
-
-def compose_config(overrides):
-    register()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
 
 
 def flat(cfg) -> dict:
