@@ -44,9 +44,16 @@ def _with_option(preset_cfg, probes, group: str, option: str):
     return cfg
 
 
+def _first_option_of_each_schema(group: str) -> list[str]:
+    firsts: dict[type, str] = {}
+    for option in group_options(group):
+        firsts.setdefault(SCHEMAS[group][option], option)
+    return list(firsts.values())
+
+
 def _probes(preset: str) -> list:
     """The preset composed with the k-th schema's first option of every stability group at once, for each k."""
-    firsts = {g: list({SCHEMAS[g][o]: o for o in reversed(group_options(g))}.values())[::-1] for g in STABILITY_GROUPS}
+    firsts = {g: _first_option_of_each_schema(g) for g in STABILITY_GROUPS}
     depth = max(len(options) for options in firsts.values())
     return [
         compose_hydra([f"+experiment={preset}", *(f"{g}={o[k]}" for g, o in firsts.items() if k < len(o))])
