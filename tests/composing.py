@@ -43,7 +43,8 @@ def _composed(choices: tuple[str, ...], hydra: bool) -> DictConfig:
 
 
 def _is_choice(override: Override) -> bool:
-    """A group choice, as Hydra tells it (hydra/_internal/defaults_list.py): its key is a config group."""
+    """A group choice, as Hydra tells one (hydra/_internal/defaults_list.py): its key is a config group (a dir
+    of conf/ or one of Hydra's own), its value not a dict."""
     group = override.key_or_group
     return not isinstance(override.value(), dict) and ((CONF / group).is_dir() or group.startswith("hydra/"))
 
