@@ -25,6 +25,10 @@ returns and evaluation curves, P(an rlexp seed ends above a BenchMARL seed), wal
 included), the settings and the versions.
 ``--sides rlexp`` (or ``benchmarl``) runs one side alone: BenchMARL's returns repeat exactly for a seed,
 so a change on rlexp's side can be measured against an earlier invocation's BenchMARL runs.
+``--critic-layer-norm`` puts a LayerNorm after each hidden linear layer of the critic, before its
+activation, on both sides (rlexp's ``critic.normalization=layer``; BenchMARL's critic MLP with
+``norm_class=LayerNorm``). ``--rlexp-overrides`` appends Hydra overrides to rlexp's side alone, after
+the matched settings; they are checked before any run and recorded with the others.
 """
 
 from __future__ import annotations
@@ -41,6 +45,9 @@ from pathlib import Path
 
 import numpy as np
 
+from rlexp.cli import check_command_line
+from rlexp.config import ConfigError
+from rlexp.registry import CONF_DIR
 from rlexp.report_stats import poi_fast
 
 AGENTS = {"navigation": 3, "balance": 4}  # as BenchMARL's task yaml sets them (VMAS's own: 4 and 3)
@@ -75,7 +82,7 @@ from benchmarl.environments import VmasTask
 from benchmarl.experiment import Experiment, ExperimentConfig
 from benchmarl.models.mlp import MlpConfig
 
-task_name, algo, seed, frames, episodes, every, threads, out = sys.argv[1:9]
+task_name, algo, seed, frames, episodes, every, threads, critic_layer_norm, out = sys.argv[1:10]
 torch.set_num_threads(int(threads))
 config = ExperimentConfig.get_from_yaml()
 config.max_n_frames = int(frames)
@@ -88,12 +95,16 @@ config.render = False
 config.evaluation_interval = int(every)  # and after the first iteration
 batch = config.on_policy_collected_frames_per_batch if algo == "mappo" else config.off_policy_collected_frames_per_batch
 algorithm = {"mappo": MappoConfig, "maddpg": MaddpgConfig}[algo].get_from_yaml()
+critic = MlpConfig.get_from_yaml()
+if critic_layer_norm == "1":  # TorchRL's MLP: linear, norm, activation
+    critic.norm_class = torch.nn.LayerNorm
+    critic.norm_kwargs = [{"normalized_shape": n} for n in critic.num_cells]
 start = time.perf_counter()
 experiment = Experiment(
     task=getattr(VmasTask, task_name.upper()).get_from_yaml(),
     algorithm_config=algorithm,
     model_config=MlpConfig.get_from_yaml(),
-    critic_model_config=MlpConfig.get_from_yaml(),
+    critic_model_config=critic,
     seed=int(seed),
     config=config,
 )
@@ -204,7 +215,7 @@ def run_benchmarl(task: str, algo: str, seed: int, frames: int, args: argparse.N
     with tempfile.TemporaryDirectory() as out:
         cmd = [
             args.benchmarl_python, "-c", BENCHMARL_RUN, task, algo, str(seed), str(frames), str(args.eval_episodes),
-            str(args.eval_every), str(args.threads), out,
+            str(args.eval_every), str(args.threads), str(int(args.critic_layer_norm)), out,
         ]  # fmt: skip
         start = time.perf_counter()
         done = subprocess.run(cmd, check=True, capture_output=True, text=True)
@@ -257,6 +268,13 @@ def main() -> None:
     parser.add_argument(
         "--sides", nargs="+", default=["rlexp", "benchmarl"], choices=["rlexp", "benchmarl"], help="the sides run"
     )
+    parser.add_argument(
+        "--critic-layer-norm", action="store_true", help="both sides' critics: LayerNorm before each hidden activation"
+    )
+    parser.add_argument(
+        "--rlexp-overrides", nargs="*", default=[], metavar="KEY=VALUE",
+        help="Hydra overrides appended to rlexp's side alone, after the matched settings (default: none)",
+    )  # fmt: skip
     parser.add_argument("--out", default="marl_check.json")
     args = parser.parse_args()
     if not Path(args.benchmarl_python).exists():
@@ -269,17 +287,23 @@ def main() -> None:
             print(f"{flag}: {value} is not a positive multiple of {BATCH} (BenchMARL's frames per batch)")
             raise SystemExit(2)
 
+    cells = [(task, algo) for task in args.tasks for algo in args.algos]
+    for task, algo in cells if args.rlexp_overrides else ():
+        try:
+            check_command_line([f"algo={algo}", f"env=vmas_{task}", *args.rlexp_overrides], CONF_DIR)
+        except ConfigError as err:
+            print(f"--rlexp-overrides: {err}")
+            raise SystemExit(2) from None
+
     def frames(algo: str) -> int:
         return getattr(args, f"{algo}_frames")
 
     record = {"settings": vars(args), "versions": versions(args.benchmarl_python), "overrides": {}, "runs": []}
-    cells = [(task, algo) for task in args.tasks for algo in args.algos]
     for task, algo in cells:
         bm = benchmarl_settings(args.benchmarl_python, task, algo)
-        record["overrides"][f"{task}/{algo}"] = {
-            "benchmarl": bm,
-            "rlexp": rlexp_overrides(task, algo, bm, frames(algo)),
-        }
+        overrides = rlexp_overrides(task, algo, bm, frames(algo))
+        overrides += ["critic.normalization=layer"] * args.critic_layer_norm + args.rlexp_overrides
+        record["overrides"][f"{task}/{algo}"] = {"benchmarl": bm, "rlexp": overrides}
     for seed in args.seeds:  # seed by seed: a cut-short invocation has every cell's first seeds
         for task, algo in cells:
             for side in ("rlexp", "benchmarl") if seed % 2 == 0 else ("benchmarl", "rlexp"):  # the first alternates

@@ -27,6 +27,7 @@ def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     [
         (["--benchmarl-python", "/nonexistent/python"], "--benchmarl-python"),
         (["--benchmarl-python", sys.executable, "--mappo-frames", "5000"], "--mappo-frames"),
+        (["--benchmarl-python", sys.executable, "--rlexp-overrides", "critic.normalization=lyer"], "--rlexp-overrides"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, key):
@@ -60,6 +61,7 @@ def test_one_invocation_runs_both_sides_on_the_same_budget(tmp_path):
         pytest.skip(f"no BenchMARL venv at {BENCHMARL_PYTHON} (scripts/marl_check.py --help says how to make one)")
     pytest.importorskip("vmas", reason="pip install -e '.[marl]'")
     args = ["--algos", "mappo", "--tasks", "navigation", "--seeds", "0", "--mappo-frames", "6000"]
+    args += ["--critic-layer-norm"]  # both sides' critics
     done = run("--benchmarl-python", BENCHMARL_PYTHON, *args, "--out", "out.json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads((tmp_path / "out.json").read_text())
@@ -67,4 +69,4 @@ def test_one_invocation_runs_both_sides_on_the_same_budget(tmp_path):
     for r in record["runs"]:
         assert r["frames"] == 6000 and r["curve"][-1] == [6000, r["return_per_agent"]]
     assert {"benchmarl", "torchrl", "torch", "vmas"} <= set(record["versions"]["benchmarl"])
-    assert "algo.num_steps=600" in record["overrides"]["navigation/mappo"]["rlexp"]
+    assert {"algo.num_steps=600", "critic.normalization=layer"} <= set(record["overrides"]["navigation/mappo"]["rlexp"])
