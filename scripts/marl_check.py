@@ -288,12 +288,12 @@ def main() -> None:
             raise SystemExit(2)
 
     cells = [(task, algo) for task in args.tasks for algo in args.algos]
-    for task, algo in cells if args.rlexp_overrides else ():
-        try:
+    try:  # the overrides on each cell's own choices, before any run (none given: nothing to check)
+        for task, algo in cells if args.rlexp_overrides else []:
             check_command_line([f"algo={algo}", f"env=vmas_{task}", *args.rlexp_overrides], CONF_DIR)
-        except ConfigError as err:
-            print(f"--rlexp-overrides: {err}")
-            raise SystemExit(2) from None
+    except ConfigError as err:
+        print(f"--rlexp-overrides: {err}")
+        raise SystemExit(2) from None
 
     def frames(algo: str) -> int:
         return getattr(args, f"{algo}_frames")
