@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlexp.jobs import ATTEMPT, inspect_job, job_dirs
-from rlexp.wandb_files import OFFLINE_RUNS, exit_code, run_dirs
+from rlexp.run.jobs import ATTEMPT, inspect_job, job_dirs
+from rlexp.run.wandb_files import OFFLINE_RUNS, exit_code, run_dirs
 
 # keys a job's summary.json always holds (docs/outputs.md)
 JOB_KEYS = (

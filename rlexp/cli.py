@@ -2,7 +2,7 @@
 what a run and a sweep say at their end.
 
 A plain single run is composed once, by Hydra; ``ConfigCheck`` (a Hydra callback) validates its config
-(``rlexp.build.validate``) before Hydra makes the run dir. A multirun, or a command line that may make
+(``rlexp.compose.validate.validate``) before Hydra makes the run dir. A multirun, or a command line that may make
 one (a sweep, a preset, ``hydra.mode``), is checked whole first: ``check_command_line(argv)`` composes
 the config of every job (each combination of its sweeps; more than ``PRODUCT_LIMIT``: each swept value
 once, the other keys at their first value) with Hydra's compose API and validates it. A mistake Hydra's
@@ -32,8 +32,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from rlexp.config import ConfigError
-from rlexp.registry import CONF_DIR, format_default, group_options, register
+from rlexp.compose.registry import CONF_DIR, format_default, group_options, register
+from rlexp.config.schema import ConfigError
 
 PRODUCT_LIMIT = 16  # a sweep of at most this many jobs is checked job by job; a larger one value by value
 TYPE_NAMES = {
@@ -234,7 +234,7 @@ def needs_whole_check(argv: Sequence[str]) -> bool:
 def check_config(config: DictConfig) -> None:
     """Validate a composed config (Hydra's keys aside): a ConfigError on a config mistake; nothing for an
     error that is not one (an env that raises while built), which the job records as its crash."""
-    from rlexp.build import validate
+    from rlexp.compose.validate import validate
 
     if "hydra" in config:
         config = config.copy()
@@ -278,8 +278,8 @@ def end_of_run_lines(out_dir: Path, wandb_mode: str) -> list[str]:
 def sweep_table(sweep_dir: Path) -> list[str]:
     """One line per job of a sweep dir (its cell, status counts, IQM of the members' final evaluation
     return, wall time), read from the job dirs' ``summary.json``; a job without one is 'no summary'."""
-    from rlexp.jobs import job_dirs
-    from rlexp.report_stats import iqm_fast
+    from rlexp.report.stats import iqm_fast
+    from rlexp.run.jobs import job_dirs
 
     rows = [("job", "cell", "ok", "div", "crash", "IQM eval", "n", "wall s")]
     for job_dir in job_dirs(sweep_dir) if sweep_dir.is_dir() else []:
@@ -328,7 +328,7 @@ class SweepSummary(Callback):
         config, SweepSummary.pending = SweepSummary.pending, None
         if config is None:
             return
-        from rlexp.loggers import resolve_wandb_mode
+        from rlexp.run.loggers import resolve_wandb_mode
 
         sweep_dir = Path(config.hydra.sweep.dir)
         lines = ["", f"sweep: {sweep_dir}", *sweep_table(sweep_dir), ""]

@@ -3,7 +3,7 @@
 Loads each member's (or member k's) latest checkpoint (``seed_<k>/checkpoint.pt``, written by
 ``checkpoint.every``; a finished job always leaves its final one), rebuilds its algorithm's networks
 from the config stored in it, and plays ``episodes`` evaluation episodes per member with the
-Evaluator (``rlexp/evaluation.py``: evaluation's own environments and seeds, the deterministic
+Evaluator (``rlexp/run/evaluation.py``: evaluation's own environments and seeds, the deterministic
 policy). Prints the mean return per member. ``video=true`` records each member's first episode with
 gymnasium's RecordVideo into ``seed_<k>/videos/`` and logs it to a W&B run of the member's name and
 group with ``job_type=evaluate`` in ``seed_<k>/videos/wandb/`` (offline unless ``logger.mode``/$WANDB_MODE
@@ -25,12 +25,12 @@ import torch
 from omegaconf import OmegaConf
 
 from rlexp.algos import ALGOS
-from rlexp.checkpoint import FILE, CheckpointError, Checkpoints, read, stack
-from rlexp.config import Config, ConfigError
-from rlexp.envs import EVALUATION, PopulationEnv
-from rlexp.loggers import _fit, resolve_wandb_mode
-from rlexp.registry import register
-from rlexp.run import PolicyLoaded, RunContext
+from rlexp.compose.registry import register
+from rlexp.config.schema import Config, ConfigError
+from rlexp.envs.gym import EVALUATION, PopulationEnv
+from rlexp.run.checkpoint import FILE, CheckpointError, Checkpoints, read, stack
+from rlexp.run.context import PolicyLoaded, RunContext
+from rlexp.run.loggers import _fit, resolve_wandb_mode
 
 USAGE = "python -m rlexp.evaluate <run dir> [seed=k] [episodes=N] [video=true]"
 VIDEO_INSTALL = "pip install -e '.[video]'"

@@ -36,11 +36,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from rlexp.config import Config, ConfigError
-from rlexp.diagnostics import resolve
-from rlexp.jobs import inspect_job
-from rlexp.recorder import Recorder
-from rlexp.run import Algorithm, RunContext
+from rlexp.config.schema import Config, ConfigError
+from rlexp.diagnostics.instruments import resolve
+from rlexp.run.context import Algorithm, RunContext
+from rlexp.run.jobs import inspect_job
+from rlexp.run.recorder import Recorder
 
 OUTPUTS = ("summary.json", "metrics.jsonl", "instruments.jsonl", "anomaly.txt")  # a replay dir's files
 KEYS = {"seed": "the member's seed", "member": "the member's index", "anomaly": "true|false", "out": "a dir"}

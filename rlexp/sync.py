@@ -1,7 +1,7 @@
 """``python -m rlexp.sync <sweep or run dir> [--dry-run]``: upload the W&B runs of the finished jobs.
 
 A job is finished when its ``summary.json`` says ok or diverged and its files are intact
-(``rlexp.jobs.inspect_job``); each of its members has one run, ``seed_<k>/wandb/offline-run-*``. Those
+(``rlexp.run.jobs.inspect_job``); each of its members has one run, ``seed_<k>/wandb/offline-run-*``. Those
 runs, and no others, go to ``wandb sync`` (the wandb CLI, in a subprocess of this Python, with the
 environment as it is: W&B's login, ``WANDB_BASE_URL``, ...). Never synced: attempts moved aside
 (``attempt_<n>/``, their runs renamed ``attempt-offline-run-*``), jobs that are unfinished, crashed or
@@ -19,8 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rlexp.jobs import inspect_job, job_dirs
-from rlexp.wandb_files import run_dirs
+from rlexp.run.jobs import inspect_job, job_dirs
+from rlexp.run.wandb_files import run_dirs
 
 CHUNK = 200  # runs per wandb sync call: a grid's 1,536 runs stay far below the command line's limit
 

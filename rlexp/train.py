@@ -1,7 +1,7 @@
 """Entry point: ``python -m rlexp.train [group=option ...] [-m]``.
 
 One job trains a population of ``num_seeds`` members; ``-m`` sweeps with Hydra's launcher. Here, and
-only here (``prepare``, which the job runner ``rlexp.runner.run_population`` calls once it has
+only here (``prepare``, which the job runner ``rlexp.run.runner.run_population`` calls once it has
 checked the job's dir): validate the config, pick the algorithm (``ALGOS[cfg.algo.name]``) and set
 the process-wide state:
 
@@ -41,14 +41,14 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from rlexp.algos import ALGOS
-from rlexp.build import resolve_device, validate
-from rlexp.cells import cell_name, is_cell_key, job_settings, parse_overrides, sweep_cell_keys
 from rlexp.cli import SweepSummary, check_command_line, end_of_run_lines, needs_whole_check
-from rlexp.config import ConfigError
-from rlexp.loggers import resolve_wandb_mode
-from rlexp.registry import CONF_DIR, help_text, register
-from rlexp.run import Algorithm
-from rlexp.runner import run_population
+from rlexp.compose.registry import CONF_DIR, help_text, register
+from rlexp.compose.validate import resolve_device, validate
+from rlexp.config.cells import cell_name, is_cell_key, job_settings, parse_overrides, sweep_cell_keys
+from rlexp.config.schema import ConfigError
+from rlexp.run.context import Algorithm
+from rlexp.run.loggers import resolve_wandb_mode
+from rlexp.run.runner import run_population
 
 register()  # here, not under __main__: launcher workers import this module to run a job
 
@@ -107,14 +107,14 @@ def prepare(cfg: DictConfig) -> tuple[Algorithm, torch.device]:
 def run_job(
     cfg: DictConfig, out_dir: Path, cell: str = "default", choices: dict[str, str] | None = None
 ) -> dict[str, Any]:
-    """Run one job in ``out_dir`` and return its summary (``rlexp.runner.run_population``): skipped
+    """Run one job in ``out_dir`` and return its summary (``rlexp.run.runner.run_population``): skipped
     when it is finished and ``resume`` is set, refused (ConfigError) when it is finished and
     ``resume`` is not, else validated (ConfigError on a bad value), then trained."""
     return run_population(cfg, out_dir, prepare, cell, choices)
 
 
 def job_identity() -> tuple[Path, str, dict[str, str]]:
-    """The job's output dir, its cell (``rlexp.cells``: in a multirun the settings its sweep varies, in a
+    """The job's output dir, its cell (``rlexp.config.cells``: in a multirun the settings its sweep varies, in a
     single run its own overrides; seeds, machine and console keys left out) and its group choices."""
     hc = HydraConfig.get()
     task = list(hc.overrides.task)
@@ -149,7 +149,7 @@ def cli() -> None:
     checked by ``rlexp.cli.ConfigCheck`` before Hydra makes its dir, and a mistake Hydra's composition
     refuses is named by ``check_command_line`` after it: a refusal is one line and exit code 2, no dir.
     Any other error is reported as Hydra reports it (``HYDRA_FULL_ERROR=1``: in full). ``--help`` prints
-    what Hydra's help template holds (``rlexp.registry.help_text``) without Hydra, which would first list
+    what Hydra's help template holds (``rlexp.compose.registry.help_text``) without Hydra, which would first list
     every config group, copying its config store for each (tens of seconds)."""
     argv = sys.argv[1:]
     if get_args_parser().parse_args(argv).help:

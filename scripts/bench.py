@@ -198,8 +198,8 @@ def sb3_minatar_dqn(steps: int, seed: int, learning_starts: int) -> None:
     from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
     from torch import nn
 
-    from rlexp.config import EnvConfig
-    from rlexp.envs import make_env
+    from rlexp.config.schema import EnvConfig
+    from rlexp.envs.gym import make_env
 
     class MinAtarTorso(BaseFeaturesExtractor):
         """conv 16 3x3 stride 1, ReLU, flatten, 128 units, ReLU (Young & Tian 2019's QNetwork torso)."""

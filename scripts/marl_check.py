@@ -46,9 +46,9 @@ from pathlib import Path
 import numpy as np
 
 from rlexp.cli import check_command_line
-from rlexp.config import ConfigError
-from rlexp.registry import CONF_DIR
-from rlexp.report_stats import poi_fast
+from rlexp.compose.registry import CONF_DIR
+from rlexp.config.schema import ConfigError
+from rlexp.report.stats import poi_fast
 
 AGENTS = {"navigation": 3, "balance": 4}  # as BenchMARL's task yaml sets them (VMAS's own: 4 and 3)
 BENCHMARL_PYTHON = "/work/venvs/benchmarl/bin/python"  # where this machine keeps it; --benchmarl-python

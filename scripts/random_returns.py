@@ -1,5 +1,5 @@
 """The return of a uniformly random policy on each single-agent env preset of conf/env: the *random*
-column of the report's normalization table (rlexp.report_stats.NORMALIZATION, docs/report.md).
+column of the report's normalization table (rlexp.report.stats.NORMALIZATION, docs/report.md).
 
     python scripts/random_returns.py                       # 100 episodes per env
     python scripts/random_returns.py --episodes 10 --only cartpole pendulum
@@ -24,8 +24,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from rlexp.config import ConfigError, EnvConfig
-from rlexp.envs import make_env
+from rlexp.config.schema import ConfigError, EnvConfig
+from rlexp.envs.gym import make_env
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -24,10 +24,10 @@ import numpy as np
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from rlexp.config import ObsNormConfig
-from rlexp.evaluation import Evaluator
-from rlexp.normalize import ObsNormalizer
-from rlexp.registry import register
+from rlexp.compose.registry import register
+from rlexp.config.schema import ObsNormConfig
+from rlexp.envs.normalize import ObsNormalizer
+from rlexp.run.evaluation import Evaluator
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

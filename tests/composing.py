@@ -20,7 +20,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig, open_dict
 
-from rlexp.registry import register
+from rlexp.compose.registry import register
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from rlexp.registry import register
+from rlexp.compose.registry import register
 
 torch.set_num_threads(1)
 register()  # the schemas and resolvers every test that composes a config needs

@@ -22,12 +22,12 @@ import torch
 import torch.nn.functional as F
 from composing import compose_config
 
-import rlexp.config  # noqa: F401  (registers the structured-config schemas with Hydra)
-from rlexp.algos.ppo import Actor, Minibatch, explained_variance, gae, masked_mean, ppo_losses
-from rlexp.algos.td3 import ScaledTanh, td3_target
-from rlexp.buffer import Batch, ReplayBuffer
-from rlexp.build import validate
-from rlexp.config import (
+import rlexp.config.schema  # noqa: F401  (registers the structured-config schemas with Hydra)
+from rlexp.algos.common import Actor, Minibatch, ScaledTanh, gae, masked_mean, ppo_losses
+from rlexp.algos.ppo import explained_variance
+from rlexp.algos.td3 import td3_target
+from rlexp.compose.validate import validate
+from rlexp.config.schema import (
     ActivationConfig,
     ActorCriticConfig,
     ConfigError,
@@ -38,9 +38,10 @@ from rlexp.config import (
     RewardNormConfig,
     TD3Config,
 )
-from rlexp.nets import PopMLP, soft_update_
-from rlexp.normalize import ObsNormalizer, RewardScaler, RunningMeanStd
-from rlexp.run import RunContext, network_groups
+from rlexp.data.buffers import Batch, ReplayBuffer
+from rlexp.envs.normalize import ObsNormalizer, RewardScaler, RunningMeanStd
+from rlexp.nn.nets import PopMLP, soft_update_
+from rlexp.run.context import RunContext, network_groups
 from rlexp.train import run_job
 
 torch.set_num_threads(1)

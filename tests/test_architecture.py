@@ -127,14 +127,14 @@ def test_the_cycle_finder_names_a_cycle():
 
 def test_the_import_walk_sees_function_level_imports_and_skips_type_checking_blocks(tmp_path, monkeypatch):
     source = (
-        "from typing import TYPE_CHECKING\nimport rlexp.nets\n"
-        "if TYPE_CHECKING:\n    from rlexp.runner import run_population\n"
+        "from typing import TYPE_CHECKING\nimport rlexp.nn.nets\n"
+        "if TYPE_CHECKING:\n    from rlexp.run.runner import run_population\n"
         "def f():\n    from rlexp.algos import dqn\n"
     )
     path = tmp_path / "probe.py"
     path.write_text(source)
     monkeypatch.setitem(MODULES, "rlexp.probe", path)
-    assert imported_modules("rlexp.probe") == {"rlexp.nets", "rlexp.algos", "rlexp.algos.dqn"}
+    assert imported_modules("rlexp.probe") == {"rlexp.nn", "rlexp.nn.nets", "rlexp.algos", "rlexp.algos.dqn"}
 
 
 def test_no_rlexp_module_imports_under_type_checking():
@@ -145,18 +145,57 @@ def test_no_rlexp_module_imports_under_type_checking():
         assert not hidden, f"{module} imports under TYPE_CHECKING"
 
 
-def test_algorithms_import_neither_the_runner_nor_the_entry_point():
-    algorithms = [m for m in MODULES if m.startswith("rlexp.algos")]
+# the package's layers, lowest first (docs/architecture.md): a module imports from its own layer and
+# lower ones only. The top-level modules are the commands (python -m rlexp.<command>) and their
+# command-line helpers, above every layer.
+LAYERS = ("config", "nn", "optim", "envs", "data", "diagnostics", "run", "algos", "compose", "report")
+COMMANDS = {"rlexp.train", "rlexp.cli", "rlexp.check", "rlexp.sync", "rlexp.replay", "rlexp.evaluate"}
+
+
+def layer(module: str) -> int:
+    """The layer ``module`` lies in: its index in ``LAYERS``, or ``len(LAYERS)`` for a command
+    (``rlexp`` itself, which holds nothing, lies below them all)."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return -1
+    return LAYERS.index(parts[1]) if parts[1] in LAYERS else len(LAYERS)
+
+
+def upward_imports(imports: dict[str, set[str]]) -> list[str]:
+    """Every import of a module from a higher layer, as "module -> imported"."""
+    return [f"{m} -> {i}" for m in sorted(imports) for i in sorted(imports[m]) if layer(i) > layer(m)]
+
+
+def test_every_module_lies_in_a_layer():
+    top_level = {m for m in MODULES if m.count(".") == 1 and not MODULES[m].name == "__init__.py"}
+    assert top_level == COMMANDS, "a top-level module is a command; the rest lies in a layer's package"
+    packages = {m.split(".")[1] for m in MODULES if m.count(".") >= 1} - {m.split(".")[1] for m in COMMANDS}
+    assert packages == set(LAYERS)
+
+
+def test_no_module_imports_from_a_higher_layer():
+    upward = upward_imports(IMPORTS)
+    assert not upward, "imports from a higher layer:\n" + "\n".join(upward)
+
+
+def test_the_layer_check_names_an_upward_import():
+    imports = {"rlexp.nn.nets": {"rlexp.optim.pipeline"}, "rlexp.optim.pipeline": {"rlexp.nn.component"}}
+    assert upward_imports(imports) == ["rlexp.nn.nets -> rlexp.optim.pipeline"]
+    assert upward_imports({"rlexp.train": {"rlexp.algos"}, "rlexp.algos.dqn": {"rlexp.run.context"}}) == []
+
+
+def test_no_algorithm_imports_another():
+    """What algorithms share lives in ``rlexp.algos.common``; the registry (``rlexp.algos``) gathers them."""
+    algorithms = {m for m in MODULES if m.startswith("rlexp.algos.")} - {"rlexp.algos.common"}
     for module in algorithms:
-        assert not IMPORTS[module] & {"rlexp.runner", "rlexp.train"}, module
-    assert "rlexp.algos" not in IMPORTS["rlexp.runner"]  # the entry point picks the algorithm
-    assert "rlexp.algos" in IMPORTS["rlexp.train"]
+        assert not IMPORTS[module] & algorithms, module
+    assert "rlexp.algos" in IMPORTS["rlexp.train"]  # the entry point picks the algorithm
 
 
 def test_each_algorithm_trains_with_a_run_context_and_declares_its_schema():
     from rlexp.algos import ALGOS
-    from rlexp.config import AlgoConfig
-    from rlexp.run import RunContext
+    from rlexp.config.schema import AlgoConfig
+    from rlexp.run.context import RunContext
 
     for name, spec in ALGOS.items():
         hints = typing.get_type_hints(spec.train)

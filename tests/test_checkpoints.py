@@ -1,4 +1,4 @@
-"""Checkpoints (rlexp/checkpoint.py), continuing a job from one (resume=true), and rlexp.evaluate.
+"""Checkpoints (rlexp/run/checkpoint.py), continuing a job from one (resume=true), and rlexp.evaluate.
 
 A job interrupted by ``debug.crash_at_step`` and resumed from its checkpoint (with the replay saved)
 ends bitwise as the uninterrupted job: every metrics record (perf/ aside), every member summary
@@ -29,8 +29,8 @@ import torch
 from test_cli import compose_config, read_wandb_records
 
 from rlexp import evaluate
-from rlexp.checkpoint import FILE, split, stack
-from rlexp.config import ConfigError
+from rlexp.config.schema import ConfigError
+from rlexp.run.checkpoint import FILE, split, stack
 from rlexp.train import run_job
 
 QUIET = ["logger.mode=disabled", "logger.progress=off", "device=cpu", "threads=1", "checkpoint.replay=true"]
@@ -424,7 +424,7 @@ def test_a_killed_grid_resumed_continues_each_job_from_its_checkpoint_bitwise(tm
 
 # ====================================================================== the pieces
 def test_split_then_stack_gives_the_population_state_back_bit_for_bit():
-    from rlexp.checkpoint import PerMember, Shared
+    from rlexp.run.checkpoint import PerMember, Shared
 
     state = {
         "w": torch.randn(3, 4, 5),  # [P, ...]: split
@@ -441,9 +441,9 @@ def test_split_then_stack_gives_the_population_state_back_bit_for_bit():
 
 
 def test_environments_not_captured_exactly_start_new_episodes(monkeypatch):
-    import rlexp.checkpoint as checkpoint
-    from rlexp.config import EnvConfig
-    from rlexp.envs import PopulationEnv
+    import rlexp.run.checkpoint as checkpoint
+    from rlexp.config.schema import EnvConfig
+    from rlexp.envs.gym import PopulationEnv
 
     env = PopulationEnv(EnvConfig(id="CartPole-v1", num_envs=2), [0, 1])
     env.reset()

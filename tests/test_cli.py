@@ -32,15 +32,15 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlexp.algos import ALGOS
-from rlexp.build import validate
-from rlexp.cells import cell_name, job_settings, swept_keys
 from rlexp.cli import ConfigCheck, check_command_line, job_overrides, needs_whole_check
-from rlexp.config import NON_CELL_KEYS, ConfigError, EnvConfig
-from rlexp.envs import check_env_id
-from rlexp.marl_envs import is_multi_agent
-from rlexp.registry import SCHEMAS
-from rlexp.wandb_files import read_records as read_wandb_records
-from rlexp.wandb_files import run_dirs
+from rlexp.compose.registry import SCHEMAS
+from rlexp.compose.validate import validate
+from rlexp.config.cells import cell_name, job_settings, swept_keys
+from rlexp.config.schema import NON_CELL_KEYS, ConfigError, EnvConfig
+from rlexp.envs.gym import check_env_id
+from rlexp.envs.marl import is_multi_agent
+from rlexp.run.wandb_files import read_records as read_wandb_records
+from rlexp.run.wandb_files import run_dirs
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -803,7 +803,7 @@ def test_multirun_sweeps_every_combination(multi_run):
     assert sorted(seen) == sorted(itertools.product(["relu", "tanh"], ["xavier", "he"]))
     assert len(cells) == 4
     # the report names the same cells
-    from rlexp.report import cell_keys, load_job, sweep_order, varying_keys
+    from rlexp.report.main import cell_keys, load_job, sweep_order, varying_keys
 
     report_jobs = [load_job(sweep_dir / name, sweep_dir) for name in jobs]
     keys = cell_keys(report_jobs, varying_keys(report_jobs, sweep_order(sweep_dir)))

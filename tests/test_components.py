@@ -20,8 +20,7 @@ import torch.nn.functional as F
 from definitions import ref_activation
 from omegaconf import OmegaConf
 
-from rlexp.activations import ACTIVATIONS, activation_gain
-from rlexp.config import (
+from rlexp.config.schema import (
     ActivationConfig,
     AdamConfig,
     AGCConfig,
@@ -42,9 +41,9 @@ from rlexp.config import (
     ValueClipConfig,
     WeightNormConfig,
 )
-from rlexp.grad import CAUSES, CLIPPERS, GradientPipeline, Health, member_norms
-from rlexp.init import INITIALIZERS, init_linear, scheme_gain
-from rlexp.nets import (
+from rlexp.nn.activations import ACTIVATIONS, activation_gain
+from rlexp.nn.init import INITIALIZERS, init_linear, scheme_gain
+from rlexp.nn.nets import (
     NORMALIZATIONS,
     PopBatchNorm,
     PopLayerNorm,
@@ -56,7 +55,8 @@ from rlexp.nets import (
     soft_update_,
     weight_parameters,
 )
-from rlexp.optim import _sqrt, make_optimizer
+from rlexp.optim.optimizers import _sqrt, make_optimizer
+from rlexp.optim.pipeline import CAUSES, CLIPPERS, GradientPipeline, Health, member_norms
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -140,7 +140,7 @@ def test_pop_linear_forward_is_f_linear_per_member():
 def test_copy_matrices_copies_transposed_and_plain_sources(members, shape):
     """copy_matrices: dst equals src whichever path it takes (a transposed source above the size bound
     goes member by member), into a view of a wider buffer as the pipeline's gradients are."""
-    from rlexp.nets import TRANSPOSED_COPY_MIN, copy_matrices
+    from rlexp.nn.nets import TRANSPOSED_COPY_MIN, copy_matrices
 
     rows, cols = shape
     assert (rows * cols >= TRANSPOSED_COPY_MIN) == (shape == (128, 160))
@@ -1301,8 +1301,8 @@ def test_no_optimizer_imports_torch_dynamo():
     """torch.optim.Optimizer's first construction imports torch._dynamo (~1.2 s): none of ours is one."""
     code = (
         "import sys, torch\n"
-        "from rlexp.config import AdamConfig, RMSpropConfig, RMSpropTFConfig, SGDConfig\n"
-        "from rlexp.optim import make_optimizer\n"
+        "from rlexp.config.schema import AdamConfig, RMSpropConfig, RMSpropTFConfig, SGDConfig\n"
+        "from rlexp.optim.optimizers import make_optimizer\n"
         "for cfg in (AdamConfig(name='adam'), AdamConfig(name='adamw'), RMSpropConfig(name='rmsprop', centered=True,"
         " momentum=0.5), RMSpropTFConfig(name='rmsprop_tf'), SGDConfig(name='sgd', momentum=0.9)):\n"
         "    p = torch.zeros(2, 3, requires_grad=True); p.grad = torch.ones(2, 3)\n"

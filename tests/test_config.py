@@ -17,12 +17,12 @@ from composing import compose_config, compose_hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from rlexp.build import validate
-from rlexp.config import NON_CELL_KEYS, Config, ConfigError, field_help
-from rlexp.config_doc import markdown
-from rlexp.grad import CLIPPERS
-from rlexp.optim import OPTIMIZERS
-from rlexp.registry import DOC, SCHEMAS, group_options, register
+from rlexp.compose.config_doc import markdown
+from rlexp.compose.registry import DOC, SCHEMAS, group_options, register
+from rlexp.compose.validate import validate
+from rlexp.config.schema import NON_CELL_KEYS, Config, ConfigError, field_help
+from rlexp.optim.optimizers import OPTIMIZERS
+from rlexp.optim.pipeline import CLIPPERS
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -180,7 +180,7 @@ def test_help_lists_the_groups_and_keys():
 
 
 def test_configuration_doc_is_generated_from_the_schemas():
-    assert (ROOT / DOC).read_text() == markdown(), f"regenerate it: python -m rlexp.config_doc > {DOC}"
+    assert (ROOT / DOC).read_text() == markdown(), f"regenerate it: python -m rlexp.compose.config_doc > {DOC}"
 
 
 # ====================================================================== every numeric key has a domain

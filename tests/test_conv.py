@@ -1,4 +1,4 @@
-"""Convolutional torsos (rlexp/conv.py) against torch.nn written here: P separate Conv2d/Linear stacks,
+"""Convolutional torsos (rlexp/nn/conv.py) against torch.nn written here: P separate Conv2d/Linear stacks,
 BatchNorm2d per member, LayerNorm over [C, H, W], weight norm per filter; member isolation for every
 normalization; dormant channels and ReDo per channel; divergence located at a convolution; uint8 replay
 frames; image environments' bad input (one line, the key, the install command) and one smoke run per
@@ -16,7 +16,7 @@ import torch
 from composing import compose_config
 from torch import nn
 
-from rlexp.config import (
+from rlexp.config.schema import (
     ActivationConfig,
     BatchNormConfig,
     CNNConfig,
@@ -27,9 +27,9 @@ from rlexp.config import (
     NormalizationConfig,
     WeightNormConfig,
 )
-from rlexp.conv import PopCNN
-from rlexp.diagnostics import activation_stats, hidden_outputs
-from rlexp.interventions import dormant_units
+from rlexp.diagnostics.instruments import activation_stats, hidden_outputs
+from rlexp.diagnostics.interventions import dormant_units
+from rlexp.nn.conv import PopCNN
 
 P, B = 3, 5
 MINATAR = gym.spaces.Box(0, 1, (4, 10, 10), dtype=bool)
@@ -208,9 +208,9 @@ def test_autograd_where_no_written_backward(norm, activation):
 def test_dormant_channels_and_redo_per_channel():
     """A channel whose bias keeps it at 0 is dormant (scored over batch and positions); redo gives it fresh
     incoming weights and zeroes its columns in the next layer (every position's)."""
-    from rlexp.config import AdamConfig, ClippingConfig, RegularizationConfig
-    from rlexp.grad import GradientPipeline, Health
-    from rlexp.interventions import Interventions, Subject
+    from rlexp.config.schema import AdamConfig, ClippingConfig, RegularizationConfig
+    from rlexp.diagnostics.interventions import Interventions, Subject
+    from rlexp.optim.pipeline import GradientPipeline, Health
 
     net = make()
     with torch.no_grad():
@@ -239,7 +239,7 @@ def test_dormant_channels_and_redo_per_channel():
 
 def test_divergence_location_names_the_convolution():
     """A member whose convolution overflows is located at that layer's linear output (q.0.linear)."""
-    from rlexp.diagnostics import locate_nonfinite
+    from rlexp.diagnostics.instruments import locate_nonfinite
 
     net = make().float()
     with torch.no_grad():
@@ -252,7 +252,7 @@ def test_divergence_location_names_the_convolution():
 
 def test_replay_keeps_frames_as_uint8():
     """frames=True: observations stored as uint8 (no float columns for them), sampled back as float32."""
-    from rlexp.buffer import ReplayBuffer
+    from rlexp.data.buffers import ReplayBuffer
 
     buffer = ReplayBuffer(2, 4, 3, torch.device("cpu"), frames=True)
     assert buffer.frames.dtype == torch.uint8 and buffer.data.shape[-1] == 3  # action | reward | terminated
@@ -319,8 +319,8 @@ def test_frame_stack_replay_samples_what_the_plain_replay_samples_bit_for_bit():
     FrameStackReplay as from ReplayBuffer(frames=True), field by field, bit for bit."""
     from gymnasium.wrappers import FrameStackObservation
 
-    from rlexp.buffer import FrameStackReplay, ReplayBuffer
-    from rlexp.envs import frame_stack
+    from rlexp.data.buffers import FrameStackReplay, ReplayBuffer
+    from rlexp.envs.gym import frame_stack
 
     P, E, C = 2, 3, 7
     assert frame_stack(FrameStackObservation(_Frames(), 4)) == 4
@@ -344,8 +344,8 @@ def test_frame_stack_replay_samples_what_the_plain_replay_samples_bit_for_bit():
 def test_frame_stack_replay_goes_on_bitwise_from_its_checkpoint_state():
     """The replay's state split per member and stacked back (as a checkpoint does) into a new replay:
     both sample the same and go on the same after more steps."""
-    from rlexp.buffer import FrameStackReplay
-    from rlexp.checkpoint import _load_object, _object_state, split, stack
+    from rlexp.data.buffers import FrameStackReplay
+    from rlexp.run.checkpoint import _load_object, _object_state, split, stack
 
     P, E = 2, 3
     steps = list(_stacked_steps(P, E, 90, seed=5))
@@ -366,7 +366,7 @@ def test_frame_stack_replay_goes_on_bitwise_from_its_checkpoint_state():
 def test_the_memory_check_counts_two_frames_a_row_for_stacked_frames():
     """The replay memory a member of the zoo's Atari DQN needs: 2 of the 4 x 84 x 84 frames, the
     action | reward | terminated floats and the link per row, over buffer_size + 3 x num_envs + 1 rows."""
-    from rlexp.build import memory_per_member
+    from rlexp.compose.validate import memory_per_member
 
     cfg = compose_config(["+experiment=zoo_dqn_atari"])
     frame, rows = 84 * 84, cfg.algo.buffer_size + 3 * cfg.env.num_envs + 1
@@ -384,7 +384,7 @@ def test_atari_dqn_keeps_each_frame_once_and_trains_as_with_the_plain_replay(tmp
     import json
 
     from rlexp.algos import dqn
-    from rlexp.buffer import FrameStackReplay, ReplayBuffer
+    from rlexp.data.buffers import FrameStackReplay, ReplayBuffer
     from rlexp.train import run_job
 
     overrides = TINY + ["+experiment=zoo_dqn_atari", "env=atari_pong", "total_steps=120", "algo.learning_starts=40"]
@@ -418,8 +418,8 @@ TINY = ["logger.mode=disabled", "logger.progress=off", "device=cpu", "threads=1"
 
 def test_image_env_needs_a_convolutional_torso_and_the_reverse():
     """env=minatar_* with network=mlp, and network=cnn on CartPole: one ConfigError naming network."""
-    from rlexp.build import validate
-    from rlexp.config import ConfigError
+    from rlexp.compose.validate import validate
+    from rlexp.config.schema import ConfigError
 
     pytest.importorskip("minatar", reason="pip install -e '.[minatar]'")
     with pytest.raises(ConfigError, match="network=mlp cannot read MinAtar/Breakout-v0's image") as err:
@@ -436,8 +436,8 @@ def test_image_env_needs_a_convolutional_torso_and_the_reverse():
     ("module", "env", "extra"), [("minatar", "minatar_breakout", "minatar"), ("ale_py", "atari_pong", "atari")]
 )
 def test_missing_extra_names_its_install_command(monkeypatch, module, env, extra):
-    from rlexp.build import validate
-    from rlexp.config import ConfigError
+    from rlexp.compose.validate import validate
+    from rlexp.config.schema import ConfigError
 
     monkeypatch.setitem(sys.modules, module, None)  # import fails as without the package
     if module == "minatar":
@@ -452,7 +452,7 @@ def test_dqn_smoke_per_image_family(tmp_path, monkeypatch, family):
     """DQN runs end to end on each image family with instruments, an intervention, clipping (MinAtar) and
     batch norm (Atari) on (tiny budgets); MinAtar's network trains by its written backward, batch norm over
     channels through autograd."""
-    from rlexp.nets import PopMLP
+    from rlexp.nn.nets import PopMLP
     from rlexp.train import run_job
 
     calls = []

@@ -25,12 +25,11 @@ import torch
 import torch.nn.functional as F
 from composing import compose_config
 
-import rlexp.config  # noqa: F401  (registers the structured-config schemas with Hydra)
-from rlexp.activations import ACTIVATIONS
+import rlexp.config.schema  # noqa: F401  (registers the structured-config schemas with Hydra)
 from rlexp.algos import dqn as dqn_module
-from rlexp.algos.dqn import dqn_loss, epsilon, td_loss
-from rlexp.buffer import Batch, ReplayBuffer
-from rlexp.config import (
+from rlexp.algos.common import epsilon
+from rlexp.algos.dqn import dqn_loss, td_loss
+from rlexp.config.schema import (
     ActivationConfig,
     AdamConfig,
     BatchNormConfig,
@@ -45,10 +44,12 @@ from rlexp.config import (
     RegularizationConfig,
     WeightNormConfig,
 )
-from rlexp.envs import PopulationEnv
-from rlexp.grad import CAUSES, GradientPipeline, Health
-from rlexp.nets import PopMLP, PopWeightNormLinear, weight_parameters
-from rlexp.streams import MemberStreams, member_generator
+from rlexp.data.buffers import Batch, ReplayBuffer
+from rlexp.envs.gym import PopulationEnv
+from rlexp.envs.streams import MemberStreams, member_generator
+from rlexp.nn.activations import ACTIVATIONS
+from rlexp.nn.nets import PopMLP, PopWeightNormLinear, weight_parameters
+from rlexp.optim.pipeline import CAUSES, GradientPipeline, Health
 from rlexp.train import keep_freed_memory, population_threads, run_job
 
 torch.set_num_threads(1)

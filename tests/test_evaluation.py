@@ -1,4 +1,4 @@
-"""Evaluation (rlexp/evaluation.py and each algorithm's deterministic policy).
+"""Evaluation (rlexp/run/evaluation.py and each algorithm's deterministic policy).
 
 Checked against direct computation: a tiny network whose greedy action is known, evaluated on
 CartPole with the evaluation seeds, returns what gymnasium's CartPole-v1 gives with those seeds and
@@ -22,14 +22,14 @@ from omegaconf import OmegaConf
 from rich.console import Console
 
 from rlexp.algos import dqn
-from rlexp.build import validate
-from rlexp.config import ActivationConfig, ConfigError, GainInitConfig, NetworkConfig, NormalizationConfig
-from rlexp.envs import EVALUATION, env_seeds
-from rlexp.evaluation import Evaluator
-from rlexp.loggers import print_summary
-from rlexp.nets import PopMLP
-from rlexp.normalize import ObsNormalizer
-from rlexp.streams import member_generator
+from rlexp.compose.validate import validate
+from rlexp.config.schema import ActivationConfig, ConfigError, GainInitConfig, NetworkConfig, NormalizationConfig
+from rlexp.envs.gym import EVALUATION, env_seeds
+from rlexp.envs.normalize import ObsNormalizer
+from rlexp.envs.streams import member_generator
+from rlexp.nn.nets import PopMLP
+from rlexp.run.evaluation import Evaluator
+from rlexp.run.loggers import print_summary
 from rlexp.train import run_job
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")

@@ -25,10 +25,11 @@ from omegaconf import OmegaConf
 from test_cli import ROOT, Launch, cli_env, compose_config, describe, message_lines, read_wandb_run, run_cli
 from test_grid import check_crashed_job, check_finished_job, file_hashes, read_json
 
-from rlexp import build
-from rlexp.build import FILES_RESERVED, validate
-from rlexp.config import ConfigError
-from rlexp.jobs import (
+from rlexp.compose import validate as build
+from rlexp.compose.validate import FILES_RESERVED, validate
+from rlexp.config.schema import ConfigError
+from rlexp.report.main import find_job_dirs, load_job
+from rlexp.run.jobs import (
     CORRUPT,
     LOCK,
     DeferredInterrupts,
@@ -40,14 +41,13 @@ from rlexp.jobs import (
     start_job,
     write_json,
 )
-from rlexp.report import find_job_dirs, load_job
 from rlexp.train import run_job
 
 BUDGET = ["total_steps=600", "algo.learning_starts=200", "logger.log_every=300", "logger.progress=off"]
 TINY = [*BUDGET, "num_seeds=1", "logger.mode=disabled"]
 # a process that takes a job dir's lock with rlexp's own function, says so, and keeps it
 HOLDER = (
-    "import sys, time; from pathlib import Path; from rlexp.jobs import hold_dir; "
+    "import sys, time; from pathlib import Path; from rlexp.run.jobs import hold_dir; "
     "hold_dir(Path(sys.argv[1])); print('held', flush=True); time.sleep(600)"
 )
 
@@ -302,7 +302,7 @@ def test_ctrl_c_records_the_job_crashed_and_resume_runs_it_again(tmp_path):
     assert job["status"] == "crashed" and job["error"] == "KeyboardInterrupt", job
     assert read_json(run_dir / "seed_0" / "summary.json")["status"] == "crashed"
     frames = [ln for ln in (run_dir / "error.txt").read_text().splitlines() if ln.lstrip().startswith("File ")]
-    assert "rlexp/recorder.py" in frames[-1] and frames[-1].endswith("in steps"), frames[-3:]  # between env steps
+    assert "rlexp/run/recorder.py" in frames[-1] and frames[-1].endswith("in steps"), frames[-3:]  # between env steps
     assert not (run_dir / LOCK).exists()
     second = run_cli([*TINY, "resume=true", f"hydra.run.dir={run_dir}"], tmp_path / "second")
     assert second.returncode == 0, describe(second)

@@ -26,9 +26,9 @@ from composing import compose_hydra
 from omegaconf import OmegaConf
 from test_cli import CONF, Launch, compose_config, describe, message_lines, read_jsonl, read_wandb_run, run_cli
 
-from rlexp.config import ConfigError
-from rlexp.jobs import config_difference, move_aside, start_job, write_json
-from rlexp.loggers import _fit as fit_wandb  # W&B group names: the cell, cut to 128 characters
+from rlexp.config.schema import ConfigError
+from rlexp.run.jobs import config_difference, move_aside, start_job, write_json
+from rlexp.run.loggers import _fit as fit_wandb  # W&B group names: the cell, cut to 128 characters
 
 BUDGET = ["total_steps=600", "algo.learning_starts=200", "logger.log_every=300", "logger.progress=off"]
 SMALL = ["+experiment=stability_grid_small", *BUDGET]

@@ -1,4 +1,4 @@
-"""Tests of the instruments (rlexp.diagnostics, dqn.instruments / dqn.locate) and of divergence
+"""Tests of the instruments (rlexp.diagnostics.instruments, dqn.instruments / dqn.locate) and of divergence
 recording in the trainer: activation statistics, per-layer norms, weight-norm statistics, where a
 non-finite value was born, explosion checks, the instrument history, and fault injection end to end.
 
@@ -21,10 +21,9 @@ import torch
 import torch.nn.functional as F
 from composing import compose_config
 
-import rlexp.config  # noqa: F401  (registers the structured-config schemas with Hydra before compose)
+import rlexp.config.schema  # noqa: F401  (registers the structured-config schemas with Hydra before compose)
 from rlexp.algos import dqn
-from rlexp.buffer import Batch
-from rlexp.config import (
+from rlexp.config.schema import (
     ActivationConfig,
     DiagnosticsConfig,
     DQNConfig,
@@ -37,7 +36,8 @@ from rlexp.config import (
     SGDConfig,
     WeightNormConfig,
 )
-from rlexp.diagnostics import (
+from rlexp.data.buffers import Batch
+from rlexp.diagnostics.instruments import (
     Explosions,
     InstrumentHistory,
     activation_stats,
@@ -50,9 +50,9 @@ from rlexp.diagnostics import (
     per_layer,
     resolve,
 )
-from rlexp.grad import GradientPipeline, Health
-from rlexp.nets import PopMLP, PopWeightNormLinear, weight_parameters
-from rlexp.recorder import Recorder
+from rlexp.nn.nets import PopMLP, PopWeightNormLinear, weight_parameters
+from rlexp.optim.pipeline import GradientPipeline, Health
+from rlexp.run.recorder import Recorder
 from rlexp.train import run_job
 
 torch.set_num_threads(1)
@@ -393,7 +393,7 @@ def test_locate_nonfinite_all_finite_is_none(norm):
     cfgs = {
         "none": NormalizationConfig(name="none"),
         "layer": LayerNormConfig(name="layer"),
-        "batch": rlexp.config.BatchNormConfig(name="batch"),
+        "batch": rlexp.config.schema.BatchNormConfig(name="batch"),
         "weight": WeightNormConfig(name="weight"),
     }
     net = make_net(2, norm=cfgs[norm])

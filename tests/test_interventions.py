@@ -1,4 +1,4 @@
-"""Interventions against loss of plasticity (rlexp/interventions.py), each against a direct computation
+"""Interventions against loss of plasticity (rlexp/diagnostics/interventions.py), each against a direct computation
 written here: ReDo's dormant units by hand, shrink and perturb's convex combination, reset's fresh
 layers; the optimizer state they reset; member isolation; the l2_init penalty."""
 
@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from rlexp.config import (
+from rlexp.config.schema import (
     AdamConfig,
     ClippingConfig,
     DefaultInitConfig,
@@ -20,10 +20,10 @@ from rlexp.config import (
     RMSpropTFConfig,
     SGDConfig,
 )
-from rlexp.grad import GradientPipeline, Health
-from rlexp.interventions import INTERVENTIONS, PURPOSE, Interventions, Subject, dormant_units
-from rlexp.nets import PopMLP, weight_parameters
-from rlexp.streams import member_generator
+from rlexp.diagnostics.interventions import INTERVENTIONS, PURPOSE, Interventions, Subject, dormant_units
+from rlexp.envs.streams import member_generator
+from rlexp.nn.nets import PopMLP, weight_parameters
+from rlexp.optim.pipeline import GradientPipeline, Health
 
 P, B, N_IN, N_OUT, HIDDEN = 4, 32, 3, 2, [8, 6]
 SEEDS = [5, 6, 7, 8]
@@ -37,7 +37,7 @@ def optimizer_config(name: str):
 def setup(activation: str = "relu", optimizer: str = "adam", normalization: str = "none"):
     """A population of 4 with a target copy and a pipeline that took three steps (its state non-zero);
     member 2's units DEAD of layer 0 never fire."""
-    from rlexp.config import ActivationConfig
+    from rlexp.config.schema import ActivationConfig
 
     gens = [torch.Generator().manual_seed(k) for k in range(P)]
     net = PopMLP(
@@ -260,7 +260,7 @@ def test_l2_init_penalizes_the_distance_to_the_initial_values(weights_only):
 def test_redo_leaves_a_second_inputs_columns_alone():
     """A critic whose action joins layer 1's input: recycling layer 0's dead units zeroes their columns
     of layer 1 and none of the action's (the last columns)."""
-    from rlexp.config import ActivationConfig
+    from rlexp.config.schema import ActivationConfig
 
     gens = [torch.Generator().manual_seed(k) for k in range(P)]
     net = PopMLP(
@@ -302,7 +302,7 @@ def population_run(members: int, name: str) -> tuple[list[torch.Tensor], list[to
     """A float32 population of ``members`` (member k: seed k, its own inputs) trained with Adam for 45
     updates, intervening every 10 (redo with tau 1: about half the units; reset: the output layer);
     member 1's parameters and optimizer state."""
-    from rlexp.config import ActivationConfig
+    from rlexp.config.schema import ActivationConfig
 
     gens = [torch.Generator().manual_seed(k) for k in range(members)]
     # 3 outputs: 107 parameters a member, so every vector width leaves a remainder at the buffer's end

@@ -16,13 +16,13 @@ pytest.importorskip("vmas", reason="pip install -e '.[marl]'")
 
 from composing import compose_config
 
-from rlexp import marl_envs  # noqa: E402
+from rlexp.envs import marl as marl_envs  # noqa: E402
+from rlexp.algos.common import ScaledTanh  # noqa: E402
 from rlexp.algos.maddpg import Agent, critic_target, gumbel_softmax, joint_target  # noqa: E402
-from rlexp.algos.td3 import ScaledTanh  # noqa: E402
-from rlexp.build import validate  # noqa: E402
-from rlexp.collapse import ActionWindow  # noqa: E402
-from rlexp.config import ConfigError, DiagnosticsConfig, EnvConfig  # noqa: E402
-from rlexp.marl_envs import AgentSpace, population_env  # noqa: E402
+from rlexp.compose.validate import validate  # noqa: E402
+from rlexp.config.schema import ConfigError, DiagnosticsConfig, EnvConfig  # noqa: E402
+from rlexp.diagnostics.collapse import ActionWindow  # noqa: E402
+from rlexp.envs.marl import AgentSpace, population_env  # noqa: E402
 from rlexp.train import run_job  # noqa: E402
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
@@ -246,7 +246,7 @@ def _shared_maddpg(env: str):
     from omegaconf import OmegaConf
 
     from rlexp.algos.maddpg import Agent
-    from rlexp.run import RunContext
+    from rlexp.run.context import RunContext
 
     cfg = compose_config(TINY + [f"env={env}", "num_seeds=2", "algo.share_parameters=true", "algo.policy_reg=0.01"])
     ctx = RunContext.create(OmegaConf.to_object(cfg), torch.device("cpu"))
@@ -265,7 +265,7 @@ def test_shared_maddpg_losses_are_the_direct_computation(env):
     agent's own reward's target; the shared actor's: -Q(x, every agent's action from the actor), plus
     the logits penalty (discrete). Computed sample by sample with the networks' plain forward."""
     from rlexp.algos.maddpg import policy_actions, shared_actor_loss, shared_critic_loss
-    from rlexp.buffer import Batch
+    from rlexp.data.buffers import Batch
 
     ctx, agents, algo = _shared_maddpg(env)
     net, n, P, B, D = agents[0], len(agents), 2, 8, ctx.env.obs_dim
@@ -313,8 +313,8 @@ def test_actor_first_moves_the_actor_against_the_critic_before_its_step(tmp_path
     its forward for the actor's loss (frozen): with ``algo.actor_first`` the second sees the critic's
     parameters unchanged, without it the parameters after the critic's step. The critics end the same
     either way, the actors not."""
-    from rlexp.checkpoint import FILE
-    from rlexp.nets import PopMLP
+    from rlexp.nn.nets import PopMLP
+    from rlexp.run.checkpoint import FILE
 
     calls, plain = [], PopMLP.forward
 
@@ -346,7 +346,7 @@ def test_maddpg_exploration_noise_falls_linearly_then_stays():
     then constant; in steps of exploration_anneal_every when set; constant without a decay; the end
     defaults to the start."""
     from rlexp.algos.maddpg import noise_std
-    from rlexp.config import MADDPGConfig
+    from rlexp.config.schema import MADDPGConfig
 
     algo = MADDPGConfig(name="maddpg", exploration_noise=0.8, exploration_noise_end=0.01, exploration_anneal_steps=40)
     for step, want in [(0, 0.8), (10, 0.8 - 0.79 / 4), (20, 0.8 - 0.79 / 2), (40, 0.01), (1000, 0.01)]:
@@ -424,9 +424,9 @@ def test_mappo_clipped_objective_is_the_direct_computation(shared):
     torch.distributions; shared: their mean for the one policy; separate: agent i's for policy i."""
     from omegaconf import OmegaConf
 
+    from rlexp.algos.common import Minibatch
     from rlexp.algos.mappo import Policies, mappo_losses
-    from rlexp.algos.ppo import Minibatch
-    from rlexp.run import RunContext
+    from rlexp.run.context import RunContext
 
     overrides = ["algo=mappo", "env=simple_spread", "num_seeds=2", f"algo.share_parameters={shared}", *QUIET]
     ctx = RunContext.create(OmegaConf.to_object(compose_config(overrides)), torch.device("cpu"))

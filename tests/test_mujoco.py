@@ -15,9 +15,9 @@ import sys
 import pytest
 from test_actor_critic import QUIET, compose_config
 
-from rlexp.build import validate
-from rlexp.config import ConfigError
-from rlexp.envs import make_env
+from rlexp.compose.validate import validate
+from rlexp.config.schema import ConfigError
+from rlexp.envs.gym import make_env
 from rlexp.train import run_job
 
 SMOKE = {  # algo -> (env preset, its gymnasium id, the algorithm's tiny budget)

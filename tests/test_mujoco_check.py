@@ -64,7 +64,7 @@ def test_rlexp_side_starts_from_the_linear_init_sb3_uses(algo, monkeypatch):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from rlexp.run import RunContext
+    from rlexp.run.context import RunContext
 
     spec = importlib.util.spec_from_file_location("mujoco_check", SCRIPT)
     script = importlib.util.module_from_spec(spec)

@@ -13,11 +13,10 @@ import torch
 from composing import compose_config
 from hydra import compose, initialize_config_dir
 
-import rlexp.config  # noqa: F401  (registers the structured-config schemas with Hydra)
+import rlexp.config.schema  # noqa: F401  (registers the structured-config schemas with Hydra)
 from rlexp.algos.muzero_lite import Model, representation_grad_norms, step_losses, unroll, unroll_targets
-from rlexp.buffer import SequenceBatch, SequenceReplay
-from rlexp.build import validate
-from rlexp.config import (
+from rlexp.compose.validate import validate
+from rlexp.config.schema import (
     ActivationConfig,
     ConfigError,
     GainInitConfig,
@@ -26,8 +25,9 @@ from rlexp.config import (
     NormalizationConfig,
     NormClipConfig,
 )
-from rlexp.grad import CLIPPERS
-from rlexp.nets import PopMLP, scale_gradient
+from rlexp.data.buffers import SequenceBatch, SequenceReplay
+from rlexp.nn.nets import PopMLP, scale_gradient
+from rlexp.optim.pipeline import CLIPPERS
 from rlexp.train import run_job
 
 torch.set_num_threads(1)

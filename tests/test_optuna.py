@@ -18,8 +18,8 @@ from hydra_plugins.rlexp_optuna_sweeper import optuna_sweeper
 from hydra_plugins.rlexp_optuna_sweeper.optuna_sweeper import RlexpOptunaSweeper, trial_outcome
 from rlexp.algos import ALGOS
 from rlexp.cli import check_command_line
-from rlexp.config import ConfigError
-from rlexp.pack import Cell, plan_packs
+from rlexp.config.schema import ConfigError
+from rlexp.run.pack import Cell, plan_packs
 
 INSTALL = "pip install -e '.[optuna]'"
 

@@ -1,7 +1,7 @@
 """Packed training: cells trained as one population write what each cell's own job writes.
 
 Every cell here is trained twice, for real (CartPole, a tiny budget): alone through the job runner, and
-packed with other cells through ``rlexp.pack.run_pack``; each member's metrics.jsonl records (every
+packed with other cells through ``rlexp.run.pack.run_pack``; each member's metrics.jsonl records (every
 training statistic, instrument, episode and evaluation figure; not the wall-clock ones) and summary must
 be the same, bit for bit, in both.
 """
@@ -17,9 +17,9 @@ from test_cli import compose_config, describe, message_lines, read_jsonl, run_cl
 from test_grid import CRASH, CRASHED, SMALL, check_crashed_job, check_finished_job, file_hashes, job_dirs, read_json
 
 from rlexp.algos import ALGOS
-from rlexp.config import ConfigError
-from rlexp.pack import Cell, pack_key, pack_work, plan_packs, run_pack
-from rlexp.runner import run_population
+from rlexp.config.schema import ConfigError
+from rlexp.run.pack import Cell, pack_key, pack_work, plan_packs, run_pack
+from rlexp.run.runner import run_population
 from rlexp.train import prepare
 
 BUDGET = ["total_steps=600", "algo.learning_starts=200", "logger.log_every=300", "logger.progress=off"]

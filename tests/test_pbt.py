@@ -17,17 +17,17 @@ import torch
 from omegaconf import OmegaConf
 from test_cli import _items, compose_config, read_jsonl, wandb_run_dir
 
-from rlexp.build import validate
-from rlexp.config import AdamConfig, ClippingConfig, ConfigError, RegularizationConfig
-from rlexp.grad import GradientPipeline, Health
-from rlexp.normalize import RunningMeanStd
-from rlexp.pack import Cell, run_pack
-from rlexp.pbt import copy_member, initial_configs, with_value
-from rlexp.report import build_report
-from rlexp.report_html import render_html
-from rlexp.runner import run_population
+from rlexp.compose.validate import validate
+from rlexp.config.schema import AdamConfig, ClippingConfig, ConfigError, RegularizationConfig
+from rlexp.envs.normalize import RunningMeanStd
+from rlexp.optim.pipeline import GradientPipeline, Health
+from rlexp.report.html import render_html
+from rlexp.report.main import build_report
+from rlexp.run.pack import Cell, run_pack
+from rlexp.run.pbt import copy_member, initial_configs, with_value
+from rlexp.run.runner import run_population
+from rlexp.run.wandb_files import read_records
 from rlexp.train import prepare
-from rlexp.wandb_files import read_records
 
 P = 4
 

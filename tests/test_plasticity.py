@@ -1,4 +1,4 @@
-"""Tests of the plasticity instruments (rlexp.diagnostics): feature rank srank, effective rank erank,
+"""Tests of the plasticity instruments (rlexp.diagnostics.instruments): feature rank srank, effective rank erank,
 active fraction, feature norm, weight magnitude and weight change from initialization.
 
 Ranks are checked on matrices built with a known spectrum (H = U diag(s) V^T with orthonormal U, V),
@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from rlexp.config import (
+from rlexp.config.schema import (
     ActivationConfig,
     ClippingConfig,
     GainInitConfig,
@@ -23,9 +23,17 @@ from rlexp.config import (
     SGDConfig,
     WeightNormConfig,
 )
-from rlexp.diagnostics import Deferred, activation_stats, feature_ranks, keep_initial, layer_stats, rank_stats, resolve
-from rlexp.grad import GradientPipeline, Health
-from rlexp.nets import PopMLP, weight_parameters
+from rlexp.diagnostics.instruments import (
+    Deferred,
+    activation_stats,
+    feature_ranks,
+    keep_initial,
+    layer_stats,
+    rank_stats,
+    resolve,
+)
+from rlexp.nn.nets import PopMLP, weight_parameters
+from rlexp.optim.pipeline import GradientPipeline, Health
 
 torch.set_num_threads(1)
 

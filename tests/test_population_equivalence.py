@@ -20,11 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import rlexp.config  # noqa: F401  (registers the structured-config schemas with Hydra)
+import rlexp.config.schema  # noqa: F401  (registers the structured-config schemas with Hydra)
+from rlexp.algos.common import Actor, Minibatch, ppo_losses
 from rlexp.algos.dqn import dqn_loss
-from rlexp.algos.ppo import Actor, Minibatch, ppo_losses
-from rlexp.buffer import Batch
-from rlexp.config import (
+from rlexp.config.schema import (
     ActivationConfig,
     ActorCriticConfig,
     AdamConfig,
@@ -38,8 +37,9 @@ from rlexp.config import (
     NormClipConfig,
     RegularizationConfig,
 )
-from rlexp.grad import GradientPipeline, Health
-from rlexp.nets import PopMLP, weight_parameters
+from rlexp.data.buffers import Batch
+from rlexp.nn.nets import PopMLP, weight_parameters
+from rlexp.optim.pipeline import GradientPipeline, Health
 
 torch.set_num_threads(1)
 

@@ -12,7 +12,7 @@ import pytest
 from composing import compose_config
 from omegaconf import OmegaConf
 
-from rlexp.build import validate
+from rlexp.compose.validate import validate
 from rlexp.train import run_job
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,11 +8,11 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from rlexp.activations import ACTIVATIONS
-from rlexp.config import DiagnosticsConfig, LSTMNetworkConfig, NormalizationConfig, XavierInitConfig
-from rlexp.diagnostics import activity_instruments, locate_nonfinite, parameter_names, resolve
-from rlexp.nets import NORMALIZATIONS, weight_parameters
-from rlexp.recurrent import RecurrentNet, mc_returns, reset_state_, take_sequences
+from rlexp.config.schema import DiagnosticsConfig, LSTMNetworkConfig, NormalizationConfig, XavierInitConfig
+from rlexp.diagnostics.instruments import activity_instruments, locate_nonfinite, parameter_names, resolve
+from rlexp.nn.activations import ACTIVATIONS
+from rlexp.nn.nets import NORMALIZATIONS, weight_parameters
+from rlexp.nn.recurrent import RecurrentNet, mc_returns, reset_state_, take_sequences
 
 P, N_IN, CELL, N_OUT, T, N = 3, 5, 6, 2, 7, 4
 
@@ -158,9 +158,9 @@ def test_the_update_unrolls_the_rollout_as_acting_stepped_it_and_the_mc_loss_is_
     """Values acting computed step by step (states carried, zeroed after an episode's end or a reset step)
     are what the update's unroll of a minibatch of environment sequences gives again; the
     critic loss on Monte-Carlo returns is vf_coef * 0.5 * mean over valid samples of (V - R)^2."""
-    from rlexp.algos.ppo import Minibatch, ppo_losses
-    from rlexp.config import A2CConfig
-    from rlexp.recurrent import RolloutMemory
+    from rlexp.algos.common import Minibatch, ppo_losses
+    from rlexp.config.schema import A2CConfig
+    from rlexp.nn.recurrent import RolloutMemory
 
     net = make_net(encoder=(8,))
     memory = RolloutMemory({"critic": net}, T, N)
@@ -212,11 +212,11 @@ def test_the_seed_critic_preset_builds_the_posts_critic():
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from rlexp.activations import PopActivation
-    from rlexp.build import validate
-    from rlexp.nets import PopWeightNormLinear
-    from rlexp.registry import register
-    from rlexp.run import RunContext
+    from rlexp.compose.registry import register
+    from rlexp.compose.validate import validate
+    from rlexp.nn.activations import PopActivation
+    from rlexp.nn.nets import PopWeightNormLinear
+    from rlexp.run.context import RunContext
 
     register()
     conf = str(Path(__file__).resolve().parents[1] / "conf")
@@ -263,9 +263,9 @@ def test_bad_recurrent_settings_are_refused_naming_the_key(overrides, key):
 
     from hydra import compose, initialize_config_dir
 
-    from rlexp.build import validate
-    from rlexp.config import ConfigError
-    from rlexp.registry import register
+    from rlexp.compose.registry import register
+    from rlexp.compose.validate import validate
+    from rlexp.config.schema import ConfigError
 
     register()
     with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):

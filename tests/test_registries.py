@@ -19,8 +19,7 @@ from definitions import ref_activation
 from omegaconf import OmegaConf
 from torch import nn
 
-from rlexp.activations import ACTIVATIONS, check_activation
-from rlexp.config import (
+from rlexp.config.schema import (
     ActivationConfig,
     ConfigError,
     DiagnosticsConfig,
@@ -28,9 +27,10 @@ from rlexp.config import (
     NetworkConfig,
     NormalizationConfig,
 )
-from rlexp.diagnostics import activity_instruments, locate_nonfinite, resolve
-from rlexp.init import INITIALIZERS, check_init
-from rlexp.nets import (
+from rlexp.diagnostics.instruments import activity_instruments, locate_nonfinite, resolve
+from rlexp.nn.activations import ACTIVATIONS, check_activation
+from rlexp.nn.init import INITIALIZERS, check_init
+from rlexp.nn.nets import (
     NORMALIZATIONS,
     PopBatchNorm,
     PopLayerNorm,
@@ -229,7 +229,7 @@ def test_every_activation_has_an_init_gain(activation, scheme):
 def test_written_backward_is_autograd_bit_for_bit(activation, normalization, caplog):
     """Where every component declares a written backward, forward_saved + backward_to_grads give
     autograd's outputs, gradients and buffers exactly; elsewhere the network says so and uses autograd."""
-    with caplog.at_level(logging.DEBUG, logger="rlexp.nets"):
+    with caplog.at_level(logging.DEBUG, logger="rlexp.nn.nets"):
         net, twin = (
             make_net(activation, normalization, torch.float32),
             make_net(activation, normalization, torch.float32),

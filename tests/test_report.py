@@ -23,9 +23,9 @@ from rliable import library, metrics
 from scipy.stats import trim_mean
 from test_cli import cli_env, read_wandb_records, read_wandb_run
 
-from rlexp.report import build_report, instrument_panels, write_outputs
-from rlexp.report_html import render_html
-from rlexp.report_stats import NORMALIZATION, bootstrap_iqm, iqm_fast, normalizations, performance_profiles, poi_fast
+from rlexp.report.html import render_html
+from rlexp.report.main import build_report, instrument_panels, write_outputs
+from rlexp.report.stats import NORMALIZATION, bootstrap_iqm, iqm_fast, normalizations, performance_profiles, poi_fast
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium")

@@ -16,10 +16,10 @@ import pytest
 import torch
 from test_actor_critic import compose_config, pop_mlp, ref_forward, td3_batch
 
+from rlexp.algos.common import ScaledTanh
 from rlexp.algos.sac import LogAlpha, sac_target, squashed_sample
-from rlexp.algos.td3 import ScaledTanh
-from rlexp.build import validate
-from rlexp.config import ConfigError, SACConfig
+from rlexp.compose.validate import validate
+from rlexp.config.schema import ConfigError, SACConfig
 
 torch.set_num_threads(1)
 

@@ -22,7 +22,7 @@ import torch
 from test_cli import ROOT, cli_env, describe, read_jsonl, run_cli
 
 from rlexp import check, replay, sync
-from rlexp.jobs import ASIDE
+from rlexp.run.jobs import ASIDE
 
 BUDGET = ["total_steps=600", "algo.learning_starts=200", "logger.log_every=300", "logger.progress=off"]
 

@@ -18,7 +18,7 @@ study), with four changes (``_impl.StudySweeper``):
   of the study's first trials), and a seeded sampler is seeded with ``seed + trials so far`` (a resumed
   study's random start-up trials would otherwise repeat the first ones);
 - the sweep dir exists before the study's storage is opened in it, and holds ``multirun.yaml`` as
-  Hydra's basic sweeper writes it (the searched keys name each job's cell, ``rlexp.cells``).
+  Hydra's basic sweeper writes it (the searched keys name each job's cell, ``rlexp.config.cells``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def trial_outcome(summary: dict[str, Any], objective: str) -> tuple[float | None
     rule). A job with a diverged member has no value: ``diverged`` counts them and the earliest one's
     ``cause``, ``where``, ``diverged_at_step`` and ``diverged_member`` (its member index in the job) say
     what happened; the other members' score is not the trial's, since the setting was not stable."""
-    from rlexp.report_stats import iqm_fast
+    from rlexp.report.stats import iqm_fast
 
     members = summary["members"]
     attrs: dict[str, Any] = {"status": summary["status"], "members": len(members)}
@@ -83,7 +83,7 @@ class RlexpOptunaSweeper(Sweeper):
     """``hydra/sweeper=rlexp_optuna``: hydra-optuna-sweeper's keys plus ``objective`` (``OBJECTIVES``)."""
 
     def __init__(self, objective: str = "iqm", **kwargs: Any) -> None:
-        from rlexp.config import ConfigError
+        from rlexp.config.schema import ConfigError
 
         try:
             from ._impl import StudySweeper

@@ -1,10 +1,10 @@
-"""A Hydra launcher that trains a multirun's jobs packed: cells sharing ``rlexp.pack.pack_key`` (network
+"""A Hydra launcher that trains a multirun's jobs packed: cells sharing ``rlexp.run.pack.pack_key`` (network
 shape, algorithm, environment, budget, ...) as one population of at most ``max_members`` members, the
 packs in joblib's local worker processes (``n_jobs``).
 
 Each job is first set up by Hydra's own ``run_job`` (its output dir, its ``.hydra`` record, the callbacks)
 with a task that only takes note of the job (``rlexp.train.job_identity``: its dir, cell and choices); the
-packs then train and write every job dir as the job would alone (``rlexp.pack.run_pack``). A cell whose
+packs then train and write every job dir as the job would alone (``rlexp.run.pack.run_pack``). A cell whose
 pack crashed is a failed job (the multirun exits non-zero once every pack has run); a refused cell too.
 """
 
@@ -38,9 +38,9 @@ class PackedLauncher(Launcher):
         from joblib import Parallel, delayed
 
         from rlexp.algos import ALGOS
-        from rlexp.config import ConfigError
-        from rlexp.jobs import is_finished, release_dir
-        from rlexp.pack import Cell, plan_packs
+        from rlexp.config.schema import ConfigError
+        from rlexp.run.jobs import is_finished, release_dir
+        from rlexp.run.pack import Cell, plan_packs
         from rlexp.train import job_identity
 
         if self.max_members < 1:  # one line, exit code 2, before any job dir is made
@@ -123,7 +123,7 @@ def _train_pack(cells: list[Any], singleton_state: dict[Any, Any]) -> list[tuple
     """In a worker: train one pack; each cell's (job summary, None), or (None, the line that refused it)."""
     setup_globals()
     Singleton.set_state(singleton_state)
-    from rlexp.pack import run_pack
+    from rlexp.run.pack import run_pack
     from rlexp.train import prepare
 
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlexp.algos import dqn, maddpg, mappo, muzero_lite, ppo, sac, td3
-from rlexp.config import (
+from rlexp.config.schema import (
     A2CConfig,
     ActorCriticConfig,
     AlgoConfig,
@@ -18,7 +18,7 @@ from rlexp.config import (
     SACConfig,
     TD3Config,
 )
-from rlexp.run import Algorithm
+from rlexp.run.context import Algorithm
 
 
 @dataclass(frozen=True)
@@ -26,15 +26,15 @@ class AlgoSpec:
     train: Algorithm  # train(ctx: RunContext) -> None
     schema: type[AlgoConfig]  # the algo group's structured config
     action_spaces: tuple[str, ...]  # "discrete" and/or "continuous"
-    # config keys whose values may differ between the members of one population (rlexp.members; a pack
-    # of cells differing only in these, rlexp.pack); () = none: cells are packed only when equal
+    # config keys whose values may differ between the members of one population (rlexp.config.members; a pack
+    # of cells differing only in these, rlexp.run.pack); () = none: cells are packed only when equal
     member_keys: tuple[str, ...] = ()
     multi_agent: bool = False  # trains the agents of a multi-agent env (env.api pettingzoo, vmas)
-    # keys population-based training may vary per member at run time (rlexp.pbt); () = no PBT
+    # keys population-based training may vary per member at run time (rlexp.run.pbt); () = no PBT
     pbt_keys: tuple[str, ...] = ()
 
 
-# every algorithm that builds its networks and pipelines through the context (rlexp.run)
+# every algorithm that builds its networks and pipelines through the context (rlexp.run.context)
 CONTEXT_KEYS = ("init", "clipping", "optimizer", "regularization.l1", "regularization.l2", "regularization.l2_init")
 CONTEXT_KEYS += ("intervention.tau", "intervention.shrink", "intervention.perturb", "intervention.layers")
 DQN_KEYS = ("algo.gamma", "algo.tau", "algo.target_update_period", "algo.start_e", "algo.end_e")

@@ -24,9 +24,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rlexp.buffer import Batch, FrameStackReplay, ReplayBuffer
-from rlexp.config import DiagnosticsConfig, DQNConfig
-from rlexp.diagnostics import (
+from rlexp.algos.common import epsilon
+from rlexp.config.members import member_runs
+from rlexp.config.schema import DiagnosticsConfig, DQNConfig
+from rlexp.data.buffers import Batch, FrameStackReplay, ReplayBuffer
+from rlexp.diagnostics.instruments import (
     activity_instruments,
     hidden_outputs,
     locate_in_update,
@@ -34,19 +36,12 @@ from rlexp.diagnostics import (
     parameter_names,
     update_instruments,
 )
-from rlexp.evaluation import Policy
-from rlexp.grad import UpdateStats
-from rlexp.interventions import Subject
-from rlexp.members import member_runs
-from rlexp.nets import PopMLP, hard_update_, soft_update_
-from rlexp.recorder import Located
-from rlexp.run import RunContext
-
-
-def epsilon(step: int, algo: DQNConfig, total_steps: int) -> float:
-    """Linear decay from start_e to end_e over exploration_fraction * total_steps env steps."""
-    duration = algo.exploration_fraction * total_steps
-    return algo.start_e + (algo.end_e - algo.start_e) * min(1.0, step / duration)
+from rlexp.diagnostics.interventions import Subject
+from rlexp.nn.nets import PopMLP, hard_update_, soft_update_
+from rlexp.optim.pipeline import UpdateStats
+from rlexp.run.context import RunContext
+from rlexp.run.evaluation import Policy
+from rlexp.run.recorder import Located
 
 
 def member_epsilon(step: int, start: np.ndarray, end: np.ndarray, fraction: np.ndarray, total_steps: int) -> np.ndarray:

@@ -37,7 +37,7 @@ reward, and the actor update gives the critic every agent's action from the curr
 The instruments of the seed's symptom (an agent that repeats one action) are kept per agent over each
 log window from the actions the policy takes after ``learning_starts`` (a discrete agent's sample of
 softmax(logits), so a concentrated distribution shows; a continuous agent's mu(o) plus its noise):
-``rlexp.collapse.ActionWindow``.
+``rlexp.diagnostics.collapse.ActionWindow``.
 """
 
 from __future__ import annotations
@@ -49,17 +49,17 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from rlexp.algos.td3 import ScaledTanh, locate, normal
-from rlexp.buffer import Batch, ReplayBuffer
-from rlexp.collapse import ActionWindow
-from rlexp.config import Config, MADDPGConfig
-from rlexp.diagnostics import activity_instruments, parameter_names, update_instruments
-from rlexp.evaluation import Policy
-from rlexp.grad import GradientPipeline, UpdateStats
-from rlexp.interventions import Interventions, Subject
-from rlexp.marl_envs import AgentSpace
-from rlexp.nets import PopMLP, soft_update_
-from rlexp.run import RunContext
+from rlexp.algos.common import ScaledTanh, locate, normal
+from rlexp.config.schema import Config, MADDPGConfig
+from rlexp.data.buffers import Batch, ReplayBuffer
+from rlexp.diagnostics.collapse import ActionWindow
+from rlexp.diagnostics.instruments import activity_instruments, parameter_names, update_instruments
+from rlexp.diagnostics.interventions import Interventions, Subject
+from rlexp.envs.marl import AgentSpace
+from rlexp.nn.nets import PopMLP, soft_update_
+from rlexp.optim.pipeline import GradientPipeline, UpdateStats
+from rlexp.run.context import RunContext
+from rlexp.run.evaluation import Policy
 
 
 def gumbel(uniform: torch.Tensor) -> torch.Tensor:

@@ -2,16 +2,16 @@
 
 Reads top to bottom: per agent a policy on its own observation (or, with ``share_parameters``, one
 policy for every agent, which then also sees its agent's one-hot index unless ``agent_index`` is off;
-continuous actions as ``continuous_policy`` says: ``rlexp.algos.ppo.Actor``) and one centralized critic
+continuous actions as ``continuous_policy`` says: ``rlexp.algos.common.Actor``) and one centralized critic
 V(x) -> [N] on the joint observation x (one value per agent, each agent's own reward; with
 ``shared_value`` one value, used for every agent's reward) -> per rollout
 ``num_steps`` vector steps of acting -> GAE per agent -> ``update_epochs`` passes over
 ``num_minibatches`` shuffled minibatches (each member shuffles with its own stream). The losses are
-PPO's (``rlexp.algos.ppo.ppo_losses``, per agent, advantages normalized per member and agent):
+PPO's (``rlexp.algos.common.ppo_losses``, per agent, advantages normalized per member and agent):
     actor loss  = mean over agents of (clipped surrogate_i - ent_coef * entropy_i)
     critic loss = vf_coef * mean over agents of value loss_i
 With separate policies each agent's term moves only its own policy; with a shared one the mean is
-the loss over every agent's samples. Episodes reset at once (``rlexp.marl_envs``): a truncated step
+the loss over every agent's samples. Episodes reset at once (``rlexp.envs.marl``): a truncated step
 bootstraps from V(its final observation), a terminated one from 0, and GAE never crosses an
 episode's end. Observations are normalized when ``obs_norm`` is on; rewards are used as they are
 (``reward_norm`` is not read) and the learning rate stays constant (``anneal_lr`` is not read).
@@ -27,15 +27,14 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from rlexp.algos.ppo import Actor, Minibatch, gae, ppo_losses
-from rlexp.algos.td3 import locate
-from rlexp.collapse import ActionWindow
-from rlexp.config import DiagnosticsConfig, MAPPOConfig
-from rlexp.diagnostics import activity_instruments, parameter_names, update_instruments
-from rlexp.evaluation import Policy
-from rlexp.grad import UpdateStats
-from rlexp.nets import PopMLP
-from rlexp.run import RunContext
+from rlexp.algos.common import Actor, Minibatch, gae, locate, ppo_losses
+from rlexp.config.schema import DiagnosticsConfig, MAPPOConfig
+from rlexp.diagnostics.collapse import ActionWindow
+from rlexp.diagnostics.instruments import activity_instruments, parameter_names, update_instruments
+from rlexp.nn.nets import PopMLP
+from rlexp.optim.pipeline import UpdateStats
+from rlexp.run.context import RunContext
+from rlexp.run.evaluation import Policy
 
 
 class Policies:

@@ -43,22 +43,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlexp.algos.dqn import epsilon
-from rlexp.buffer import SequenceBatch, SequenceReplay
-from rlexp.config import DiagnosticsConfig, MuZeroLiteConfig
-from rlexp.diagnostics import (
+from rlexp.algos.common import epsilon
+from rlexp.config.schema import DiagnosticsConfig, MuZeroLiteConfig
+from rlexp.data.buffers import SequenceBatch, SequenceReplay
+from rlexp.diagnostics.instruments import (
     activity_instruments,
     locate_in_update,
     locate_nonfinite,
     parameter_names,
     update_instruments,
 )
-from rlexp.evaluation import Policy
-from rlexp.grad import UpdateStats
-from rlexp.interventions import Subject
-from rlexp.nets import PopMLP, scale_gradient, soft_update_
-from rlexp.recorder import Located
-from rlexp.run import RunContext
+from rlexp.diagnostics.interventions import Subject
+from rlexp.nn.nets import PopMLP, scale_gradient, soft_update_
+from rlexp.optim.pipeline import UpdateStats
+from rlexp.run.context import RunContext
+from rlexp.run.evaluation import Policy
+from rlexp.run.recorder import Located
 
 ROLES = (("repr", "h"), ("dyn", "g"), ("pred", "f"))  # each network's instrument prefix, the model's attribute
 

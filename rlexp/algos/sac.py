@@ -33,17 +33,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlexp.algos.td3 import ScaledTanh, evaluation_policy, locate, normal
-from rlexp.buffer import Batch, ReplayBuffer
-from rlexp.config import AdamConfig, ClippingConfig, DiagnosticsConfig, RegularizationConfig, SACConfig
-from rlexp.diagnostics import activity_instruments, parameter_names, update_instruments
-from rlexp.grad import GradientPipeline, UpdateStats
-from rlexp.interventions import Subject
-from rlexp.members import member_runs
-from rlexp.nets import PopMLP, soft_update_
-from rlexp.run import RunContext
-
-LOG_2PI = math.log(2 * math.pi)
+from rlexp.algos.common import LOG_2PI, ScaledTanh, locate, normal, squashed_policy
+from rlexp.config.members import member_runs
+from rlexp.config.schema import AdamConfig, ClippingConfig, DiagnosticsConfig, RegularizationConfig, SACConfig
+from rlexp.data.buffers import Batch, ReplayBuffer
+from rlexp.diagnostics.instruments import activity_instruments, parameter_names, update_instruments
+from rlexp.diagnostics.interventions import Subject
+from rlexp.nn.nets import PopMLP, soft_update_
+from rlexp.optim.pipeline import GradientPipeline, UpdateStats
+from rlexp.run.context import RunContext
 
 
 class LogAlpha(nn.Module):
@@ -145,7 +143,7 @@ def train(ctx: RunContext) -> None:
     tau = algo.tau if ctx.shared("algo.tau") else member_runs(ctx.member_values("algo.tau"), members)
 
     act = actor.inference()  # acting: the same forward, no gradient, less overhead per call
-    recorder.evaluate_with(evaluation_policy(lambda x: act(x)[..., :action_dim], squash, device, low, high))
+    recorder.evaluate_with(squashed_policy(lambda x: act(x)[..., :action_dim], squash, device, low, high))
     obs = env.reset()  # [P, E, obs] raw, on the host
     ctx.obs_norm.update(obs)
     prev_step = 0

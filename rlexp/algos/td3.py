@@ -14,71 +14,31 @@ The critic update, per member (no gradient through y):
 The actor update: actor loss = -mean Q_1(s, mu(s)) (the critic's parameters get no gradient).
 Targets: theta' <- (1 - tau) theta' + tau theta (tau = 0.001 is the seed's DDPG). Noise scales are
 fractions of the half action range. A truncated episode bootstraps, a terminated one does not.
-Evaluation plays mu(s), without exploration noise (``evaluation_policy``).
+Evaluation plays mu(s), without exploration noise (``squashed_policy``).
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
 from functools import partial
 
 import numpy as np
 import torch
 from torch import nn
 
-from rlexp.buffer import Batch, ReplayBuffer
-from rlexp.config import DiagnosticsConfig, TD3Config
-from rlexp.diagnostics import (
+from rlexp.algos.common import ScaledTanh, locate, normal, squashed_policy
+from rlexp.config.members import member_runs
+from rlexp.config.schema import DiagnosticsConfig, TD3Config
+from rlexp.data.buffers import Batch, ReplayBuffer
+from rlexp.diagnostics.instruments import (
     activity_instruments,
-    locate_in_update,
-    locate_nonfinite,
     parameter_names,
     update_instruments,
 )
-from rlexp.evaluation import Policy
-from rlexp.grad import UpdateStats
-from rlexp.interventions import Subject
-from rlexp.members import member_runs
-from rlexp.nets import PopMLP, soft_update_
-from rlexp.recorder import Located
-from rlexp.run import RunContext
-
-
-class ScaledTanh(nn.Module):
-    """Maps network outputs [P, B, A] to the action box: center + half_range * tanh(x)."""
-
-    def __init__(self, low: np.ndarray, high: np.ndarray, device: torch.device) -> None:
-        super().__init__()
-        self.register_buffer("center", torch.as_tensor((high + low) / 2, dtype=torch.float32, device=device))
-        self.register_buffer("half_range", torch.as_tensor((high - low) / 2, dtype=torch.float32, device=device))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.center + self.half_range * torch.tanh(x)
-
-
-def normal(uniform: np.ndarray, shape: tuple, device: torch.device) -> torch.Tensor:
-    """Standard normal numbers of ``shape`` from a member's uniform stream [P, n] (inverse CDF)."""
-    u = torch.from_numpy(uniform).float().reshape(shape).clamp(1e-7, 1 - 1e-7)
-    return torch.special.ndtri(u).to(device)
-
-
-def evaluation_policy(
-    act: Callable[[torch.Tensor], torch.Tensor],
-    squash: ScaledTanh,
-    device: torch.device,
-    low: np.ndarray,
-    high: np.ndarray,
-) -> Policy:
-    """The deterministic policy: normalized observations [P, N, obs] -> mu(s) [P, N, A], no noise,
-    clipped to the action bounds ``low``, ``high`` [A] as acting clips (against rounding at tanh's ends)."""
-
-    def policy(obs: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            mu = squash(act(torch.from_numpy(obs).to(device)))  # [P, N, A]
-        return np.clip(mu.cpu().numpy(), low, high)
-
-    return policy
+from rlexp.diagnostics.interventions import Subject
+from rlexp.nn.nets import PopMLP, soft_update_
+from rlexp.optim.pipeline import UpdateStats
+from rlexp.run.context import RunContext
 
 
 def td3_target(
@@ -100,28 +60,6 @@ def td3_target(
             next_action = torch.minimum(torch.maximum(next_action + smoothing * squash.half_range, low), high)
         next_q = torch.stack([c(batch.next_obs, next_action).squeeze(-1) for c in critic_targets]).amin(0)  # [P, B]
         return batch.rewards + (algo.gamma if gamma is None else gamma) * (1.0 - batch.terminated) * next_q
-
-
-def locate(
-    nets: Sequence[PopMLP],
-    prefixes: Sequence[str],
-    names: list[str],
-    obs: torch.Tensor,
-    actions: torch.Tensor | None,
-    update: UpdateStats,
-    member: int,
-    cause: str,
-) -> Located:
-    """Where member ``member``'s non-finite update of ``nets`` was born: each network's forward on the
-    batch's observations [P, B, obs] (and, for the critics, actions [P, B, A]) layer by layer, then the
-    loss, the gradients and the parameters after the step."""
-    for net, prefix in zip(nets, prefixes):
-        found = locate_nonfinite(
-            net, prefix, member, obs[member], "replay.obs", None if actions is None else actions[member]
-        )
-        if found is not None:
-            return found
-    return locate_in_update(cause, names, [p for net in nets for p in net.parameters()], member, update)
 
 
 def histograms(actor: PopMLP, squash: ScaledTanh, actor_names: list[str], batch: Batch) -> dict[str, torch.Tensor]:
@@ -165,7 +103,7 @@ def train(ctx: RunContext) -> None:
     critic_updates = actor_updates = 0
 
     act = actor.inference()  # acting: the same forward, no gradient, less overhead per call
-    recorder.evaluate_with(evaluation_policy(act, squash, device, low, high))
+    recorder.evaluate_with(squashed_policy(act, squash, device, low, high))
     obs = env.reset()  # [P, E, obs] raw, on the host
     ctx.obs_norm.update(obs)
     prev_step = 0

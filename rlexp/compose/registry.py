@@ -1,0 +1,129 @@
+"""Config groups and their schemas, built from the implementation registries, and ``register()``.
+
+A config group maps one-to-one onto a registry whose entries carry ``.schema``, the dataclass of the
+option's config: ``SCHEMAS[group][option]``. ``register()`` stores every schema in Hydra's
+ConfigStore (``schema/<group>/<option>``, which each ``conf/<group>/<option>.yaml`` names) and
+registers rlexp's resolvers; the entry point and the tests call it before composing a config.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Mapping
+from dataclasses import MISSING, fields
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING as REQUIRED
+from omegaconf import OmegaConf
+
+from rlexp.algos import ALGOS
+from rlexp.config.schema import (
+    NON_CELL_KEYS,
+    Config,
+    DivergenceConfig,
+    EnvConfig,
+    field_help,
+)
+from rlexp.diagnostics.interventions import INTERVENTIONS
+from rlexp.nn.activations import ACTIVATIONS
+from rlexp.nn.init import INITIALIZERS
+from rlexp.nn.nets import NORMALIZATIONS
+from rlexp.optim.optimizers import OPTIMIZERS
+from rlexp.optim.pipeline import CLIPPERS
+from rlexp.run.context import NETWORKS
+from rlexp.run.jobs import hydra_subdir
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+_REGISTERED = False  # register() has run in this process (storing ~50 schemas again costs ~0.4 s)
+DOC = "docs/configuration.md"
+
+
+def _schemas(registry: Mapping[str, Any]) -> dict[str, type]:
+    """option -> schema of a registry whose entries carry ``.schema``."""
+    return {name: entry.schema for name, entry in registry.items()}
+
+
+# group -> option -> schema; the five stability groups first, in the order a grid names them
+SCHEMAS: dict[str, dict[str, type]] = {
+    "activation": _schemas(ACTIVATIONS),
+    "init": _schemas(INITIALIZERS),
+    "normalization": _schemas(NORMALIZATIONS),
+    "clipping": _schemas(CLIPPERS),
+    "optimizer": _schemas(OPTIMIZERS),
+    "network": _schemas(NETWORKS),
+    "algo": _schemas(ALGOS),
+    "env": {"base": EnvConfig},  # one schema for every environment: conf/env/<name>.yaml sets its id
+    "divergence": {"on": DivergenceConfig, "off": DivergenceConfig},
+    "intervention": _schemas(INTERVENTIONS),
+}
+
+
+def register() -> None:
+    """Store the schemas in Hydra's ConfigStore and register rlexp's resolvers (idempotent):
+    ``rlexp.hydra_subdir`` (hydra.output_subdir), ``rlexp.non_cell_keys`` (the keys Hydra leaves
+    out of a job's override_dirname, its cell) and ``rlexp.help`` (the --help text)."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    store = ConfigStore.instance()
+    store.store(name="schema", node=Config)
+    for group, options in SCHEMAS.items():
+        for option, schema in options.items():
+            store.store(group=f"schema/{group}", name=option, node=schema)
+    resolvers = {
+        "rlexp.hydra_subdir": hydra_subdir,
+        "rlexp.non_cell_keys": lambda: list(NON_CELL_KEYS),
+        "rlexp.help": lambda: help_text().replace("$", "$$"),  # Hydra reads the help as a string.Template
+    }
+    for name, resolver in resolvers.items():
+        OmegaConf.register_new_resolver(name, resolver, replace=True)
+    _REGISTERED = True
+
+
+def format_default(value: Any) -> str:
+    """A default as the command line writes it (null, true, [64, 64], 0.001)."""
+    if value == REQUIRED:
+        return "(required)"
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def group_options(group: str) -> list[str]:
+    """The options of a config group: its yamls (experiment: the presets, nested ones as dir/name)."""
+    root = CONF_DIR / group
+    return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
+
+
+def help_text() -> str:
+    """``python -m rlexp.train --help``: the groups with their options, the top-level keys, the docs."""
+    lines = [
+        "rlexp: deep-RL training stability. Train one config (a population of num_seeds members), or sweep:",
+        "  python -m rlexp.train [group=option ...] [key=value ...]",
+        "  python -m rlexp.train -m activation=relu,tanh init=xavier,he",
+        "",
+        "== Groups (group=option): what each picks, then its options ==",
+    ]
+    for group in SCHEMAS:
+        lines += [f"{group}: {field_help(Config, group)}", f"    {', '.join(group_options(group))}"]
+    lines += [
+        "",
+        "== Presets (+experiment=name) ==",
+        textwrap.fill(", ".join(group_options("experiment")), 110),
+        "",
+        "== Top-level keys (key=value; a.b=value inside a block) ==",
+    ]
+    top = [f for f in fields(Config) if f.name not in SCHEMAS]
+    width = max(len(f.name) for f in top) + 2
+    for f in top:
+        block = f.default_factory is not MISSING
+        name, default = (f"{f.name}.*", "") if block else (f.name, f" (default {format_default(f.default)})")
+        lines.append(f"{name:<{width}}: {field_help(Config, f.name)}{default}")
+    lines += [
+        "",
+        f"Every group, option and key with its meaning and default: {DOC}",
+        "Hydra's own options: --hydra-help",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,118 @@
+"""Observation normalization and reward scaling, per population member, for every algorithm.
+
+Statistics live on the host (float64 numpy, [P, ...]), where the environments are; each member's
+depend on its own data only. Both are off unless enabled (``obs_norm.enabled``,
+``reward_norm.enabled``); disabled, they return their input unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+from rlexp.config.schema import ObsNormConfig, RewardNormConfig
+
+T = TypeVar("T")
+
+
+class RunningMeanStd:
+    """Running mean and variance per member of values x [P, N, D] (Chan et al.'s parallel update)."""
+
+    def __init__(self, members: int, dim: int) -> None:
+        self.mean = np.zeros((members, dim))
+        self.var = np.ones((members, dim))
+        self.count = np.full(members, 1e-4)  # as gymnasium's RunningMeanStd: no division by zero
+
+    def update(self, x: np.ndarray, mask: np.ndarray | None = None) -> None:
+        """Fold in x [P, N, D]; ``mask`` [P, N] keeps only True entries (a member with none is unchanged)."""
+        x = np.asarray(x, dtype=np.float64)
+        weight = np.ones(x.shape[:2]) if mask is None else np.asarray(mask, dtype=np.float64)  # [P, N]
+        n = weight.sum(1)  # [P]
+        has = n > 0
+        safe_n = np.where(has, n, 1.0)[:, None]
+        batch_mean = (weight[..., None] * x).sum(1) / safe_n  # [P, D]
+        batch_var = (weight[..., None] * (x - batch_mean[:, None]) ** 2).sum(1) / safe_n
+        total = self.count + n
+        delta = batch_mean - self.mean
+        mean = self.mean + delta * (n / total)[:, None]
+        m2 = self.var * self.count[:, None] + batch_var * n[:, None] + delta**2 * (self.count * n / total)[:, None]
+        self.mean = np.where(has[:, None], mean, self.mean)
+        self.var = np.where(has[:, None], m2 / total[:, None], self.var)
+        self.count = np.where(has, total, self.count)
+
+    def state(self, member: int) -> dict[str, Any]:
+        return {
+            "mean": self.mean[member].tolist(),
+            "var": self.var[member].tolist(),
+            "count": float(self.count[member]),
+        }
+
+
+class ObsNormalizer:
+    """(x - mean) / (std + 1e-8), clipped to +-clip, with running statistics per member."""
+
+    def __init__(self, cfg: ObsNormConfig, members: int, obs_dim: int) -> None:
+        self.enabled = cfg.enabled
+        self.clip = cfg.clip
+        self.stats = RunningMeanStd(members, obs_dim)
+
+    def update(self, obs: np.ndarray) -> None:
+        """Fold in observations [P, E, obs] (host)."""
+        if self.enabled:
+            self.stats.update(obs)
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        """Normalize host observations [P, E, obs] -> float32."""
+        if not self.enabled:
+            return obs
+        std = np.sqrt(self.stats.var)[:, None]  # [P, 1, obs]
+        out = (obs - self.stats.mean[:, None]) / (std + 1e-8)
+        return np.clip(out, -self.clip, self.clip).astype(np.float32)
+
+    def tensor(self, obs: torch.Tensor) -> torch.Tensor:
+        """Normalize device observations [P, B, obs] with the current statistics (replay samples)."""
+        if not self.enabled:
+            return obs
+        mean = torch.as_tensor(self.stats.mean, dtype=obs.dtype, device=obs.device).unsqueeze(1)
+        std = torch.as_tensor(np.sqrt(self.stats.var), dtype=obs.dtype, device=obs.device).unsqueeze(1)
+        return ((obs - mean) / (std + 1e-8)).clamp(-self.clip, self.clip)
+
+    def batch(self, batch: T) -> T:
+        """A replay sample (a dataclass with ``obs`` and ``next_obs`` [P, B, obs], stored raw) with both
+        normalized by the current statistics; the sample itself when normalization is off."""
+        if not self.enabled:
+            return batch
+        return dataclasses.replace(batch, obs=self.tensor(batch.obs), next_obs=self.tensor(batch.next_obs))
+
+    def state(self, member: int) -> dict[str, Any] | None:
+        return self.stats.state(member) if self.enabled else None
+
+
+class RewardScaler:
+    """r / sqrt(var(G) + 1e-8), clipped to +-clip, where G = gamma * G + r is the running discounted
+    return of each environment (reset at episode ends) and var(G) its running variance per member
+    (gymnasium's NormalizeReward)."""
+
+    def __init__(self, cfg: RewardNormConfig, members: int, num_envs: int, gamma: float | np.ndarray) -> None:
+        """``gamma``: the discount, or one per member ([P, 1])."""
+        self.enabled = cfg.enabled
+        self.clip = cfg.clip
+        self.gamma = gamma
+        self.returns = np.zeros((members, num_envs))
+        self.stats = RunningMeanStd(members, 1)
+
+    def __call__(self, reward: np.ndarray, done: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """Scale one step's rewards [P, E]; ``done`` ends episodes, ``valid`` False skips autoreset steps."""
+        if not self.enabled:
+            return reward
+        self.returns = np.where(valid, self.returns * self.gamma + reward, self.returns)
+        self.stats.update(self.returns[..., None], mask=valid)
+        scaled = reward / np.sqrt(self.stats.var[:, 0:1] + 1e-8)
+        self.returns = np.where(done, 0.0, self.returns)
+        return np.clip(scaled, -self.clip, self.clip).astype(np.float32)
+
+    def state(self, member: int) -> dict[str, Any] | None:
+        return self.stats.state(member) if self.enabled else None

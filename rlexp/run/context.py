@@ -1,0 +1,280 @@
+"""The run context: all an algorithm sees of a job.
+
+An algorithm is ``train(ctx: RunContext) -> None``. The context holds the typed config, the device,
+the population's seeds, environments, random streams and normalizers, factories for networks and
+gradient pipelines, the evaluator (evaluation's own environments and stream) and the recorder
+(steps, statistics, divergence, instruments, evaluations). The job runner
+(``rlexp.run.runner``) builds it; an algorithm never imports the runner or the entry point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from rlexp.config.schema import (
+    ActivationConfig,
+    CNNConfig,
+    Config,
+    InitConfig,
+    LSTMNetworkConfig,
+    NatureCNNConfig,
+    NetworkConfig,
+    NormalizationConfig,
+)
+from rlexp.diagnostics.instruments import keep_initial
+from rlexp.diagnostics.interventions import Interventions, Subject
+from rlexp.envs.gym import PopulationEnv
+from rlexp.envs.marl import MultiAgentPopulationEnv, population_env
+from rlexp.envs.normalize import ObsNormalizer, RewardScaler
+from rlexp.envs.streams import MemberStreams, member_generator
+from rlexp.nn.conv import PopCNN
+from rlexp.nn.nets import PopMLP, weight_parameters
+from rlexp.nn.recurrent import RecurrentNet
+from rlexp.optim.pipeline import GradientPipeline
+from rlexp.run.checkpoint import Checkpoints, Loop, Part
+from rlexp.run.evaluation import Evaluator
+from rlexp.run.pbt import PopulationBasedTraining, initial_configs
+from rlexp.run.recorder import Recorder
+
+
+@dataclass(frozen=True)
+class Network:
+    """An option of the network group: its config class and the population network it builds."""
+
+    schema: type
+    build: type
+
+
+# network=<option> -> what make_net builds (the network group's registry)
+NETWORKS: dict[str, Network] = {
+    "mlp": Network(NetworkConfig, PopMLP),
+    "lstm": Network(LSTMNetworkConfig, RecurrentNet),
+    "cnn": Network(CNNConfig, PopCNN),
+    "nature_cnn": Network(NatureCNNConfig, PopCNN),
+}
+
+
+def option_schema(group: str, option: str) -> type:
+    """The config dataclass of a group's option, as the config layer stored it in Hydra's ConfigStore
+    (``schema/<group>/<option>``, which every composed config's yaml names)."""
+    return OmegaConf.get_type(ConfigStore.instance().load(f"schema/{group}/{option}.yaml").node)
+
+
+def network_groups(
+    cfg: Config, role: str | None
+) -> tuple[ActivationConfig, InitConfig, NormalizationConfig, NetworkConfig]:
+    """(activation, init, normalization, network) configs for a network: the shared groups, with
+    the actor's or critic's overrides (an overriding option takes its default parameters)."""
+    groups = {"activation": cfg.activation, "init": cfg.init, "normalization": cfg.normalization}
+    network = cfg.network
+    if role is not None:
+        override = getattr(cfg, role)
+        for group, shared in groups.items():
+            name = getattr(override, group)
+            if name is not None and name != shared.name:
+                groups[group] = option_schema(group, name)(name=name)
+        if override.last_layer_gain is not None:
+            groups["init"] = dataclasses.replace(groups["init"], last_layer_gain=override.last_layer_gain)
+        if override.hidden is not None:
+            network = dataclasses.replace(network, hidden=list(override.hidden))
+        if override.linear_last_hidden is not None:
+            network = dataclasses.replace(network, linear_last_hidden=override.linear_last_hidden)
+    return groups["activation"], groups["init"], groups["normalization"], network
+
+
+@dataclass
+class RunContext:
+    """What an algorithm sees of a job: a population of ``members`` trained together."""
+
+    cfg: Config  # the population's shared config (member 0's; its per-member keys: see member_cfgs)
+    device: torch.device
+    seeds: list[int]  # member k's seed: cfg.seed + k, or its cell's seed + its index in a pack
+    env: PopulationEnv | MultiAgentPopulationEnv  # P x E environments; numpy [P, E, ...] in and out, on the host
+    streams: MemberStreams  # each member's uniform numbers (actions, sampling, shuffling)
+    obs_norm: ObsNormalizer  # identity unless obs_norm is on
+    reward_norm: RewardScaler  # identity unless reward_norm is on
+    evaluator: Evaluator  # eval.*: evaluation's environments and random stream, never training's
+    recorder: Recorder  # steps, statistics, divergence, instruments, evaluations, output files
+    member_cfgs: list[Config] = field(default_factory=list)  # [P] member k's config (cfg repeated by default)
+    nets_made: int = field(default=0, init=False)  # each network built takes the next generator stream
+    checkpoints: Checkpoints | None = field(default=None, init=False)  # set by the job runner (checkpoint.*)
+
+    @classmethod
+    def create(
+        cls,
+        cfg: Config,
+        device: torch.device,
+        member_cfgs: list[Config] | None = None,
+        seeds: list[int] | None = None,
+    ) -> RunContext:
+        """Seed torch's global generator, then build the population's environments, streams,
+        normalizers, evaluator and recorder from ``cfg``.
+
+        ``member_cfgs`` and ``seeds`` (a pack of cells, ``rlexp.run.pack``): each member's config and seed;
+        they agree with ``cfg`` but for the per-member keys (``rlexp.config.members``). By default member k
+        has ``cfg`` and seed ``cfg.seed + k``, for ``cfg.num_seeds`` members; with ``pbt.interval`` > 0,
+        ``cfg`` with PBT's initial draws of its hyperparameters (``rlexp.run.pbt.initial_configs``).
+        """
+        seeds = [cfg.seed + k for k in range(cfg.num_seeds)] if seeds is None else seeds
+        if member_cfgs is None:
+            member_cfgs = initial_configs(cfg, len(seeds)) if cfg.pbt.interval > 0 else [cfg] * len(seeds)
+        torch.manual_seed(cfg.seed)
+        env = population_env(cfg.env, seeds)
+        gamma = member_values(member_cfgs, "algo.gamma")
+        gamma = gamma[0] if len(set(gamma)) == 1 else np.array(gamma)[:, None]  # float or [P, 1]
+        obs_norm = ObsNormalizer(cfg.obs_norm, len(seeds), env.obs_dim)
+        reward_norm = RewardScaler(cfg.reward_norm, len(seeds), env.num_envs, gamma)
+        evaluator = Evaluator(cfg, seeds, obs_norm)
+        recorder = Recorder(cfg, env, seeds, device, obs_norm, reward_norm, evaluator, gamma)
+        streams = MemberStreams(seeds)
+        return cls(cfg, device, seeds, env, streams, obs_norm, reward_norm, evaluator, recorder, member_cfgs)
+
+    def member_values(self, key: str) -> list[Any]:
+        """Each member's value of the dotted config key (``"algo.gamma"``): [P] Python values."""
+        return member_values(self.member_cfgs or [self.cfg] * self.members, key)
+
+    def shared(self, *keys: str) -> bool:
+        """True when every member has the same value of each key (the population's scalar path) and
+        population-based training does not vary it (``pbt.hyperparameters``)."""
+        if self.cfg.pbt.interval > 0:
+            varied = self.cfg.pbt.hyperparameters
+            if any(v == k or v.startswith(f"{k}.") for k in keys for v in varied):
+                return False
+        return all(len({repr(v) for v in self.member_values(k)}) == 1 for k in keys)
+
+    def member_tensor(self, key: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Each member's value of a numeric key as a [P] tensor on the device (a value computed in
+        float64 first, such as 1 - gamma, is best formed from ``member_values``)."""
+        return torch.tensor(self.member_values(key), dtype=dtype, device=self.device)
+
+    def member_array(self, key: str) -> np.ndarray:
+        """Each member's value of a numeric key as a float64 [P, 1] array (host arithmetic on [P, E])."""
+        return np.array(self.member_values(key), dtype=np.float64)[:, None]
+
+    @property
+    def members(self) -> int:
+        """P, the population's size (num_seeds)."""
+        return len(self.seeds)
+
+    def make_net(self, n_in: int, n_out: int, role: str | None = None, extra_in: int = 0) -> PopMLP:
+        """A population network [P, B, n_in] -> [P, B, n_out] (``network``'s option: NETWORKS) from the
+        config groups; each member's weights from its own generator.
+
+        ``role`` "actor" or "critic" applies that network's overrides (``actor.activation=...``);
+        a critic takes ``extra_in`` action inputs at layer ``critic.action_layer``.
+        """
+        purpose = 10 + self.nets_made  # a distinct stream per network built
+        self.nets_made += 1
+        generators = [member_generator(s, purpose) for s in self.seeds]
+        activation, init, normalization, network = network_groups(self.cfg, role)
+        if not self.shared("init") or (role is not None and not self.shared(f"{role}.last_layer_gain")):
+            init = [network_groups(c, role)[1] for c in self.member_cfgs]  # one per member
+        extra_at = self.cfg.critic.action_layer if role == "critic" else 0
+        net = NETWORKS[network.name].build(
+            self.members,
+            n_in,
+            n_out,
+            network,
+            activation,
+            normalization,
+            init,
+            generators,
+            extra_in=extra_in,
+            extra_at=extra_at,
+            observation_space=self.env.observation_space,
+        )
+        net = net.to(self.device)
+        if self.cfg.diagnostics.every > 0:
+            keep_initial(net)  # theta_0 of the weight_change instruments
+        return net
+
+    def make_pipeline(self, net: torch.nn.Module) -> GradientPipeline:
+        """The gradient pipeline (the configured optimizer, clipping, penalties, divergence checks)
+        for one network (or a ModuleList of networks trained by one loss, such as TD3's twin
+        critics); ``pipeline.optimizer`` is its optimizer."""
+        cfg, members = self.cfg, self.member_cfgs
+        params = [p for p in net.parameters() if p.requires_grad]
+        optimizer, clipping, regularization = cfg.optimizer, cfg.clipping, cfg.regularization
+        if not self.shared("optimizer", "clipping", "regularization"):  # one config per member
+            optimizer, clipping = [c.optimizer for c in members], [c.clipping for c in members]
+            regularization = [c.regularization for c in members]
+        pipeline = GradientPipeline(
+            params, optimizer, clipping, regularization, weight_parameters(net), self.recorder.health
+        )
+        if cfg.debug.inject.what == "grad":
+            pipeline.after_backward = self.recorder.inject_grad
+        return pipeline
+
+    def interventions(self, *subjects: Subject) -> Interventions:
+        """The configured intervention (``intervention.*``) over the networks the algorithm trains; the
+        recorder logs its per-member counts. Call it once per update: ``intervene(updates, x, extra)``."""
+        cfg = self.cfg.intervention if self.shared("intervention") else self.member_values("intervention")
+        interventions = Interventions(cfg, list(subjects), self.seeds, self.recorder.health)
+        self.recorder.counts = interventions.counts
+        return interventions
+
+    def population_based_training(
+        self, objects: dict[str, Part], values: dict[str, np.ndarray | None]
+    ) -> PopulationBasedTraining | None:
+        """PBT over the algorithm's state (``pbt.*``; None when ``pbt.interval`` is 0), once its networks
+        are built: ``objects`` as handed to ``checkpoint_state``, ``values`` each varied algo key's
+        [P, 1] array the algorithm reads (changed in place). The recorder runs its rounds at log steps."""
+        if self.cfg.pbt.interval == 0:
+            return None
+        statistics = [self.obs_norm.stats, self.reward_norm.stats]
+        pbt = PopulationBasedTraining(self.cfg, self.member_cfgs, objects, statistics, values, self.recorder.health)
+        self.recorder.population = pbt
+        for k, log in enumerate(self.recorder.logs):  # each member's W&B config: its own starting values
+            log.update_wandb_config(pbt.wandb_config(k))
+        return pbt
+
+    def checkpoint_state(self, objects: dict[str, Part], loop: Loop) -> dict[str, Any] | None:
+        """Hand the algorithm's state to the checkpoints, once its networks are built and before its loop.
+
+        ``objects``: its networks, pipelines (their optimizer's state) and replay buffer (saved with
+        ``checkpoint.replay``), restored in place; ``loop()``: its loop's variables by name, read at each
+        checkpoint (arrays and tensors with a leading member dimension are restored in place, so pass
+        a view [P, ...] of a [T, P, ...] array). Returns the restored loop variables when the job
+        continues from a checkpoint, else None. When the context only loads a policy
+        (``rlexp.evaluate``), raises PolicyLoaded once the objects are restored.
+        """
+        checkpoints = self.checkpoints
+        if checkpoints is None:
+            return None
+        if self.cfg.checkpoint.every > 0:
+            self.recorder.checkpoint = lambda step: checkpoints.save(
+                step, checkpoints.context_state(self) | checkpoints.algorithm_state(objects, loop())
+            )
+        if checkpoints.saved is None:
+            return None
+        checkpoints.restore_context(self)
+        restored = checkpoints.restore_algorithm(objects, loop(), self.env)
+        if checkpoints.policy_only:
+            raise PolicyLoaded
+        return restored
+
+
+def member_values(member_cfgs: list[Config], key: str) -> list[Any]:
+    """Each member config's value of the dotted key (``"algo.gamma"``, ``"optimizer"``)."""
+    values = []
+    for cfg in member_cfgs:
+        value: Any = cfg
+        for part in key.split("."):
+            value = getattr(value, part)
+        values.append(value)
+    return values
+
+
+class PolicyLoaded(Exception):  # noqa: N818 (a signal, not an error)
+    """Raised by ``RunContext.checkpoint_state`` when the context only loads a member's policy."""
+
+
+Algorithm = Callable[[RunContext], None]  # an algorithm's train function
