@@ -1,11 +1,16 @@
-"""Algorithm registry: the name in conf/algo/<name>.yaml -> its train function, config schema and
-action spaces. An algorithm is one module with ``train(ctx: RunContext) -> None``."""
+"""Algorithm registry: the name in conf/algo/<name>.yaml -> its ``AlgoSpec``, every fact about it that
+the rest of rlexp reads. An algorithm is one module with ``train(ctx: RunContext) -> None``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
+
+from omegaconf import DictConfig
 
 from rlexp.algos import dqn, maddpg, mappo, muzero_lite, ppo, sac, td3
+from rlexp.algos.common import check_actor_critic, check_replay
 from rlexp.config.schema import (
     A2CConfig,
     ActorCriticConfig,
@@ -18,17 +23,36 @@ from rlexp.config.schema import (
     SACConfig,
     TD3Config,
 )
+from rlexp.data.buffers import ReplayBuffer, SequenceReplay
 from rlexp.run.context import Algorithm
 
 
 @dataclass(frozen=True)
+class Replay:
+    """How an algorithm keeps what it learns from: the buffer class (its ``member_bytes`` sizes the
+    memory estimate) and how a row holds the action."""
+
+    buffer: type[ReplayBuffer]  # ReplayBuffer or SequenceReplay
+    actions: Literal["index", "vector"]  # one column (a discrete action), or the action vector's length
+    frame_stacks: bool = False  # observations that stack frames keep each frame once (FrameStackReplay)
+
+
+@dataclass(frozen=True)
 class AlgoSpec:
+    """Every fact about an algorithm that the rest of rlexp reads: adding an algorithm is its module, its
+    yaml, its config keys and one of these. Only the last two fields have defaults."""
+
     train: Algorithm  # train(ctx: RunContext) -> None
     schema: type[AlgoConfig]  # the algo group's structured config
     action_spaces: tuple[str, ...]  # "discrete" and/or "continuous"
+    check: Callable[[DictConfig], None]  # the combinations it needs beyond each key's domain (ConfigError)
+    networks: int  # networks trained per member (the memory estimate; targets are counted per parameter)
+    replay: Replay | None  # its replay memory; None: on-policy rollouts
+    roles: tuple[str, ...]  # the network roles whose overrides (actor.*, critic.*) it applies; (): network.* alone
+    recurrent: bool  # trains network=lstm
     # config keys whose values may differ between the members of one population (rlexp.config.members; a pack
     # of cells differing only in these, rlexp.run.pack); () = none: cells are packed only when equal
-    member_keys: tuple[str, ...] = ()
+    member_keys: tuple[str, ...]
     multi_agent: bool = False  # trains the agents of a multi-agent env (env.api pettingzoo, vmas)
     # keys population-based training may vary per member at run time (rlexp.run.pbt); () = no PBT
     pbt_keys: tuple[str, ...] = ()
@@ -46,14 +70,112 @@ DQN_PBT_KEYS = ("optimizer.lr", "algo.exploration_fraction")
 TD3_PBT_KEYS = ("optimizer.lr",)
 
 
+TRANSITIONS = Replay(ReplayBuffer, "vector")
+ACTOR_CRITIC = ("actor", "critic")
+
 ALGOS: dict[str, AlgoSpec] = {
-    "dqn": AlgoSpec(dqn.train, DQNConfig, ("discrete",), CONTEXT_KEYS + DQN_KEYS, pbt_keys=DQN_PBT_KEYS),
-    "ppo": AlgoSpec(ppo.train, ActorCriticConfig, ("discrete", "continuous"), CONTEXT_KEYS + PPO_KEYS),
-    "a2c": AlgoSpec(ppo.train, A2CConfig, ("discrete", "continuous"), CONTEXT_KEYS + PPO_KEYS),
-    "ddpg": AlgoSpec(td3.train, DDPGConfig, ("continuous",), CONTEXT_KEYS + TD3_KEYS, pbt_keys=TD3_PBT_KEYS),
-    "td3": AlgoSpec(td3.train, TD3Config, ("continuous",), CONTEXT_KEYS + TD3_KEYS, pbt_keys=TD3_PBT_KEYS),
-    "sac": AlgoSpec(sac.train, SACConfig, ("continuous",), CONTEXT_KEYS + SAC_KEYS),
-    "muzero_lite": AlgoSpec(muzero_lite.train, MuZeroLiteConfig, ("discrete",), CONTEXT_KEYS),
-    "maddpg": AlgoSpec(maddpg.train, MADDPGConfig, ("discrete", "continuous"), multi_agent=True),
-    "mappo": AlgoSpec(mappo.train, MAPPOConfig, ("discrete", "continuous"), multi_agent=True),
+    "dqn": AlgoSpec(
+        dqn.train,
+        DQNConfig,
+        ("discrete",),
+        dqn.check,
+        networks=1,
+        replay=Replay(ReplayBuffer, "index", frame_stacks=True),
+        roles=(),
+        recurrent=False,
+        member_keys=CONTEXT_KEYS + DQN_KEYS,
+        pbt_keys=DQN_PBT_KEYS,
+    ),
+    "ppo": AlgoSpec(
+        ppo.train,
+        ActorCriticConfig,
+        ("discrete", "continuous"),
+        check_actor_critic,
+        networks=2,
+        replay=None,
+        roles=ACTOR_CRITIC,
+        recurrent=True,
+        member_keys=CONTEXT_KEYS + PPO_KEYS,
+    ),
+    "a2c": AlgoSpec(
+        ppo.train,
+        A2CConfig,
+        ("discrete", "continuous"),
+        check_actor_critic,
+        networks=2,
+        replay=None,
+        roles=ACTOR_CRITIC,
+        recurrent=True,
+        member_keys=CONTEXT_KEYS + PPO_KEYS,
+    ),
+    "ddpg": AlgoSpec(
+        td3.train,
+        DDPGConfig,
+        ("continuous",),
+        check_replay,
+        networks=2,
+        replay=TRANSITIONS,
+        roles=ACTOR_CRITIC,
+        recurrent=False,
+        member_keys=CONTEXT_KEYS + TD3_KEYS,
+        pbt_keys=TD3_PBT_KEYS,
+    ),
+    "td3": AlgoSpec(
+        td3.train,
+        TD3Config,
+        ("continuous",),
+        check_replay,
+        networks=3,
+        replay=TRANSITIONS,
+        roles=ACTOR_CRITIC,
+        recurrent=False,
+        member_keys=CONTEXT_KEYS + TD3_KEYS,
+        pbt_keys=TD3_PBT_KEYS,
+    ),
+    "sac": AlgoSpec(
+        sac.train,
+        SACConfig,
+        ("continuous",),
+        sac.check,
+        networks=3,
+        replay=TRANSITIONS,
+        roles=ACTOR_CRITIC,
+        recurrent=False,
+        member_keys=CONTEXT_KEYS + SAC_KEYS,
+    ),
+    "muzero_lite": AlgoSpec(
+        muzero_lite.train,
+        MuZeroLiteConfig,
+        ("discrete",),
+        muzero_lite.check,
+        networks=3,
+        replay=Replay(SequenceReplay, "index"),
+        roles=(),
+        recurrent=False,
+        member_keys=CONTEXT_KEYS,
+    ),
+    "maddpg": AlgoSpec(
+        maddpg.train,
+        MADDPGConfig,
+        ("discrete", "continuous"),
+        check_replay,
+        networks=4,
+        replay=TRANSITIONS,
+        roles=ACTOR_CRITIC,
+        recurrent=False,
+        member_keys=(),
+        multi_agent=True,
+    ),
+    "mappo": AlgoSpec(
+        mappo.train,
+        MAPPOConfig,
+        ("discrete", "continuous"),
+        check_actor_critic,
+        networks=2,
+        replay=None,
+        roles=ACTOR_CRITIC,
+        recurrent=False,
+        member_keys=(),
+        multi_agent=True,
+    ),
 }

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from omegaconf import DictConfig
 from torch import nn
 
-from rlexp.config.schema import ActorCriticConfig, DQNConfig
+from rlexp.config.schema import ActorCriticConfig, ConfigError, DQNConfig, require_choice
 from rlexp.diagnostics.instruments import locate_in_update, locate_nonfinite
-from rlexp.nn.nets import PopMLP
+from rlexp.nn.nets import NORMALIZATIONS, PopMLP
 from rlexp.optim.pipeline import UpdateStats
 from rlexp.run.context import RunContext
 from rlexp.run.evaluation import Policy
@@ -301,3 +302,66 @@ def ppo_losses(
         "approx_kl": approx_kl,
         "clipfrac": clipfrac,
     }
+
+
+# ---------------------------------------------------------------- config checks (AlgoSpec.check)
+def require_batch_statistics(cfg: DictConfig, key: str, batch: int) -> None:
+    """A normalization over the batch (normalization=batch) needs batches of ``min_batch`` samples."""
+    for name in (cfg.normalization.name, cfg.actor.normalization, cfg.critic.normalization):
+        needed = NORMALIZATIONS[name].min_batch if name is not None else 1
+        if batch < needed:
+            raise ConfigError(
+                key,
+                f"a batch of {batch} sample has no batch statistics for normalization={name}",
+                f"raise {key} (batches of at least {needed} samples) or use another normalization",
+            )
+
+
+def check_actor_critic(cfg: DictConfig) -> None:
+    """Combinations PPO, A2C and MAPPO need: choices, init_std above min_std, minibatches a rollout holds."""
+    algo = cfg.algo
+    require_choice(algo.value_target, "algo.value_target", ("gae", "mc"))
+    require_choice(algo.continuous_policy, "algo.continuous_policy", ("gaussian", "tanh_normal"))
+    if algo.init_std <= algo.min_std:
+        raise ConfigError(
+            "algo.init_std", f"{algo.init_std} <= algo.min_std={algo.min_std}", "raise algo.init_std above min_std"
+        )
+    if cfg.network.name == "lstm" and algo.num_minibatches > cfg.env.num_envs:
+        raise ConfigError(
+            "algo.num_minibatches",
+            f"{algo.num_minibatches} exceeds env.num_envs={cfg.env.num_envs}: network=lstm takes minibatches "
+            "of whole environment sequences",
+            "lower algo.num_minibatches or raise env.num_envs",
+        )
+    batch = algo.num_steps * cfg.env.num_envs
+    if algo.num_minibatches > batch:
+        raise ConfigError(
+            "algo.num_minibatches",
+            f"{algo.num_minibatches} exceeds the rollout of {batch} samples (algo.num_steps x env.num_envs)",
+            "lower algo.num_minibatches",
+        )
+    require_batch_statistics(cfg, "algo.num_minibatches", batch // algo.num_minibatches)
+    if batch > cfg.total_steps:
+        raise ConfigError(
+            "total_steps",
+            f"{cfg.total_steps} is shorter than one rollout of {batch} steps",
+            "raise total_steps or lower algo.num_steps",
+        )
+
+
+def check_replay(cfg: DictConfig) -> None:
+    """Combinations every replay-based algorithm needs: a batch the buffer holds, learning before the end."""
+    algo = cfg.algo
+    if algo.batch_size > algo.buffer_size:
+        raise ConfigError(
+            "algo.batch_size",
+            f"{algo.batch_size} exceeds algo.buffer_size={algo.buffer_size}",
+            "lower algo.batch_size or raise algo.buffer_size",
+        )
+    require_batch_statistics(cfg, "algo.batch_size", algo.batch_size)
+    if algo.learning_starts >= cfg.total_steps:
+        raise ConfigError(
+            "algo.learning_starts",
+            f"{algo.learning_starts} >= total_steps={cfg.total_steps}",
+            "lower algo.learning_starts or raise total_steps, or nothing is ever learned",
+        )

@@ -23,10 +23,11 @@ from functools import partial
 import numpy as np
 import torch
 import torch.nn.functional as F
+from omegaconf import DictConfig
 
-from rlexp.algos.common import epsilon
+from rlexp.algos.common import check_replay, epsilon
 from rlexp.config.members import member_runs
-from rlexp.config.schema import DiagnosticsConfig, DQNConfig
+from rlexp.config.schema import DiagnosticsConfig, DQNConfig, require_choice
 from rlexp.data.buffers import Batch, FrameStackReplay, ReplayBuffer
 from rlexp.diagnostics.instruments import (
     activity_instruments,
@@ -214,6 +215,13 @@ def histograms(q_net: PopMLP, names: list[str], batch: Batch) -> dict[str, torch
     return {f"grad/{n}": p.grad for n, p in zip(names, q_net.parameters())} | {
         f"activation/q.{i}": h for i, h in enumerate(hidden)
     }
+
+
+def check(cfg: DictConfig) -> None:
+    """The combinations DQN needs (ConfigError otherwise): a replay's, and its two choices."""
+    check_replay(cfg)
+    require_choice(cfg.algo.target_update, "algo.target_update", ("hard", "soft"))
+    require_choice(cfg.algo.loss, "algo.loss", ("mse", "huber"))
 
 
 def train(ctx: RunContext) -> None:

@@ -41,10 +41,11 @@ from functools import partial
 import numpy as np
 import torch
 import torch.nn.functional as F
+from omegaconf import DictConfig
 from torch import nn
 
-from rlexp.algos.common import epsilon
-from rlexp.config.schema import DiagnosticsConfig, MuZeroLiteConfig
+from rlexp.algos.common import check_replay, epsilon
+from rlexp.config.schema import ConfigError, DiagnosticsConfig, MuZeroLiteConfig
 from rlexp.data.buffers import SequenceBatch, SequenceReplay
 from rlexp.diagnostics.instruments import (
     activity_instruments,
@@ -272,6 +273,17 @@ def instruments(
     for k, norm in enumerate(hidden_norms):
         stats[f"grad_norm/hidden_{k}"] = norm
     return {k: v.float() for k, v in stats.items()}
+
+
+def check(cfg: DictConfig) -> None:
+    """The combinations MuZero-lite needs (ConfigError otherwise): a replay's, and no ReDo."""
+    check_replay(cfg)
+    if cfg.intervention.name == "redo":
+        raise ConfigError(
+            "intervention",
+            "redo reads each network's own inputs, which muzero_lite's dynamics and prediction take from the unroll",
+            "use intervention=shrink_perturb, reset or none with algo=muzero_lite",
+        )
 
 
 def train(ctx: RunContext) -> None:

@@ -31,11 +31,19 @@ from functools import partial
 import numpy as np
 import torch
 import torch.nn.functional as F
+from omegaconf import DictConfig
 from torch import nn
 
-from rlexp.algos.common import LOG_2PI, ScaledTanh, locate, normal, squashed_policy
+from rlexp.algos.common import LOG_2PI, ScaledTanh, check_replay, locate, normal, squashed_policy
 from rlexp.config.members import member_runs
-from rlexp.config.schema import AdamConfig, ClippingConfig, DiagnosticsConfig, RegularizationConfig, SACConfig
+from rlexp.config.schema import (
+    AdamConfig,
+    ClippingConfig,
+    ConfigError,
+    DiagnosticsConfig,
+    RegularizationConfig,
+    SACConfig,
+)
 from rlexp.data.buffers import Batch, ReplayBuffer
 from rlexp.diagnostics.instruments import activity_instruments, parameter_names, update_instruments
 from rlexp.diagnostics.interventions import Subject
@@ -107,6 +115,18 @@ def histograms(actor: PopMLP, actor_names: list[str], batch: Batch) -> dict[str,
     return {"policy/mean": mean, "policy/log_std": log_std} | {
         f"grad/{k}": p.grad for k, p in zip(actor_names, actor.parameters())
     }
+
+
+def check(cfg: DictConfig) -> None:
+    """The combinations SAC needs (ConfigError otherwise): a replay's, and log_std's range."""
+    check_replay(cfg)
+    algo = cfg.algo
+    if algo.log_std_max <= algo.log_std_min:
+        raise ConfigError(
+            "algo.log_std_max",
+            f"{algo.log_std_max} <= algo.log_std_min={algo.log_std_min}",
+            "raise algo.log_std_max above algo.log_std_min",
+        )
 
 
 def train(ctx: RunContext) -> None:

@@ -26,13 +26,14 @@ from omegaconf import DictConfig, OmegaConf
 from rlexp.algos import ALGOS
 from rlexp.compose.registry import SCHEMAS
 from rlexp.config.schema import ConfigError, require, require_choice
+from rlexp.data.buffers import FrameStackReplay
 from rlexp.diagnostics.interventions import check_intervention
 from rlexp.envs.gym import check_env_id, frame_stack, make_env
 from rlexp.envs.marl import MultiAgentPopulationEnv, check_marl_env, is_multi_agent
 from rlexp.nn.activations import check_activation
 from rlexp.nn.conv import check_observations
 from rlexp.nn.init import check_init
-from rlexp.nn.nets import NORMALIZATIONS, check_normalization
+from rlexp.nn.nets import check_normalization
 from rlexp.optim.optimizers import check_optimizer
 from rlexp.optim.pipeline import check_clipping
 from rlexp.run.loggers import WANDB_MODES, resolve_wandb_mode
@@ -144,7 +145,8 @@ def validate(cfg: DictConfig) -> None:
     require(net.cell_size >= 1, "network.cell_size", net.cell_size, "an integer >= 1")
     require(all(h >= 1 for h in net.encoder), "network.encoder", list(net.encoder), "a list of widths >= 1 (or [])")
     if net.name == "lstm":
-        require(cfg.algo.name in ("ppo", "a2c"), "algo", cfg.algo.name, "ppo or a2c with network=lstm")
+        recurrent = [name for name, spec in ALGOS.items() if spec.recurrent]
+        require(ALGOS[cfg.algo.name].recurrent, "algo", cfg.algo.name, f"{' or '.join(recurrent)} with network=lstm")
         require(
             cfg.intervention.name == "none",
             "intervention",
@@ -214,17 +216,7 @@ def validate(cfg: DictConfig) -> None:
         check_marl_env(cfg.env)
     else:
         check_env_id(cfg.env.id)
-    {
-        "dqn": _validate_dqn,
-        "ppo": _validate_actor_critic,
-        "a2c": _validate_actor_critic,
-        "ddpg": _validate_replay,
-        "td3": _validate_replay,
-        "sac": _validate_sac,
-        "muzero_lite": _validate_muzero_lite,
-        "maddpg": _validate_replay,
-        "mappo": _validate_actor_critic,
-    }[cfg.algo.name](cfg)
+    ALGOS[cfg.algo.name].check(cfg)
     obs_dim, action_dim, frames, stack = _validate_action_space(cfg)
     check_resources(cfg, obs_dim, action_dim, frames, stack)
 
@@ -254,7 +246,7 @@ def _check_reset_layers(cfg: DictConfig) -> None:
     """intervention=reset re-initializes layers every trained network has: at most its linear layers."""
     if cfg.intervention.name != "reset":
         return
-    roles = ("actor", "critic") if cfg.algo.name != "dqn" else ()
+    roles = ALGOS[cfg.algo.name].roles
     widths = [cfg[role].hidden if cfg[role].hidden is not None else cfg.network.hidden for role in roles]
     linear = min(len(hidden) for hidden in widths or [cfg.network.hidden]) + 1
     require(
@@ -263,18 +255,6 @@ def _check_reset_layers(cfg: DictConfig) -> None:
         cfg.intervention.layers,
         f"an integer in [1, {linear}]: a trained network here has {linear} linear layers",
     )
-
-
-def _require_batch_statistics(cfg: DictConfig, key: str, batch: int) -> None:
-    """A normalization over the batch (normalization=batch) needs batches of ``min_batch`` samples."""
-    for name in (cfg.normalization.name, cfg.actor.normalization, cfg.critic.normalization):
-        needed = NORMALIZATIONS[name].min_batch if name is not None else 1
-        if batch < needed:
-            raise ConfigError(
-                key,
-                f"a batch of {batch} sample has no batch statistics for normalization={name}",
-                f"raise {key} (batches of at least {needed} samples) or use another normalization",
-            )
 
 
 Domain = tuple[Callable[[Any], bool], str]  # (is the value in it?, what fits, for the message)
@@ -339,82 +319,6 @@ def _check_algo(algo: DictConfig) -> None:
     """Every numeric algo key in its domain (``ALGO_DOMAINS``)."""
     for key, (ok, rule) in ALGO_DOMAINS.items():
         require(ok(algo[key]), f"algo.{key}", algo[key], rule)
-
-
-def _validate_actor_critic(cfg: DictConfig) -> None:
-    algo = cfg.algo
-    require_choice(algo.value_target, "algo.value_target", ("gae", "mc"))
-    require_choice(algo.continuous_policy, "algo.continuous_policy", ("gaussian", "tanh_normal"))
-    if algo.init_std <= algo.min_std:
-        raise ConfigError(
-            "algo.init_std", f"{algo.init_std} <= algo.min_std={algo.min_std}", "raise algo.init_std above min_std"
-        )
-    if cfg.network.name == "lstm" and algo.num_minibatches > cfg.env.num_envs:
-        raise ConfigError(
-            "algo.num_minibatches",
-            f"{algo.num_minibatches} exceeds env.num_envs={cfg.env.num_envs}: network=lstm takes minibatches "
-            "of whole environment sequences",
-            "lower algo.num_minibatches or raise env.num_envs",
-        )
-    batch = algo.num_steps * cfg.env.num_envs
-    if algo.num_minibatches > batch:
-        raise ConfigError(
-            "algo.num_minibatches",
-            f"{algo.num_minibatches} exceeds the rollout of {batch} samples (algo.num_steps x env.num_envs)",
-            "lower algo.num_minibatches",
-        )
-    _require_batch_statistics(cfg, "algo.num_minibatches", batch // algo.num_minibatches)
-    if batch > cfg.total_steps:
-        raise ConfigError(
-            "total_steps",
-            f"{cfg.total_steps} is shorter than one rollout of {batch} steps",
-            "raise total_steps or lower algo.num_steps",
-        )
-
-
-def _validate_replay(cfg: DictConfig) -> None:
-    """Combinations every replay-based algorithm needs: a batch the buffer holds, learning before the end."""
-    algo = cfg.algo
-    if algo.batch_size > algo.buffer_size:
-        raise ConfigError(
-            "algo.batch_size",
-            f"{algo.batch_size} exceeds algo.buffer_size={algo.buffer_size}",
-            "lower algo.batch_size or raise algo.buffer_size",
-        )
-    _require_batch_statistics(cfg, "algo.batch_size", algo.batch_size)
-    if algo.learning_starts >= cfg.total_steps:
-        raise ConfigError(
-            "algo.learning_starts",
-            f"{algo.learning_starts} >= total_steps={cfg.total_steps}",
-            "lower algo.learning_starts or raise total_steps, or nothing is ever learned",
-        )
-
-
-def _validate_sac(cfg: DictConfig) -> None:
-    _validate_replay(cfg)
-    algo = cfg.algo
-    if algo.log_std_max <= algo.log_std_min:
-        raise ConfigError(
-            "algo.log_std_max",
-            f"{algo.log_std_max} <= algo.log_std_min={algo.log_std_min}",
-            "raise algo.log_std_max above algo.log_std_min",
-        )
-
-
-def _validate_dqn(cfg: DictConfig) -> None:
-    _validate_replay(cfg)
-    require_choice(cfg.algo.target_update, "algo.target_update", ("hard", "soft"))
-    require_choice(cfg.algo.loss, "algo.loss", ("mse", "huber"))
-
-
-def _validate_muzero_lite(cfg: DictConfig) -> None:
-    _validate_replay(cfg)
-    if cfg.intervention.name == "redo":
-        raise ConfigError(
-            "intervention",
-            "redo reads each network's own inputs, which muzero_lite's dynamics and prediction take from the unroll",
-            "use intervention=shrink_perturb, reset or none with algo=muzero_lite",
-        )
 
 
 def action_kind(space: gym.Space) -> str:
@@ -482,7 +386,7 @@ def _validate_agents(cfg: DictConfig) -> tuple[int, int]:
             f"{len(env.agents)} agents (it is single-agent)",
             f"use algo={' or algo='.join(fits)}" if fits else "no multi-agent algorithm here handles them yet",
         )
-    if cfg.algo.name in ("mappo", "maddpg") and cfg.algo.share_parameters:
+    if spec.multi_agent and cfg.algo.share_parameters:
         # mappo's tanh_normal squashes into one box; maddpg squashes each agent's output into its own
         tanh = cfg.algo.name == "mappo" and cfg.algo.continuous_policy == "tanh_normal"
         spaces = {
@@ -508,17 +412,6 @@ def _validate_agents(cfg: DictConfig) -> tuple[int, int]:
 FILES_RESERVED = 64  # descriptors a job holds besides its members' (Python, torch, W&B's service, Hydra's log)
 FLOAT = 4  # bytes of a float32
 ENV_BYTES = 64 * 1024  # one environment's state (a CartPole or a Box2D world), generously
-NETS_PER_MEMBER = {  # networks trained per member
-    "dqn": 1,
-    "ppo": 2,
-    "a2c": 2,
-    "ddpg": 2,
-    "td3": 3,
-    "sac": 3,
-    "muzero_lite": 3,
-    "maddpg": 4,
-    "mappo": 2,
-}
 COPIES = 5  # per parameter: itself, its gradient, two optimizer moments, a target network's copy
 
 
@@ -539,21 +432,17 @@ def memory_per_member(
     """Bytes one member needs: (replay memory, everything else: networks with gradients, optimizer
     state and targets, one batch's activations, rollouts, environments); ``frames``: the replay keeps
     observations as uint8; ``stack`` > 1 (with frames, DQN): each row keeps two frames of the stack
-    (``FrameStackReplay``)."""
-    algo, env = cfg.algo, cfg.env
+    (``FrameStackReplay``). The algorithm's spec says how many networks it trains and which replay
+    buffer it fills, whose class gives the bytes of its rows."""
+    algo, env, spec = cfg.algo, cfg.env, ALGOS[cfg.algo.name]
     hidden = [list(cfg[role].hidden or cfg.network.hidden) for role in ("actor", "critic")]
     widest = max(hidden, key=sum)
-    nets = NETS_PER_MEMBER.get(algo.name, 3) * _mlp_params([obs_dim + action_dim, *widest, action_dim + 1])
+    nets = spec.networks * _mlp_params([obs_dim + action_dim, *widest, action_dim + 1])
     replay = 0
-    if algo.name in ("dqn", "ddpg", "td3", "sac", "muzero_lite", "maddpg"):
-        row = (1 if algo.name in ("dqn", "muzero_lite") else action_dim) + 2  # action | reward | done
-        row += 2 if algo.name == "muzero_lite" else 0  # | episode end | step count
-        if frames and stack > 1 and algo.name == "dqn":  # two frames and a link to the previous row
-            row = row * FLOAT + 2 * (obs_dim // stack) + 8
-            replay = (algo.buffer_size + (stack - 1) * env.num_envs + 1) * row
-        else:
-            row = row * FLOAT + 2 * obs_dim * (1 if frames else FLOAT)  # and obs | next_obs
-            replay = (algo.buffer_size + 1) * row
+    if spec.replay is not None:
+        buffer = FrameStackReplay if spec.replay.frame_stacks and frames and stack > 1 else spec.replay.buffer
+        stored_actions = action_dim if spec.replay.actions == "vector" else 0
+        replay = buffer.member_bytes(algo.buffer_size, obs_dim, stored_actions, frames, stack, env.num_envs)
         batch = algo.batch_size
     else:
         batch = algo.num_steps * env.num_envs

@@ -64,6 +64,15 @@ class ReplayBuffer:
         self._host = self.data.numpy() if self.data.device.type == "cpu" else None  # shares memory
         self._host_frames = self.frames.numpy() if self.frames is not None and self._host is not None else None
 
+    @classmethod
+    def member_bytes(
+        cls, capacity: int, obs_dim: int, action_dim: int = 0, frames: bool = False, stack: int = 1, num_envs: int = 1
+    ) -> int:
+        """Bytes one member's memory takes, as ``__init__`` lays it out (``stack``, ``num_envs``: unused)."""
+        obs_width = 0 if frames else obs_dim
+        floats = 2 * obs_width + max(action_dim, 1) + 2  # obs | next_obs | action | reward | terminated
+        return (capacity + 1) * (4 * floats + (2 * obs_dim if frames else 0))
+
     def add(
         self,
         obs: np.ndarray,
@@ -180,6 +189,15 @@ class FrameStackReplay(ReplayBuffer):
         self._host = self.data.numpy() if self.data.device.type == "cpu" else None
         self._host_frames = self.frames.numpy() if self._host is not None else None
 
+    @classmethod
+    def member_bytes(
+        cls, capacity: int, obs_dim: int, action_dim: int = 0, frames: bool = True, stack: int = 4, num_envs: int = 1
+    ) -> int:
+        """Bytes one member's memory takes, as ``__init__`` lays it out: per row of the ring (and the spare
+        row) action | reward | terminated as float32, two uint8 frames and the int64 link ``prev``."""
+        rows = capacity + (stack - 1) * num_envs + 1
+        return rows * (4 * 3 + 2 * (obs_dim // stack) + 8)
+
     def add(
         self,
         obs: np.ndarray,
@@ -272,6 +290,14 @@ class SequenceReplay(ReplayBuffer):
         self.frames = None  # observations are stored as float32 rows (no uint8 frames)
         self._row_base = np.arange(members)[:, None] * self.rows  # [P, 1]
         self._env_base = np.arange(num_envs)[None, :] * self.ring  # [1, E]
+
+    @classmethod
+    def member_bytes(
+        cls, capacity: int, obs_dim: int, action_dim: int = 0, frames: bool = False, stack: int = 1, num_envs: int = 1
+    ) -> int:
+        """Bytes one member's memory takes, as ``__init__`` lays it out: ``num_envs`` rings of
+        ``capacity // num_envs`` rows of obs | next_obs | action | reward | terminated | done | n."""
+        return max(capacity // num_envs, 1) * num_envs * 4 * (2 * obs_dim + 5)
 
     def add(  # type: ignore[override]
         self,
