@@ -67,9 +67,8 @@ def keep_freed_memory() -> None:
     """Have glibc's malloc keep freed memory for the next allocation instead of returning it to the
     kernel: blocks up to 32 MiB come from the heap, not a fresh mmap each, and the heap's top is
     trimmed only beyond 1 GiB. An update's temporaries ([P, B, H] float32: 3 MiB at P = 96) are
-    then reused, not faulted in page by page and zeroed again at every op (a 96-member pack spent
-    ~5% of its CPU time so); results are unchanged (torch aligns every tensor to 64 bytes either
-    way). A no-op off glibc."""
+    then reused, not faulted in page by page and zeroed again at every op; results are unchanged
+    (torch aligns every tensor to 64 bytes either way). A no-op off glibc."""
     if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
         return
     try:

@@ -16,12 +16,12 @@ pytest.importorskip("vmas", reason="pip install -e '.[marl]'")
 
 from composing import compose_config
 
-from rlexp.envs import marl as marl_envs  # noqa: E402
 from rlexp.algos.common import ScaledTanh  # noqa: E402
 from rlexp.algos.maddpg import Agent, critic_target, gumbel_softmax, joint_target  # noqa: E402
 from rlexp.compose.validate import validate  # noqa: E402
 from rlexp.config.schema import ConfigError, DiagnosticsConfig, EnvConfig  # noqa: E402
 from rlexp.diagnostics.collapse import ActionWindow  # noqa: E402
+from rlexp.envs import marl as marl_envs  # noqa: E402
 from rlexp.envs.marl import AgentSpace, population_env  # noqa: E402
 from rlexp.train import run_job  # noqa: E402
 

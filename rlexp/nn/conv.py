@@ -11,8 +11,8 @@ its columns in the next layer, and the optimizer sees the parameters in the flat
 Feature maps run channels-last, flat: [P, B, H * W * C] (the observation's [C, H, W] is read once by
 the first convolution), so member k's maps are rows k of every tensor. A layer runs as one grouped
 ``F.conv2d`` with groups = P over the [B, P * C, H, W] view: group k holds member k's input channels
-and filters alone, so nothing mixes members (tested bitwise); it is 2-4x faster on a CPU than
-unfolding every patch for a batched matmul. Per convolution, a norm over the batch
+and filters alone, so nothing mixes members (tested bitwise); on a CPU it is faster than unfolding
+every patch for a batched matmul. Per convolution, a norm over the batch
 (``normalization=batch``) takes channel statistics over the batch and the positions (BatchNorm2d's),
 the others (layer, rms) normalize each sample's whole map (LayerNorm over [C, H, W]); the activation
 is elementwise (crelu doubles the channels). Observers see a convolution's hidden output as

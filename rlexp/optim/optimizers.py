@@ -152,7 +152,7 @@ def _sqrt(values: list[torch.Tensor], eps: float) -> list[torch.Tensor]:
 
 class ForeachRMSprop(OneGroup):
     """torch.optim.RMSprop with ``foreach=True``: its ops in its order, bit for bit, without its
-    per-step bookkeeping (~45 us a step here) or its first construction's import. v starts at 0;
+    per-step bookkeeping or its first construction's import. v starts at 0;
     v = alpha v + (1 - alpha) g^2; centered subtracts the running mean's square; p -= lr g / (sqrt(v) + eps),
     through a momentum buffer when momentum > 0."""
 
