@@ -31,9 +31,9 @@ from rlexp.diagnostics.interventions import INTERVENTIONS
 from rlexp.nn.activations import ACTIVATIONS
 from rlexp.nn.init import INITIALIZERS
 from rlexp.nn.nets import NORMALIZATIONS
+from rlexp.nn.networks import NETWORKS
 from rlexp.optim.optimizers import OPTIMIZERS
 from rlexp.optim.pipeline import CLIPPERS
-from rlexp.run.context import NETWORKS
 from rlexp.run.jobs import hydra_subdir
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"

@@ -31,9 +31,9 @@ from rlexp.diagnostics.interventions import check_intervention
 from rlexp.envs.gym import check_env_id, frame_stack, make_env
 from rlexp.envs.marl import MultiAgentPopulationEnv, check_marl_env, is_multi_agent
 from rlexp.nn.activations import check_activation
-from rlexp.nn.conv import check_observations
 from rlexp.nn.init import check_init
 from rlexp.nn.nets import check_normalization
+from rlexp.nn.networks import check_observations
 from rlexp.optim.optimizers import check_optimizer
 from rlexp.optim.pipeline import check_clipping
 from rlexp.run.loggers import WANDB_MODES, resolve_wandb_mode

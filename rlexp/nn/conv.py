@@ -282,29 +282,6 @@ def check_conv(network: NetworkConfig, shape: tuple[int, ...], env_id: str) -> N
         height, width = (height - kernel) // stride + 1, (width - kernel) // stride + 1
 
 
-CONV_NETWORKS = ("cnn", "nature_cnn")  # the network options whose torso is convolutional (rlexp.run.context.NETWORKS)
-
-
-def check_observations(network: NetworkConfig, shape: tuple[int, ...], env_id: str) -> None:
-    """Image observations [C, H, W] need a convolutional torso and a convolutional torso needs them
-    (ConfigError at network); its layers must fit the map (``check_conv``)."""
-    image = len(shape) == 3
-    if image and network.name not in CONV_NETWORKS:
-        raise ConfigError(
-            "network",
-            f"network={network.name} cannot read {env_id}'s image observations {list(shape)}",
-            "use network=cnn (MinAtar's 10x10 maps) or network=nature_cnn (84x84 frames)",
-        )
-    if network.name in CONV_NETWORKS and not image:
-        raise ConfigError(
-            "network",
-            f"network={network.name} needs image observations [C, H, W]; {env_id}'s are {list(shape)}",
-            "use network=mlp",
-        )
-    if image:
-        check_conv(network, shape, env_id)
-
-
 class PopCNN(PopMLP):
     """Convolutions (``network.conv``) over image observations [P, B, C * H * W] (the environment's
     [C, H, W], flat), then ``PopMLP``'s head: network.hidden, the output layer. Each convolution is a

@@ -21,11 +21,8 @@ from omegaconf import OmegaConf
 
 from rlexp.config.schema import (
     ActivationConfig,
-    CNNConfig,
     Config,
     InitConfig,
-    LSTMNetworkConfig,
-    NatureCNNConfig,
     NetworkConfig,
     NormalizationConfig,
 )
@@ -35,31 +32,13 @@ from rlexp.envs.gym import PopulationEnv
 from rlexp.envs.marl import MultiAgentPopulationEnv, population_env
 from rlexp.envs.normalize import ObsNormalizer, RewardScaler
 from rlexp.envs.streams import MemberStreams, member_generator
-from rlexp.nn.conv import PopCNN
 from rlexp.nn.nets import PopMLP, weight_parameters
-from rlexp.nn.recurrent import RecurrentNet
+from rlexp.nn.networks import NETWORKS
 from rlexp.optim.pipeline import GradientPipeline
 from rlexp.run.checkpoint import Checkpoints, Loop, Part
 from rlexp.run.evaluation import Evaluator
 from rlexp.run.pbt import PopulationBasedTraining, initial_configs
 from rlexp.run.recorder import Recorder
-
-
-@dataclass(frozen=True)
-class Network:
-    """An option of the network group: its config class and the population network it builds."""
-
-    schema: type
-    build: type
-
-
-# network=<option> -> what make_net builds (the network group's registry)
-NETWORKS: dict[str, Network] = {
-    "mlp": Network(NetworkConfig, PopMLP),
-    "lstm": Network(LSTMNetworkConfig, RecurrentNet),
-    "cnn": Network(CNNConfig, PopCNN),
-    "nature_cnn": Network(NatureCNNConfig, PopCNN),
-}
 
 
 def option_schema(group: str, option: str) -> type:
