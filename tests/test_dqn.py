@@ -186,14 +186,18 @@ LOSS_CASES = {
 
 # ---------------------------------------------------------------- epsilon
 def test_epsilon_is_the_linear_decay_then_constant():
-    algo = algo_cfg(start_e=1.0, end_e=0.05, exploration_fraction=0.25)
     total = 1000
     duration = 0.25 * total
     for step in (0, 1, 100, 249, 250, 251, 999):
         expected = 1.0 + (0.05 - 1.0) * min(1.0, step / duration)
-        assert epsilon(step, algo, total) == pytest.approx(expected, abs=1e-12)
-    assert epsilon(0, algo, total) == pytest.approx(1.0)
-    assert epsilon(5000, algo, total) == pytest.approx(0.05)
+        assert epsilon(step, 1.0, 0.05, 0.25, total) == pytest.approx(expected, abs=1e-12)
+    assert epsilon(0, 1.0, 0.05, 0.25, total) == pytest.approx(1.0)
+    assert epsilon(5000, 1.0, 0.05, 0.25, total) == pytest.approx(0.05)
+    # members with schedules of their own: [P, 1] arrays, each member's value as alone
+    start, end, fraction = np.array([[1.0], [0.5]]), np.array([[0.05], [0.1]]), np.array([[0.25], [0.5]])
+    each = epsilon(300, start, end, fraction, total)
+    assert each.shape == (2, 1)
+    assert each[0, 0] == epsilon(300, 1.0, 0.05, 0.25, total) and each[1, 0] == epsilon(300, 0.5, 0.1, 0.5, total)
 
 
 # ---------------------------------------------------------------- the loss
@@ -1112,7 +1116,9 @@ def test_tiny_training_run_writes_the_output_contract(tmp_path, monkeypatch):
                 assert math.isfinite(line["train/loss"]) and line["train/loss"] >= 0
             n_phases = sum(1 for s in range(1, line["step"] + 1) if s > starts and s // freq > (s - 1) // freq)
             assert line["train/updates"] == gsteps * n_phases
-            assert line["train/epsilon"] == pytest.approx(epsilon(line["step"], cfg.algo, total))
+            assert line["train/epsilon"] == pytest.approx(
+                epsilon(line["step"], cfg.algo.start_e, cfg.algo.end_e, cfg.algo.exploration_fraction, total)
+            )
         assert lines[-1]["train/updates"] == gsteps * phases
         assert lines[-1]["episode/return_last10"] == pytest.approx(member["final_return"])
         assert lines[-1]["episode/count"] == member["episodes"]

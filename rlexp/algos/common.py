@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
-from rlexp.config.schema import ActorCriticConfig, ConfigError, DQNConfig, require_choice
+from rlexp.config.schema import ActorCriticConfig, ConfigError, require_choice
 from rlexp.diagnostics.instruments import locate_in_update, locate_nonfinite
 from rlexp.nn.nets import NORMALIZATIONS, PopMLP
 from rlexp.optim.pipeline import UpdateStats
@@ -24,6 +24,7 @@ from rlexp.run.context import RunContext
 from rlexp.run.evaluation import Policy
 from rlexp.run.recorder import Located
 
+Hyper = float | np.ndarray  # a hyperparameter: every member's value, or one per member [P, 1]
 LOG_2PI = math.log(2 * math.pi)
 
 LOG_2 = math.log(2)
@@ -87,10 +88,10 @@ def locate(
     return locate_in_update(cause, names, [p for net in nets for p in net.parameters()], member, update)
 
 
-def epsilon(step: int, algo: DQNConfig, total_steps: int) -> float:
-    """Linear decay from start_e to end_e over exploration_fraction * total_steps env steps."""
-    duration = algo.exploration_fraction * total_steps
-    return algo.start_e + (algo.end_e - algo.start_e) * min(1.0, step / duration)
+def epsilon(step: int, start: Hyper, end: Hyper, fraction: Hyper, total_steps: int) -> Hyper:
+    """The linear decay from ``start`` to ``end`` over ``fraction`` * ``total_steps`` env steps: floats,
+    or float64 [P, 1] arrays for members with schedules of their own (``RunContext.hyper``)."""
+    return start + (end - start) * np.minimum(1.0, step / (fraction * total_steps))
 
 
 class Actor(nn.Module):

@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 
 from rlexp.algos.common import check_replay, epsilon
-from rlexp.config.members import member_runs
 from rlexp.config.schema import DiagnosticsConfig, DQNConfig, require_choice
 from rlexp.data.buffers import Batch, FrameStackReplay, ReplayBuffer
 from rlexp.diagnostics.instruments import (
@@ -43,11 +42,6 @@ from rlexp.optim.pipeline import UpdateStats
 from rlexp.run.context import RunContext
 from rlexp.run.evaluation import Policy
 from rlexp.run.recorder import Located
-
-
-def member_epsilon(step: int, start: np.ndarray, end: np.ndarray, fraction: np.ndarray, total_steps: int) -> np.ndarray:
-    """``epsilon`` for members with schedules of their own: [P, 1] float64 arrays in and out."""
-    return start + (end - start) * np.minimum(1.0, step / (fraction * total_steps))
 
 
 def evaluation_policy(
@@ -94,7 +88,7 @@ def td_target(
     batch: Batch,
     algo: DQNConfig,
     r_max: torch.Tensor,
-    gamma: torch.Tensor | None = None,
+    gamma: float | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The bootstrap target y [P, B], computed without gradient; ``gamma`` [P, 1]: each member's
     discount (default ``algo.gamma`` for all)."""
@@ -120,7 +114,7 @@ def dqn_loss(
     algo: DQNConfig,
     r_max: torch.Tensor,
     write_grads: bool = False,
-    gamma: torch.Tensor | None = None,
+    gamma: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-member DQN loss [P] and per-member statistics (Q and TD error) for one batch.
 
@@ -162,7 +156,7 @@ def instruments(
     update: UpdateStats,
     names: list[str],
     diag: DiagnosticsConfig,
-    gamma: torch.Tensor | None = None,
+    gamma: float | torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per-member, per-layer instrument record ([P] each) after a diagnosed update."""
     q_all, stats = activity_instruments(q_net, "q", batch.obs, diag)  # [P, B, A]
@@ -250,13 +244,13 @@ def train(ctx: RunContext) -> None:
         buffer = ReplayBuffer(members, algo.buffer_size, env.obs_dim, device, frames=env.frames)
     r_max = np.full(members, float(algo.r_max))  # [P] largest |r| seen so far, at least algo.r_max
     updates = 0
-    # per-member hyperparameters (members that differ in them; None: every member has algo's)
-    gamma = None if ctx.shared("algo.gamma") else ctx.member_tensor("algo.gamma").unsqueeze(1)  # [P, 1]
-    schedule = ("algo.start_e", "algo.end_e", "algo.exploration_fraction")
-    eps_schedule = None if ctx.shared(*schedule) else [ctx.member_array(k) for k in schedule]  # 3 x [P, 1]
-    tau = algo.tau if ctx.shared("algo.tau") else member_runs(ctx.member_values("algo.tau"), members)
-    periods = ctx.member_values("algo.target_update_period")
-    period = None if ctx.shared("algo.target_update_period") else np.array(periods)  # [P]
+    # hyperparameters that may differ between members: algo's value, or one per member
+    gamma = ctx.hyper("algo.gamma")  # float or [P, 1]
+    start_e, end_e, fraction = (
+        ctx.hyper(k, "array") for k in ("algo.start_e", "algo.end_e", "algo.exploration_fraction")
+    )
+    tau = ctx.hyper("algo.tau", "runs")  # float or [(a, b, tau)]
+    period = ctx.hyper("algo.target_update_period", "array")  # int or [P, 1]
 
     obs = env.reset()  # [P, E, obs] numpy, on the host (raw; obs_norm applies when the network reads it)
     ctx.obs_norm.update(obs)
@@ -271,16 +265,14 @@ def train(ctx: RunContext) -> None:
     }
     loop = ctx.checkpoint_state(saved, lambda: dict(obs=obs, r_max=r_max, updates=updates, prev_step=prev_step))
     # pbt.*: the recorder's log steps copy members' state and change their lr and ε schedule's fraction
-    ctx.population_based_training(saved, {"algo.exploration_fraction": eps_schedule[2] if eps_schedule else None})
+    varied = {"algo.exploration_fraction": fraction if isinstance(fraction, np.ndarray) else None}  # set in place
+    ctx.population_based_training(saved, varied)
     if loop:  # continued from a checkpoint; without its replay the buffer refills for learning_starts steps
         updates, prev_step = loop["updates"], loop["prev_step"]
         learn_from = learn_from if cfg.checkpoint.replay else prev_step + algo.learning_starts
     for step in recorder.steps():
         # act: epsilon-greedy, each member from its own stream (decided on the host, where the envs are)
-        if eps_schedule is None:
-            eps = epsilon(step, algo, cfg.total_steps)
-        else:
-            eps = member_epsilon(step, *eps_schedule, cfg.total_steps)  # [P, 1]
+        eps = epsilon(step, start_e, end_e, fraction, cfg.total_steps)  # float or [P, 1]
         u = ctx.streams.uniform(2 * num_envs)  # [P, 2E]
         explore = u[:, :num_envs] < eps
         actions = (u[:, num_envs:] * n_actions).astype(np.int64)  # [P, E] the random actions
@@ -329,8 +321,8 @@ def train(ctx: RunContext) -> None:
                     soft_update_(target_net, q_net, tau)
                 intervene(updates, batch.obs)
         if target_net is not None and algo.target_update == "hard":
-            if period is None:
-                if step // algo.target_update_period > prev_step // algo.target_update_period:
+            if not isinstance(period, np.ndarray):
+                if step // period > prev_step // period:
                     hard_update_(target_net, q_net)
             elif (due := step // period > prev_step // period).any():  # [P] the members whose period ended
                 hard_update_(target_net, q_net, torch.from_numpy(np.flatnonzero(due)).to(device))

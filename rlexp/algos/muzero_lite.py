@@ -323,7 +323,7 @@ def train(ctx: RunContext) -> None:
         learn_from = learn_from if cfg.checkpoint.replay else prev_step + algo.learning_starts
     for step in recorder.steps():
         # act: epsilon-greedy over the lookahead, each member from its own stream
-        eps = epsilon(step, algo, cfg.total_steps)
+        eps = epsilon(step, algo.start_e, algo.end_e, algo.exploration_fraction, cfg.total_steps)
         u = ctx.streams.uniform(2 * num_envs)  # [P, 2E]
         explore = u[:, :num_envs] < eps
         actions = (u[:, num_envs:] * n_actions).astype(np.int64)  # [P, E]

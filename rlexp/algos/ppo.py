@@ -157,11 +157,8 @@ def train(ctx: RunContext) -> None:
     intervene = ctx.interventions(Subject("actor", actor.net, actor_pipe), Subject("critic", critic, critic_pipe))
     actor_names = parameter_names(actor.net, "actor") + (["actor.log_std"] if actor.log_std is not None else [])
     critic_names = parameter_names(critic, "critic")
-    lr = cfg.optimizer.lr if ctx.shared("optimizer.lr") else ctx.member_array("optimizer.lr")  # float or [P, 1]
-    gamma, gae_lambda = (  # floats, or float64 [P, 1] when the members differ
-        algo_value if ctx.shared(key) else ctx.member_tensor(key, torch.float64).unsqueeze(1)
-        for key, algo_value in (("algo.gamma", algo.gamma), ("algo.gae_lambda", algo.gae_lambda))
-    )
+    lr = ctx.hyper("optimizer.lr", "array")  # float or [P, 1]
+    gamma, gae_lambda = (ctx.hyper(k, dtype=torch.float64) for k in ("algo.gamma", "algo.gae_lambda"))  # or [P, 1]
 
     T, E = algo.num_steps, num_envs
     shape = (T, members, E)

@@ -35,7 +35,6 @@ from omegaconf import DictConfig
 from torch import nn
 
 from rlexp.algos.common import LOG_2PI, ScaledTanh, check_replay, locate, normal, squashed_policy
-from rlexp.config.members import member_runs
 from rlexp.config.schema import (
     AdamConfig,
     ClippingConfig,
@@ -81,7 +80,7 @@ def sac_target(
     algo: SACConfig,
     alpha: torch.Tensor,
     noise: torch.Tensor,
-    gamma: torch.Tensor | None = None,
+    gamma: float | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The entropy-regularized bootstrap target y [P, B] from alpha [P] and standard normal ``noise``
     [P, B, A] for the next action (no gradient); ``gamma`` [P, 1]: each member's discount (default
@@ -159,8 +158,8 @@ def train(ctx: RunContext) -> None:
     r_max = np.ones(members)  # [P] largest |r| seen (after scaling), at least 1: the value bound's scale
     updates = 0
     # per-member hyperparameters (members that differ in them; None: every member has algo's)
-    gamma = None if ctx.shared("algo.gamma") else ctx.member_tensor("algo.gamma").unsqueeze(1)  # [P, 1]
-    tau = algo.tau if ctx.shared("algo.tau") else member_runs(ctx.member_values("algo.tau"), members)
+    gamma = ctx.hyper("algo.gamma")  # float or [P, 1]: one per member
+    tau = ctx.hyper("algo.tau", "runs")  # float or [(a, b, tau)]
 
     act = actor.inference()  # acting: the same forward, no gradient, less overhead per call
     recorder.evaluate_with(squashed_policy(lambda x: act(x)[..., :action_dim], squash, device, low, high))

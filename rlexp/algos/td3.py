@@ -27,7 +27,6 @@ import torch
 from torch import nn
 
 from rlexp.algos.common import ScaledTanh, locate, normal, squashed_policy
-from rlexp.config.members import member_runs
 from rlexp.config.schema import DiagnosticsConfig, TD3Config
 from rlexp.data.buffers import Batch, ReplayBuffer
 from rlexp.diagnostics.instruments import (
@@ -48,7 +47,7 @@ def td3_target(
     batch: Batch,
     algo: TD3Config,
     noise: torch.Tensor,
-    gamma: torch.Tensor | None = None,
+    gamma: float | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The bootstrap target y [P, B] from standard normal ``noise`` [P, B, A] (no gradient); ``gamma``
     [P, 1]: each member's discount (default ``algo.gamma`` for all)."""
@@ -89,8 +88,8 @@ def train(ctx: RunContext) -> None:
         net.eval()  # acting and targets use running statistics when a network has batch norm
     actor_pipe, critic_pipe = ctx.make_pipeline(actor), ctx.make_pipeline(critics)  # an optimizer each
     # per-member discount and target rate (members that differ in them; else algo's for all)
-    gamma = None if ctx.shared("algo.gamma") else ctx.member_tensor("algo.gamma").unsqueeze(1)  # [P, 1]
-    tau = algo.tau if ctx.shared("algo.tau") else member_runs(ctx.member_values("algo.tau"), members)
+    gamma = ctx.hyper("algo.gamma")  # float or [P, 1]: one per member
+    tau = ctx.hyper("algo.tau", "runs")  # float or [(a, b, tau)]
     intervene = ctx.interventions(  # intervention.*, every few critic updates
         Subject("actor", actor, actor_pipe, (actor_target,)),
         *(Subject(p, c, critic_pipe, (t,)) for p, c, t in zip(["critic", "critic2"], critics, critic_targets)),

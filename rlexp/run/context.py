@@ -19,6 +19,7 @@ import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from rlexp.config.members import member_runs
 from rlexp.config.schema import (
     ActivationConfig,
     Config,
@@ -128,6 +129,21 @@ class RunContext:
             if any(v == k or v.startswith(f"{k}.") for k in keys for v in varied):
                 return False
         return all(len({repr(v) for v in self.member_values(k)}) == 1 for k in keys)
+
+    def hyper(self, key: str, form: str = "tensor", dtype: torch.dtype = torch.float32) -> Any:
+        """A hyperparameter that may differ between members, read one way: the config's own value when
+        every member has it (``shared``: the scalar path, bit for bit a lone member's arithmetic), else
+        each member's, as ``form`` says: "tensor" a [P, 1] tensor of ``dtype`` on the device, "array" a
+        float64 [P, 1] host array, "runs" ``member_runs``' [(a, b, value)] runs of equal members."""
+        if self.shared(key):
+            return self.member_values(key)[0]
+        if form == "tensor":
+            return self.member_tensor(key, dtype).unsqueeze(1)
+        if form == "array":
+            return self.member_array(key)
+        if form == "runs":
+            return member_runs(self.member_values(key), self.members)
+        raise ValueError(f"form {form!r}: use tensor, array or runs")
 
     def member_tensor(self, key: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Each member's value of a numeric key as a [P] tensor on the device (a value computed in
