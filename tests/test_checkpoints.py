@@ -30,6 +30,7 @@ from test_cli import compose_config, read_wandb_records
 
 from rlexp import evaluate
 from rlexp.config.schema import ConfigError
+from rlexp.config.state import PerMember, Shared
 from rlexp.run.checkpoint import FILE, split, stack
 from rlexp.train import run_job
 
@@ -424,24 +425,31 @@ def test_a_killed_grid_resumed_continues_each_job_from_its_checkpoint_bitwise(tm
 
 # ====================================================================== the pieces
 def test_split_then_stack_gives_the_population_state_back_bit_for_bit():
-    from rlexp.run.checkpoint import PerMember, Shared
-
     state = {
         "w": torch.randn(3, 4, 5),  # [P, ...]: split
         "count": np.arange(3, dtype=np.int64),  # [P] array: split
         "notes": PerMember([{"a": 1.5}, None, {"b": [1, 2]}]),  # Python values per member
+        "rows": PerMember([{"m": torch.full((2,), float(k))} for k in range(3)]),  # dicts per member: listed
         "rng": Shared(torch.arange(7, dtype=torch.uint8)),  # a tensor of the population's
         "pos": 11,
+        "part": {"alive": torch.ones(3, dtype=torch.bool), "total": 4, "inner": {"x": np.zeros((3, 2))}},  # nested
     }
     own, shared = split(state, 3)
-    assert set(own[1]) == {"w", "count", "notes"} and set(shared) == {"rng", "pos"}
+    assert set(own[1]) == {"w", "count", "notes", "rows", "part"} and set(shared) == {"rng", "pos", "part"}
+    assert set(own[1]["part"]) == {"alive", "inner"} and shared["part"] == {"total": 4, "inner": {}}
     back = stack(own, shared)
     assert torch.equal(back["w"], state["w"]) and torch.equal(back["count"], torch.arange(3))
     assert back["notes"] == list(state["notes"]) and torch.equal(back["rng"], state["rng"].value) and back["pos"] == 11
+    assert isinstance(back["rows"], list) and all(
+        torch.equal(r["m"], torch.full((2,), float(k))) for k, r in enumerate(back["rows"])
+    )
+    part = back["part"]
+    assert torch.equal(part["alive"], state["part"]["alive"]) and part["total"] == 4
+    assert torch.equal(part["inner"]["x"], torch.zeros(3, 2, dtype=torch.float64))
 
 
 def test_environments_not_captured_exactly_start_new_episodes(monkeypatch):
-    import rlexp.run.checkpoint as checkpoint
+    import rlexp.envs.gym
     from rlexp.config.schema import EnvConfig
     from rlexp.envs.gym import PopulationEnv
 
@@ -449,10 +457,13 @@ def test_environments_not_captured_exactly_start_new_episodes(monkeypatch):
     env.reset()
     for _ in range(30):
         env.step(np.zeros((2, 2), dtype=np.int64))
-    state = stack(*split(checkpoint._env_state(env), 2))
-    assert checkpoint._load_env(PopulationEnv(EnvConfig(id="CartPole-v1", num_envs=2), [0, 1]), state)  # exact
-    monkeypatch.setattr(checkpoint, "_exact", lambda env: False)  # as Box2D or MuJoCo would be
+    state = stack(*split(env.state_dict(), 2))
+    exact = PopulationEnv(EnvConfig(id="CartPole-v1", num_envs=2), [0, 1])
+    exact.load_state_dict(state)
+    assert not exact.restarted and np.array_equal(exact.observations(), env.observations())
+    monkeypatch.setattr(rlexp.envs.gym, "exact_state", lambda env: False)  # as Box2D or MuJoCo would be
     fresh = PopulationEnv(EnvConfig(id="CartPole-v1", num_envs=2), [0, 1])
-    assert not checkpoint._load_env(fresh, state)
+    fresh.load_state_dict(state)
+    assert fresh.restarted
     assert not fresh._done.any() and not fresh._ep_length.any()  # new episodes, the interrupted ones dropped
     assert np.array_equal(fresh.episode_count, env.episode_count)  # the episodes that ended are kept
