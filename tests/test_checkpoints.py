@@ -301,6 +301,40 @@ def test_without_the_replay_a_resumed_dqn_refills_it_and_logs_to_a_new_wandb_run
     assert [row["train/updates"] for row in logged] == [r["train/updates"] for r in records]
 
 
+def test_members_with_different_optimizers_resume_bitwise(tmp_path, monkeypatch):
+    """A population whose pipelines hold several optimizer runs (members 0-1 adam, 2 rmsprop with
+    momentum, 3 sgd with momentum, as a pack of cells builds them): each member's file holds its own
+    run's state, and the job interrupted and continued ends bitwise as the uninterrupted one."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from rlexp.run.context import RunContext
+
+    overrides = [*DQN_EVAL, "num_seeds=4"]
+    variants = [[], [], ["optimizer=rmsprop", "optimizer.momentum=0.5"], ["optimizer=sgd", "optimizer.momentum=0.9"]]
+    optimizers = [OmegaConf.to_object(compose_config([*QUIET, *overrides, *v])).optimizer for v in variants]
+    create = RunContext.create.__func__
+
+    def mixed(cls, cfg, device, member_cfgs=None, seeds=None):  # the job's members, each its optimizer
+        return create(cls, cfg, device, [dataclasses.replace(cfg, optimizer=o) for o in optimizers], seeds)
+
+    monkeypatch.setattr(RunContext, "create", classmethod(mixed))
+    run(overrides, tmp_path / "whole")
+    job = tmp_path / "cut"
+    crash(overrides, job, 550)
+    saved = [checkpoint(job / f"seed_{k}") for k in range(4)]
+    assert [c["step"] for c in saved] == [400] * 4
+    slots = [set(c["state"]["pipeline/optimizer"]) - {"param_groups"} for c in saved]
+    assert slots == [{"exp_avg", "exp_avg_sq", "steps"}] * 2 + [
+        {"square_avg", "grad_avg", "momentum_buffer"},
+        {"momentum_buffer", "first_step"},
+    ]
+    assert saved[3]["state"]["pipeline/optimizer"]["first_step"] is False  # it has stepped
+    run([*overrides, "resume=true"], job)
+    assert_same_job(tmp_path / "whole", job, 4)
+
+
 # ====================================================================== a member's file alone
 def test_a_members_checkpoint_alone_evaluates_as_the_member_did_in_its_population(tmp_path):
     overrides = DQN_EVAL
@@ -327,6 +361,23 @@ def test_a_checkpoint_of_another_config_is_refused_in_one_line(tmp_path):
     line = str(err.value)
     assert "\n" not in line and "algo.batch_size" in line and str(tmp_path / "seed_0" / FILE) in line
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing moved or written
+
+
+def test_a_checkpoint_of_another_format_is_refused_in_one_line(tmp_path, capsys):
+    overrides, crash_at, _ = RUNS["dqn"]
+    crash(overrides, tmp_path, crash_at)
+    for k in range(2):  # as an older rlexp wrote them: another layout of keys
+        path = tmp_path / f"seed_{k}" / FILE
+        content = torch.load(path, weights_only=True)
+        torch.save({**content, "format": "rlexp-checkpoint/1"}, path)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(ConfigError) as err:
+        run([*overrides, "resume=true"], tmp_path)
+    line = str(err.value)
+    assert "\n" not in line and str(tmp_path / "seed_0" / FILE) in line and "'rlexp-checkpoint/1'" in line
+    assert "without resume=true" in line
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing moved or written
+    assert "'rlexp-checkpoint/1'" in evaluate_refusal([str(tmp_path)], capsys)
 
 
 def test_a_cut_off_checkpoint_is_moved_aside_and_the_job_runs_again_from_scratch(tmp_path, capsys):
