@@ -204,6 +204,42 @@ def test_each_algorithm_trains_with_a_run_context_and_declares_its_schema():
         assert issubclass(spec.schema, AlgoConfig), name
 
 
+def private_reaches(source: str) -> list[str]:
+    """Every read or write of a private attribute (``x._y``, dunders aside) in ``source`` on anything but
+    ``self``, ``cls`` or a name the module itself defines at its top level, as "line: expression"."""
+    tree = ast.parse(source)
+    own = {"self", "cls"}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            own |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return [
+        f"{node.lineno}: {ast.unparse(node)}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr.startswith("_")
+        and not (node.attr.startswith("__") and node.attr.endswith("__"))
+        and not (isinstance(node.value, ast.Name) and node.value.id in own)
+    ]
+
+
+def test_checkpoints_keep_the_file_format_and_reach_into_no_part():
+    """``rlexp/run/checkpoint.py`` treats every part through the ``Stateful`` protocol: it imports no
+    module of a part (so names no part's class) and touches no other module's private attribute."""
+    module = "rlexp.run.checkpoint"
+    allowed = {"rlexp.config", "rlexp.config.schema", "rlexp.config.state", "rlexp.run.jobs"}
+    assert IMPORTS[module] <= allowed, f"{module} imports {sorted(IMPORTS[module] - allowed)}"
+    reaches = private_reaches(MODULES[module].read_text())
+    assert not reaches, f"{module} reaches into privates:\n" + "\n".join(reaches)
+
+
+def test_the_private_check_names_a_reach_into_another_part():
+    source = "X = 1\nclass C:\n    def f(self, env):\n        env._obs = self._y + X._z + env.__dict__\n"
+    assert private_reaches(source) == ["4: env._obs"]
+
+
 PROCESS_WIDE = {
     ("gc", "disable"),
     ("gc", "enable"),

@@ -30,6 +30,7 @@ from test_cli import compose_config, read_wandb_records
 
 from rlexp import evaluate
 from rlexp.config.schema import ConfigError
+from rlexp.config.state import PerMember, Shared
 from rlexp.run.checkpoint import FILE, split, stack
 from rlexp.train import run_job
 
@@ -300,6 +301,40 @@ def test_without_the_replay_a_resumed_dqn_refills_it_and_logs_to_a_new_wandb_run
     assert [row["train/updates"] for row in logged] == [r["train/updates"] for r in records]
 
 
+def test_members_with_different_optimizers_resume_bitwise(tmp_path, monkeypatch):
+    """A population whose pipelines hold several optimizer runs (members 0-1 adam, 2 rmsprop with
+    momentum, 3 sgd with momentum, as a pack of cells builds them): each member's file holds its own
+    run's state, and the job interrupted and continued ends bitwise as the uninterrupted one."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from rlexp.run.context import RunContext
+
+    overrides = [*DQN_EVAL, "num_seeds=4"]
+    variants = [[], [], ["optimizer=rmsprop", "optimizer.momentum=0.5"], ["optimizer=sgd", "optimizer.momentum=0.9"]]
+    optimizers = [OmegaConf.to_object(compose_config([*QUIET, *overrides, *v])).optimizer for v in variants]
+    create = RunContext.create.__func__
+
+    def mixed(cls, cfg, device, member_cfgs=None, seeds=None):  # the job's members, each its optimizer
+        return create(cls, cfg, device, [dataclasses.replace(cfg, optimizer=o) for o in optimizers], seeds)
+
+    monkeypatch.setattr(RunContext, "create", classmethod(mixed))
+    run(overrides, tmp_path / "whole")
+    job = tmp_path / "cut"
+    crash(overrides, job, 550)
+    saved = [checkpoint(job / f"seed_{k}") for k in range(4)]
+    assert [c["step"] for c in saved] == [400] * 4
+    slots = [set(c["state"]["pipeline/optimizer"]) - {"param_groups"} for c in saved]
+    assert slots == [{"exp_avg", "exp_avg_sq", "steps"}] * 2 + [
+        {"square_avg", "grad_avg", "momentum_buffer"},
+        {"momentum_buffer", "first_step"},
+    ]
+    assert saved[3]["state"]["pipeline/optimizer"]["first_step"] is False  # it has stepped
+    run([*overrides, "resume=true"], job)
+    assert_same_job(tmp_path / "whole", job, 4)
+
+
 # ====================================================================== a member's file alone
 def test_a_members_checkpoint_alone_evaluates_as_the_member_did_in_its_population(tmp_path):
     overrides = DQN_EVAL
@@ -326,6 +361,23 @@ def test_a_checkpoint_of_another_config_is_refused_in_one_line(tmp_path):
     line = str(err.value)
     assert "\n" not in line and "algo.batch_size" in line and str(tmp_path / "seed_0" / FILE) in line
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing moved or written
+
+
+def test_a_checkpoint_of_another_format_is_refused_in_one_line(tmp_path, capsys):
+    overrides, crash_at, _ = RUNS["dqn"]
+    crash(overrides, tmp_path, crash_at)
+    for k in range(2):  # as an older rlexp wrote them: another layout of keys
+        path = tmp_path / f"seed_{k}" / FILE
+        content = torch.load(path, weights_only=True)
+        torch.save({**content, "format": "rlexp-checkpoint/1"}, path)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(ConfigError) as err:
+        run([*overrides, "resume=true"], tmp_path)
+    line = str(err.value)
+    assert "\n" not in line and str(tmp_path / "seed_0" / FILE) in line and "'rlexp-checkpoint/1'" in line
+    assert "without resume=true" in line
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing moved or written
+    assert "'rlexp-checkpoint/1'" in evaluate_refusal([str(tmp_path)], capsys)
 
 
 def test_a_cut_off_checkpoint_is_moved_aside_and_the_job_runs_again_from_scratch(tmp_path, capsys):
@@ -424,24 +476,31 @@ def test_a_killed_grid_resumed_continues_each_job_from_its_checkpoint_bitwise(tm
 
 # ====================================================================== the pieces
 def test_split_then_stack_gives_the_population_state_back_bit_for_bit():
-    from rlexp.run.checkpoint import PerMember, Shared
-
     state = {
         "w": torch.randn(3, 4, 5),  # [P, ...]: split
         "count": np.arange(3, dtype=np.int64),  # [P] array: split
         "notes": PerMember([{"a": 1.5}, None, {"b": [1, 2]}]),  # Python values per member
+        "rows": PerMember([{"m": torch.full((2,), float(k))} for k in range(3)]),  # dicts per member: listed
         "rng": Shared(torch.arange(7, dtype=torch.uint8)),  # a tensor of the population's
         "pos": 11,
+        "part": {"alive": torch.ones(3, dtype=torch.bool), "total": 4, "inner": {"x": np.zeros((3, 2))}},  # nested
     }
     own, shared = split(state, 3)
-    assert set(own[1]) == {"w", "count", "notes"} and set(shared) == {"rng", "pos"}
+    assert set(own[1]) == {"w", "count", "notes", "rows", "part"} and set(shared) == {"rng", "pos", "part"}
+    assert set(own[1]["part"]) == {"alive", "inner"} and shared["part"] == {"total": 4, "inner": {}}
     back = stack(own, shared)
     assert torch.equal(back["w"], state["w"]) and torch.equal(back["count"], torch.arange(3))
     assert back["notes"] == list(state["notes"]) and torch.equal(back["rng"], state["rng"].value) and back["pos"] == 11
+    assert isinstance(back["rows"], list) and all(
+        torch.equal(r["m"], torch.full((2,), float(k))) for k, r in enumerate(back["rows"])
+    )
+    part = back["part"]
+    assert torch.equal(part["alive"], state["part"]["alive"]) and part["total"] == 4
+    assert torch.equal(part["inner"]["x"], torch.zeros(3, 2, dtype=torch.float64))
 
 
 def test_environments_not_captured_exactly_start_new_episodes(monkeypatch):
-    import rlexp.run.checkpoint as checkpoint
+    import rlexp.envs.gym
     from rlexp.config.schema import EnvConfig
     from rlexp.envs.gym import PopulationEnv
 
@@ -449,10 +508,13 @@ def test_environments_not_captured_exactly_start_new_episodes(monkeypatch):
     env.reset()
     for _ in range(30):
         env.step(np.zeros((2, 2), dtype=np.int64))
-    state = stack(*split(checkpoint._env_state(env), 2))
-    assert checkpoint._load_env(PopulationEnv(EnvConfig(id="CartPole-v1", num_envs=2), [0, 1]), state)  # exact
-    monkeypatch.setattr(checkpoint, "_exact", lambda env: False)  # as Box2D or MuJoCo would be
+    state = stack(*split(env.state_dict(), 2))
+    exact = PopulationEnv(EnvConfig(id="CartPole-v1", num_envs=2), [0, 1])
+    exact.load_state_dict(state)
+    assert not exact.restarted and np.array_equal(exact.observations(), env.observations())
+    monkeypatch.setattr(rlexp.envs.gym, "exact_state", lambda env: False)  # as Box2D or MuJoCo would be
     fresh = PopulationEnv(EnvConfig(id="CartPole-v1", num_envs=2), [0, 1])
-    assert not checkpoint._load_env(fresh, state)
+    fresh.load_state_dict(state)
+    assert fresh.restarted
     assert not fresh._done.any() and not fresh._ep_length.any()  # new episodes, the interrupted ones dropped
     assert np.array_equal(fresh.episode_count, env.episode_count)  # the episodes that ended are kept

@@ -345,7 +345,7 @@ def test_frame_stack_replay_goes_on_bitwise_from_its_checkpoint_state():
     """The replay's state split per member and stacked back (as a checkpoint does) into a new replay:
     both sample the same and go on the same after more steps."""
     from rlexp.data.buffers import FrameStackReplay
-    from rlexp.run.checkpoint import _load_object, _object_state, split, stack
+    from rlexp.run.checkpoint import split, stack
 
     P, E = 2, 3
     steps = list(_stacked_steps(P, E, 90, seed=5))
@@ -353,7 +353,7 @@ def test_frame_stack_replay_goes_on_bitwise_from_its_checkpoint_state():
     for step in steps[:60]:
         first.add(*step)
     second = FrameStackReplay(P, 11, 24, torch.device("cpu"), stack=4, num_envs=E)
-    _load_object(second, stack(*split(_object_state(first, replay=True), P)))
+    second.load_state_dict(stack(*split(first.state_dict(), P)))
     rng = np.random.default_rng(2)
     for step in steps[60:]:
         first.add(*step)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -153,6 +154,20 @@ class ReplayBuffer:
             obs, next_obs = frames[..., : self.obs_dim], frames[..., self.obs_dim :]
         return Batch(obs, actions, rows[..., a], next_obs, rows[..., a + 1])
 
+    def state_dict(self) -> dict[str, Any]:
+        """The rows [P, R, F] (and uint8 frames [P, R, ...]), each member's write position and size, and
+        whether some member's memory is still filling."""
+        frames = {} if self.frames is None else {"frames": self.frames}
+        return {"data": self.data, "ptr": self.ptr, "size": self.size, "filling": self._filling} | frames
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with torch.no_grad():  # in place: the host views of the storage stay valid
+            self.data.copy_(state["data"].to(self.device))
+            if self.frames is not None:
+                self.frames.copy_(state["frames"].to(self.device))
+        self.ptr, self.size = state["ptr"].numpy().copy(), state["size"].numpy().copy()
+        self._filling = state["filling"]
+
 
 class FrameStackReplay(ReplayBuffer):
     """A transition replay for observations that stack the last ``stack`` frames (Atari's [4, 84, 84],
@@ -252,6 +267,14 @@ class FrameStackReplay(ReplayBuffer):
         next_obs = frames[:, :, 1:].reshape(*row.shape, self.obs_dim)
         return Batch(obs, actions, rows[..., a], next_obs, rows[..., a + 1])
 
+    def state_dict(self) -> dict[str, Any]:
+        """``ReplayBuffer``'s, and the links: ``prev`` [P, R+1], ``last`` [P, E], ``count`` [P]."""
+        return super().state_dict() | {"prev": self.prev, "last": self.last, "count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.prev, self.last, self.count = (state[name].numpy().copy() for name in ("prev", "last", "count"))
+
 
 @dataclass
 class SequenceBatch:
@@ -273,8 +296,8 @@ class SequenceReplay(ReplayBuffer):
     A row packs obs | next_obs | action | reward | terminated | done | n (the environment's count of
     stored steps at this one). Autoreset steps (``valid`` False) are not stored, so consecutive rows
     of a ring are consecutive steps. ``ptr`` [P, E] counts the steps stored per environment (the
-    ring's write position is ptr % capacity), ``size`` [P, E] the rows held; the checkpoint saves
-    them with ``data``, as for the transition replay.
+    ring's write position is ptr % capacity), ``size`` [P, E] the rows held; its state (``state_dict``)
+    is theirs and ``data``'s, as for the transition replay.
     """
 
     def __init__(self, members: int, capacity: int, num_envs: int, obs_dim: int, device: torch.device) -> None:
@@ -286,7 +309,7 @@ class SequenceReplay(ReplayBuffer):
         self.data = torch.zeros(members, self.rows, self._reward_col + 4, device=device)  # [P, E * ring, F]
         self.ptr = np.zeros((members, num_envs), dtype=np.int64)
         self.size = np.zeros((members, num_envs), dtype=np.int64)
-        self._filling = True  # kept for the checkpoint's buffer state
+        self._filling = True  # kept for the state dict's layout (ReplayBuffer's)
         self.frames = None  # observations are stored as float32 rows (no uint8 frames)
         self._row_base = np.arange(members)[:, None] * self.rows  # [P, 1]
         self._env_base = np.arange(num_envs)[None, :] * self.ring  # [1, E]

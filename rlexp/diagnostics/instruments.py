@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache, partial
+from typing import Any
 
 import torch
 
@@ -261,6 +262,13 @@ class Explosions:
         self.grad_strikes = torch.where(grad_norm > grad_bound, self.grad_strikes + 1, 0)
         return self.q_strikes >= self.patience, self.grad_strikes >= self.patience
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"q_strikes": self.q_strikes, "grad_strikes": self.grad_strikes}  # [P] each
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        device = self.q_strikes.device
+        self.q_strikes, self.grad_strikes = state["q_strikes"].to(device), state["grad_strikes"].to(device)
+
 
 # the stage whose output is non-finite (the ``where`` suffix) -> detail
 _STAGE_DETAILS = {
@@ -372,6 +380,14 @@ class InstrumentHistory:
 
     def last(self) -> dict[str, float] | None:
         return self.records[-1][1] if self.records else None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The records kept: [(step, {instrument: value})] (one member's: a ``PerMember`` entry)."""
+        return {"records": list(self.records)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.records.clear()
+        self.records.extend((step, record) for step, record in state["records"])
 
     def first_moved(self, factor: float = 10.0) -> dict[str, object] | None:
         """The instrument whose magnitude first grew ``factor``-fold over its earliest kept value."""

@@ -243,15 +243,20 @@ class Interventions:
         self.counts["intervention/count"][members] += 1
         return True
 
-    def state(self) -> dict[str, torch.Tensor]:
-        """What a checkpoint keeps: the counts [P] and each network's generators' states [P, S]."""
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The counts [P] and each network's generators' states [P, S]; nothing when no intervention
+        is configured."""
+        if not self.active:
+            return {}
         state = {f"counts/{name}": values for name, values in self.counts.items()}
         for j, generators in enumerate(self.generators):
             state[f"generators/{j}"] = torch.stack([g.get_state() for g in generators])
         return state
 
-    def load_state(self, state: dict[str, torch.Tensor]) -> None:
-        """Continue from ``state()`` (counts in place: the recorder logs the same tensors)."""
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Continue from ``state_dict()`` (counts in place: the recorder logs the same tensors)."""
+        if not self.active:
+            return
         for name, values in self.counts.items():
             values.copy_(state[f"counts/{name}"])
         for j, generators in enumerate(self.generators):

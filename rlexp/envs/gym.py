@@ -17,14 +17,17 @@ Two ways of stepping, with the same results (tests step both against gymnasium's
 from __future__ import annotations
 
 import difflib
+import json
 import logging
 import sys
 import warnings
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import torch
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 from gymnasium.wrappers import (
     AtariPreprocessing,
@@ -36,6 +39,7 @@ from gymnasium.wrappers import (
 )
 
 from rlexp.config.schema import ConfigError, EnvConfig
+from rlexp.config.state import PLAIN, PerMember
 
 EXTRAS = {"box2d": "box2d", "mujoco": "mujoco"}  # gymnasium dependency name -> rlexp extra that installs it
 
@@ -236,7 +240,9 @@ class CartPoles:
 
     WRAPPERS = (TimeLimit, OrderEnforcing, PassiveEnvChecker)  # what gym.make adds around CartPoleEnv
 
-    def __init__(self, envs: list[gym.Env]) -> None:
+    def __init__(self, envs: list[gym.Env], members: int = 1) -> None:
+        """``envs``: the n environments, ``members`` P of them in a row each (n / P per member)."""
+        self.members = members
         cart = envs[0].unwrapped
         self.sutton_barto_reward = cart._sutton_barto_reward
         self.euler = cart.kinematics_integrator == "euler"
@@ -291,6 +297,12 @@ class CartPoles:
             reward = np.ones(len(x))
         return self.state.T.astype(np.float32), reward, terminated
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"state": self.state.T.reshape(self.members, -1, 4)}  # [P, E, 4]: x, x_dot, theta, theta_dot
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state = np.ascontiguousarray(state["state"].numpy().reshape(-1, 4).T)
+
 
 class PopulationEnv:
     """P members x E environments; episode returns and lengths tracked per member."""
@@ -310,7 +322,7 @@ class PopulationEnv:
         self.stack = frame_stack(self.envs[0])  # frames per observation (Atari: 4), else 1
         self.seeds = [s for m in member_seeds for s in env_seeds(m, cfg.num_envs, purpose)]
         together = n >= self.MIN_TOGETHER and CartPoles.fits(self.envs[0])
-        self.cartpoles: CartPoles | None = CartPoles(self.envs) if together else None
+        self.cartpoles: CartPoles | None = CartPoles(self.envs, self.members) if together else None
         self.max_steps = time_limit(self.envs[0])  # stepping together truncates episodes by it
         self.timeout_terminal = cfg.timeout_terminal
         self._done = np.zeros(n, dtype=bool)  # the env's last step ended an episode: its next step resets it
@@ -320,9 +332,14 @@ class PopulationEnv:
         self.episodes: list[list[tuple[float, int]]] = [[] for _ in range(self.members)]  # since last read
         self.last_returns = [deque(maxlen=10) for _ in range(self.members)]
         self.episode_count = np.zeros(self.members, dtype=np.int64)
+        self.restarted = False  # load_state_dict started new episodes (an environment not saved exactly)
 
     def _shaped(self, flat: np.ndarray) -> np.ndarray:
         return flat.reshape(self.members, self.num_envs, *flat.shape[1:])
+
+    def observations(self) -> np.ndarray:
+        """The latest observations [P, E, obs] (a copy): after a step, or the new episodes' first."""
+        return self._shaped(self._obs.copy())
 
     def _reset_env(self, i: int, seed: int | None = None) -> None:
         self._obs[i] = np.ravel(self.envs[i].reset(seed=seed)[0])
@@ -409,6 +426,118 @@ class PopulationEnv:
         episodes, self.episodes = self.episodes, [[] for _ in range(self.members)]
         return episodes
 
+    def state_dict(self) -> dict[str, Any]:
+        """The episode bookkeeping, the last observations, each environment's state (``gym_env_state``)
+        and the CartPoles' physics when stepped together."""
+        P, E = self.members, self.num_envs
+        state = {
+            "done": self._done.reshape(P, E),
+            "ep_return": self._ep_return.reshape(P, E),
+            "ep_length": self._ep_length.reshape(P, E),
+            "obs": self._obs.reshape(P, E, -1),
+            "episodes": PerMember(self.episodes),
+            "last_returns": PerMember(self.last_returns),
+            "episode_count": self.episode_count,
+            "gym": PerMember([[gym_env_state(e) for e in self.envs[k * E : (k + 1) * E]] for k in range(P)]),
+        }
+        if self.cartpoles is not None:
+            state["cartpoles"] = self.cartpoles.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state_dict()``'s values. An environment whose state is not all Python
+        attributes (MuJoCo, Box2D, Atari) is not saved exactly: then every environment starts a new
+        episode from its restored generator (the interrupted ones are dropped) and ``restarted`` is set."""
+        n = self.members * self.num_envs
+        self._done = state["done"].numpy().reshape(n).copy()
+        self._ep_return = state["ep_return"].numpy().reshape(n).copy()
+        self._ep_length = state["ep_length"].numpy().reshape(n).copy()
+        self._obs = state["obs"].numpy().reshape(n, -1).copy()
+        self.episodes = [[tuple(e) for e in member] for member in state["episodes"]]
+        self.last_returns = [deque(r, maxlen=d.maxlen) for r, d in zip(state["last_returns"], self.last_returns)]
+        self.episode_count = state["episode_count"].numpy().copy()
+        for env, env_state in zip(self.envs, (s for member in state["gym"] for s in member)):
+            load_gym_env_state(env, env_state)
+        if self.cartpoles is not None:
+            self.cartpoles.load_state_dict(state["cartpoles"])
+        self.restarted = not all(exact_state(e) for e in self.envs)
+        if self.restarted:
+            for i in range(n):
+                self._reset_env(i)  # an episode boundary: the interrupted episodes are dropped
+
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+
+# ---------------------------------------------------------------- one gymnasium environment's state
+def exact_state(env: gym.Env) -> bool:
+    """True when the environment's whole state is Python attributes (gymnasium's classic control,
+    MinAtar), so ``gym_env_state`` captures it exactly."""
+    return type(env.unwrapped).__module__.startswith("gymnasium.envs.classic_control") or _minatar_game(env) is not None
+
+
+def _minatar_game(env: gym.Env) -> Any:
+    """The MinAtar ``Environment`` behind a gymnasium environment (its game, sticky action and generator), or None."""
+    game = getattr(env.unwrapped, "game", None)
+    return game if type(game).__module__ == "minatar.environment" else None
+
+
+def _minatar_state(game: Any) -> dict[str, Any]:
+    """A MinAtar game's state: its last (sticky) action, its generator (JSON) and the game's attributes
+    (ints, bools, arrays and lists of them; the generator the game shares with its wrapper aside)."""
+    name, keys, pos, has_gauss, cached = game.random.get_state()
+    return {
+        "last_action": game.last_action,
+        "random": json.dumps([name, keys.tolist(), pos, has_gauss, cached]),
+        "game": {key: value for key, value in vars(game.env).items() if key != "random"},
+    }
+
+
+def _load_minatar(game: Any, state: dict[str, Any]) -> None:
+    game.last_action = state["last_action"]
+    name, keys, pos, has_gauss, cached = json.loads(state["random"])
+    game.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    game.env.random = game.random  # one generator for the sticky actions and the game, as MinAtar's seed() sets it
+    for key, value in state["game"].items():
+        setattr(game.env, key, value.numpy().copy() if isinstance(value, torch.Tensor) else value)
+
+
+def gym_env_state(env: gym.Env) -> dict[str, Any]:
+    """One gymnasium environment's random generator (JSON), its wrappers' and its own plain attributes
+    (``<level>.<name>``, level 0 the outermost wrapper) and, for MinAtar, its game's state."""
+    state: dict[str, Any] = {}
+    level, layer = 0, env
+    while True:
+        for name, value in vars(layer).items():
+            if isinstance(value, np.generic):  # a numpy scalar keeps its dtype: a 0-dim tensor
+                state[f"{level}.{name}"] = np.asarray(value)
+            elif isinstance(value, PLAIN) or (isinstance(value, np.ndarray) and name == "state"):
+                state[f"{level}.{name}"] = value
+        if not isinstance(layer, gym.Wrapper):
+            break
+        layer, level = layer.env, level + 1
+    generator = env.unwrapped._np_random  # None until the first reset; the np_random property would make one
+    state["np_random"] = None if generator is None else json.dumps(generator.bit_generator.state)
+    if (game := _minatar_game(env)) is not None:
+        state["minatar"] = _minatar_state(game)
+    return state
+
+
+def load_gym_env_state(env: gym.Env, state: dict[str, Any]) -> None:
+    """Continue one gymnasium environment from ``gym_env_state``'s values."""
+    layers = [env]
+    while isinstance(layers[-1], gym.Wrapper):
+        layers.append(layers[-1].env)
+    for key, value in state.items():
+        if key == "np_random":
+            if value is not None:
+                env.unwrapped.np_random.bit_generator.state = json.loads(value)
+            continue
+        if key == "minatar":
+            _load_minatar(_minatar_game(env), value)
+            continue
+        level, name = key.split(".", 1)
+        if isinstance(value, torch.Tensor):
+            value = value.numpy().dtype.type(value.item()) if value.ndim == 0 else value.numpy().copy()
+        setattr(layers[int(level)], name, value)

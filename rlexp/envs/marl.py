@@ -26,6 +26,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.util
+import json
 import pkgutil
 from collections import deque
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ import numpy as np
 import torch
 
 from rlexp.config.schema import ConfigError, EnvConfig
+from rlexp.config.state import PLAIN, PerMember
 from rlexp.envs.gym import TRAINING, EnvStep, PopulationEnv, env_seeds, episode_ends
 
 APIS = ("gymnasium", "pettingzoo", "vmas")
@@ -182,6 +184,7 @@ class MultiAgentPopulationEnv:
         self.agent_taken: list[list[np.ndarray]] = [[] for _ in range(self.members)]
         self.last_returns = [deque(maxlen=10) for _ in range(self.members)]
         self.episode_count = np.zeros(self.members, dtype=np.int64)
+        self.restarted = False  # every world's state is saved exactly: load_state_dict never restarts episodes
 
     def _shaped(self, flat: np.ndarray) -> np.ndarray:
         return flat.reshape(self.members, self.num_envs, *flat.shape[1:])
@@ -296,10 +299,144 @@ class MultiAgentPopulationEnv:
         """The per-agent returns [N] of the episodes the last ``take_episodes`` took, per member."""
         return self.agent_taken
 
+    def state_dict(self) -> dict[str, Any]:
+        """Episode counters and every environment's objects (PettingZoo: the env, its world and
+        entities; VMAS: every tensor of the environment and its scenario, and each member's random
+        state)."""
+        P, E = self.members, self.num_envs
+        state = {
+            "ep_return": self._ep_return.reshape(P, E, -1),
+            "ep_length": self._ep_length.reshape(P, E),
+            "episodes": PerMember(self.episodes),
+            "last_returns": PerMember(self.last_returns),
+            "episode_count": self.episode_count,
+        }
+        if self.api == "pettingzoo":
+            pz = [{path: value for path, _, _, value in _pz_parts(e, "env", set())} for e in self.envs]
+            state["pz"] = PerMember([pz[k * E : (k + 1) * E] for k in range(P)])
+        else:
+            state["vmas"] = PerMember(
+                {"objects": {path: _saved(v) for path, _, _, v in _vmas_parts(e, "env", set())}, "rng": _vmas_rng(rng)}
+                for e, rng in zip(self.envs, self._rng)
+            )
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state_dict()``'s values, every environment exactly."""
+        n = self.members * self.num_envs
+        self._ep_return = state["ep_return"].numpy().reshape(n, -1).copy()
+        self._ep_length = state["ep_length"].numpy().reshape(n).copy()
+        self.episodes = [[tuple(e) for e in member] for member in state["episodes"]]
+        self.last_returns = [deque(r, maxlen=d.maxlen) for r, d in zip(state["last_returns"], self.last_returns)]
+        self.episode_count = state["episode_count"].numpy().copy()
+        if self.api == "vmas":
+            for k, (env, saved) in enumerate(zip(self.envs, state["vmas"])):
+                for path, holder, key, current in _vmas_parts(env, "env", set()):
+                    value = saved["objects"].get(path, current)
+                    if (
+                        isinstance(current, torch.Tensor)
+                        and isinstance(value, torch.Tensor)
+                        and current.shape == value.shape
+                    ):
+                        current.copy_(value)  # in place: the tensors the objects share stay shared
+                    elif isinstance(holder, list):
+                        holder[key] = value
+                    else:
+                        setattr(holder, key, value)
+                self._rng[k] = _vmas_rng_back(saved["rng"])
+            return
+        for env, saved in zip(self.envs, (s for member in state["pz"] for s in member)):
+            for path, holder, key, _ in _pz_parts(env, "env", set()):
+                if path in saved:
+                    setattr(holder, key, _pz_value(saved[path], getattr(holder, key)))
+
     def close(self) -> None:
         if self.api == "pettingzoo":
             for env in self.envs:
                 env.close()
+
+
+# ---------------------------------------------------------------- the worlds' objects, for state_dict
+_PZ_SKIP = {"scenario", "viewer", "screen", "game_font", "action_spaces", "observation_spaces", "state_space"}
+
+
+def _pz_parts(obj: Any, path: str, seen: set[int]) -> list[tuple[str, Any, Any, Any]]:
+    """Every value a PettingZoo environment's objects hold (the env, its wrappers, its world and the
+    world's entities): (path, holder, key, value) with plain values, arrays and random generators."""
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    parts = []
+    for key, value in vars(obj).items():
+        if key in _PZ_SKIP or key.startswith("_ezpickle"):
+            continue
+        here = f"{path}.{key}"
+        if isinstance(value, np.random.Generator):
+            parts.append((here, obj, key, json.dumps(value.bit_generator.state)))
+        elif type(value).__module__.split(".")[0] in ("mpe2", "pettingzoo"):
+            parts += _pz_parts(value, here, seen)
+        elif isinstance(value, list) and value and all(hasattr(v, "__dict__") for v in value):
+            for i, item in enumerate(value):
+                parts += _pz_parts(item, f"{here}.{i}", seen)
+        elif isinstance(value, (np.ndarray, np.generic, *PLAIN, list, dict)):
+            parts.append((here, obj, key, np.asarray(value) if isinstance(value, np.generic) else value))
+    return parts
+
+
+def _pz_value(value: Any, current: Any) -> Any:
+    """A saved PettingZoo value as the environment holds it (arrays and numpy scalars back from tensors)."""
+    if isinstance(current, np.random.Generator):
+        current.bit_generator.state = json.loads(value)
+        return current
+    if isinstance(value, torch.Tensor):
+        array = value.numpy().copy()
+        return array.dtype.type(array.item()) if isinstance(current, np.generic) else array
+    if isinstance(value, list):
+        return [v.numpy().copy() if isinstance(v, torch.Tensor) else v for v in value]
+    return value
+
+
+def _is_vmas(value: Any) -> bool:
+    return type(value).__module__.split(".")[0] == "vmas"
+
+
+def _vmas_parts(obj: Any, path: str, seen: set[int]) -> list[tuple[str, Any, Any, Any]]:
+    """Every tensor and plain value a VMAS environment's objects hold (the environment, its scenario,
+    world, entities, their states and sensors): (path, holder, key, value)."""
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    parts = []
+    for key, value in vars(obj).items():
+        here = f"{path}.{key}"
+        if isinstance(value, (torch.Tensor, *PLAIN)):
+            parts.append((here, obj, key, value))
+        elif _is_vmas(value):
+            parts += _vmas_parts(value, here, seen)
+        elif isinstance(value, list | dict):
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for k, item in items:
+                if isinstance(item, torch.Tensor) and isinstance(value, list):
+                    parts.append((f"{here}.{k}", value, k, item))
+                elif _is_vmas(item):
+                    parts += _vmas_parts(item, f"{here}.{k}", seen)
+    return parts
+
+
+def _saved(value: Any) -> Any:
+    return value.clone() if isinstance(value, torch.Tensor) else value
+
+
+def _vmas_rng(state: list[Any]) -> str:
+    """A member's VMAS random state (torch's, numpy's and python's generators) as JSON."""
+    torch_state, (name, keys, pos, has_gauss, cached), py_state = state
+    return json.dumps([torch_state.tolist(), [name, keys.tolist(), pos, has_gauss, cached], py_state])
+
+
+def _vmas_rng_back(text: str) -> list[Any]:
+    torch_state, (name, keys, pos, has_gauss, cached), (version, internal, gauss) = json.loads(text)
+    numpy_state = (name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached)
+    return [torch.tensor(torch_state, dtype=torch.uint8), numpy_state, (version, tuple(internal), gauss)]
 
 
 def population_env(

@@ -43,7 +43,15 @@ class RunningMeanStd:
         self.var = np.where(has[:, None], m2 / total[:, None], self.var)
         self.count = np.where(has, total, self.count)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The statistics: mean [P, D], var [P, D], count [P]."""
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.mean, self.var, self.count = (state[k].numpy().copy() for k in ("mean", "var", "count"))
+
     def state(self, member: int) -> dict[str, Any]:
+        """Member ``member``'s statistics as JSON values (``normalization.json``)."""
         return {
             "mean": self.mean[member].tolist(),
             "var": self.var[member].tolist(),
@@ -90,6 +98,13 @@ class ObsNormalizer:
     def state(self, member: int) -> dict[str, Any] | None:
         return self.stats.state(member) if self.enabled else None
 
+    def state_dict(self) -> dict[str, Any]:
+        """The running statistics (kept whether or not normalization is on)."""
+        return self.stats.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stats.load_state_dict(state)
+
 
 class RewardScaler:
     """r / sqrt(var(G) + 1e-8), clipped to +-clip, where G = gamma * G + r is the running discounted
@@ -116,3 +131,11 @@ class RewardScaler:
 
     def state(self, member: int) -> dict[str, Any] | None:
         return self.stats.state(member) if self.enabled else None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The running statistics and each environment's discounted return [P, E]."""
+        return {**self.stats.state_dict(), "returns": self.returns}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stats.load_state_dict(state)
+        self.returns = state["returns"].numpy().copy()

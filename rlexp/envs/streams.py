@@ -8,6 +8,8 @@ are made; draws that feed the device are moved there by the caller.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -39,3 +41,13 @@ class MemberStreams:
         out = self.pool[:, self.pos : self.pos + n]
         self.pos += n
         return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """The generators' states [P, S] uint8, the numbers drawn and not used yet [P, n] and the position."""
+        return {"generators": torch.stack([g.get_state() for g in self.generators]), "pool": self.pool, "pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for generator, generator_state in zip(self.generators, state["generators"]):
+            generator.set_state(generator_state.clone())
+        self.pool = state["pool"].numpy().copy()
+        self.pos = int(state["pos"])

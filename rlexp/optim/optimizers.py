@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -33,6 +34,8 @@ class OneGroup:
     """What the pipeline and schedules use of an optimizer: ``params``, ``param_groups`` (one group:
     the params and the hyperparameters; its "lr" may change between steps) and ``step()``."""
 
+    slots: tuple[str, ...] = ()  # its lists of state tensors, one per parameter (``state_dict``)
+
     def __init__(self, params: Iterable[torch.Tensor], **hyper: object) -> None:
         self.params = list(params)
         self.param_groups = [{"params": self.params, **hyper}]
@@ -46,6 +49,21 @@ class OneGroup:
         (an intervention resets chosen elements of one member to it)."""
         return []
 
+    def state_dict(self) -> dict[str, Any]:
+        """The group's hyperparameters and each slot's tensors: shaped as their parameter, or 0-dim
+        (Adam's step counts)."""
+        hyper = [{k: v for k, v in group.items() if k != "params"} for group in self.param_groups]
+        return {"param_groups": hyper} | {name: list(getattr(self, name)) for name in self.slots}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state_dict()``'s values (the state tensors copied in place)."""
+        for group, saved in zip(self.param_groups, state["param_groups"]):
+            group.update(saved)
+        for name in self.slots:
+            for mine, saved in zip(getattr(self, name), state[name]):
+                mine.copy_(saved)
+
 
 class RMSpropTF(OneGroup):
     """tf.train.RMSPropOptimizer(learning_rate, decay, momentum, epsilon), non-centered.
@@ -55,6 +73,8 @@ class RMSpropTF(OneGroup):
     ``p -= mom``. Epsilon sits inside the square root, unlike torch.optim.RMSprop.
     ``weight_decay`` adds ``weight_decay * p`` to g first (an L2 penalty's gradient).
     """
+
+    slots = ("ms", "mom")
 
     def __init__(
         self,
@@ -87,6 +107,8 @@ class RMSpropTF(OneGroup):
 class FusedAdam(OneGroup):
     """torch.optim.Adam / AdamW with ``fused=True``: the same kernel (torch._fused_adam_ /
     torch._fused_adamw_) and state."""
+
+    slots = ("exp_avg", "exp_avg_sq", "steps")
 
     def __init__(
         self,
@@ -156,6 +178,8 @@ class ForeachRMSprop(OneGroup):
     v = alpha v + (1 - alpha) g^2; centered subtracts the running mean's square; p -= lr g / (sqrt(v) + eps),
     through a momentum buffer when momentum > 0."""
 
+    slots = ("square_avg", "grad_avg", "momentum_buffer")
+
     def __init__(
         self,
         params: Iterable[torch.Tensor],
@@ -204,6 +228,8 @@ class FusedSGD(OneGroup):
     """torch.optim.SGD with ``fused=True``: the same kernel (torch._fused_sgd_) and momentum buffers,
     which the first step fills from the gradient."""
 
+    slots = ("momentum_buffer",)
+
     def __init__(
         self, params: Iterable[torch.Tensor], lr: float, momentum: float, nesterov: bool, weight_decay: float
     ) -> None:
@@ -214,6 +240,13 @@ class FusedSGD(OneGroup):
     def state(self) -> list[tuple[torch.Tensor, float]]:
         """Zero momentum behaves as a fresh buffer (the first step fills it with the gradient: dampening 0)."""
         return [(t, 0.0) for t in self.momentum_buffer]
+
+    def state_dict(self) -> dict[str, Any]:
+        return super().state_dict() | {"first_step": self.first_step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.first_step = state["first_step"]
 
     @torch.no_grad()
     def step(self) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -31,6 +32,7 @@ from rlexp.config.schema import (
     require,
     require_choice,
 )
+from rlexp.config.state import PerMember
 from rlexp.nn.component import ParameterStorage
 from rlexp.optim.optimizers import make_optimizer
 
@@ -179,6 +181,13 @@ class Health:
         self.cause = torch.where(newly, cause, self.cause)
         self.alive = self.alive & ok
         return newly
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"alive": self.alive, "diverged_at": self.diverged_at, "cause": self.cause}  # [P] each
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        device = self.alive.device
+        self.alive, self.diverged_at, self.cause = (state[k].to(device) for k in ("alive", "diverged_at", "cause"))
 
 
 @dataclass
@@ -351,6 +360,24 @@ class GradientPipeline:
             self.optimizers.append((a, b, optimizer))
         self.optimizer = self.optimizers[0][2] if len(self.optimizers) == 1 else None
 
+    def state_dict(self) -> dict[str, Any]:
+        """Each member's optimizer state (``PerMember``: its rows of its run's state tensors, [N'] each,
+        and its run's step counts, flags and hyperparameters) and the lr schedule's factor. Members in
+        runs of different optimizers hold different state: each member's entry is its own run's."""
+        members = []
+        for a, b, optimizer in self.optimizers:
+            state = optimizer.state_dict()
+            for row in range(b - a):
+                members.append({name: _row(value, row) for name, value in state.items()})
+        return {"optimizer": PerMember(members), "lr_factor": self.lr_factor}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state_dict()``'s values: each run's state tensors stacked from its members' rows."""
+        members = state["optimizer"]
+        for a, b, optimizer in self.optimizers:
+            optimizer.load_state_dict(_stacked(members[a:b]))
+        self.lr_factor = state["lr_factor"]
+
     def _clip_runs(self, norm: torch.Tensor) -> None:
         """Clip each run of members [a, b) with its own rule and bounds, on views of its rows."""
         for a, b, config in self.clippers:
@@ -432,3 +459,25 @@ class GradientPipeline:
             cause = torch.where(~loss_ok, 1, torch.where(~grad_ok, 2, 3))
             stats.newly_diverged = self.health.mark(keep | ~self.health.alive, cause, env_step)
         return stats
+
+
+def _tensors(value: Any) -> bool:
+    """Whether ``value`` is one of an optimizer's slots: a non-empty list of tensors."""
+    return isinstance(value, list) and bool(value) and all(isinstance(v, torch.Tensor) for v in value)
+
+
+def _row(value: Any, row: int) -> Any:
+    """A run's optimizer state value as one member's: row ``row`` of each state tensor (a 0-dim count
+    is the run's, as it is); hyperparameters and flags as they are."""
+    return [v if v.dim() == 0 else v[row] for v in value] if _tensors(value) else value
+
+
+def _stacked(members: list[dict[str, Any]]) -> dict[str, Any]:
+    """A run's optimizer state from its members' entries (``_row``'s inverse): each state tensor's
+    rows stacked, the rest as the run's first member holds it."""
+    state = dict(members[0])
+    for name, value in members[0].items():
+        if _tensors(value):
+            rows = zip(*(m[name] for m in members))  # per state tensor: its rows, one per member
+            state[name] = [v if v.dim() == 0 else torch.stack(list(r)) for v, r in zip(value, rows)]
+    return state

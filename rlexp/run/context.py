@@ -27,6 +27,8 @@ from rlexp.config.schema import (
     NetworkConfig,
     NormalizationConfig,
 )
+from rlexp.config.state import Stateful
+from rlexp.data.buffers import ReplayBuffer
 from rlexp.diagnostics.instruments import keep_initial
 from rlexp.diagnostics.interventions import Interventions, Subject
 from rlexp.envs.gym import PopulationEnv
@@ -36,7 +38,7 @@ from rlexp.envs.streams import MemberStreams, member_generator
 from rlexp.nn.nets import PopMLP, weight_parameters
 from rlexp.nn.networks import NETWORKS
 from rlexp.optim.pipeline import GradientPipeline
-from rlexp.run.checkpoint import Checkpoints, Loop, Part
+from rlexp.run.checkpoint import Checkpoints, Loop, LoopState, TorchGenerator
 from rlexp.run.evaluation import Evaluator
 from rlexp.run.pbt import PopulationBasedTraining, initial_configs
 from rlexp.run.recorder import Recorder
@@ -217,7 +219,7 @@ class RunContext:
         return interventions
 
     def population_based_training(
-        self, objects: dict[str, Part], values: dict[str, np.ndarray | None]
+        self, objects: dict[str, Stateful | None], values: dict[str, np.ndarray | None]
     ) -> PopulationBasedTraining | None:
         """PBT over the algorithm's state (``pbt.*``; None when ``pbt.interval`` is 0), once its networks
         are built: ``objects`` as handed to ``checkpoint_state``, ``values`` each varied algo key's
@@ -231,27 +233,49 @@ class RunContext:
             log.update_wandb_config(pbt.wandb_config(k))
         return pbt
 
-    def checkpoint_state(self, objects: dict[str, Part], loop: Loop) -> dict[str, Any] | None:
+    def state_parts(self) -> dict[str, Stateful]:
+        """The context's parts with state, by the name their checkpoint entries start with."""
+        return {
+            "torch_rng": TorchGenerator(),
+            "env": self.env,
+            "streams": self.streams,
+            "obs_norm": self.obs_norm,
+            "reward_norm": self.reward_norm,
+            "evaluator": self.evaluator,
+            "recorder": self.recorder,
+        }
+
+    def checkpoint_state(self, objects: dict[str, Stateful | None], loop: Loop) -> dict[str, Any] | None:
         """Hand the algorithm's state to the checkpoints, once its networks are built and before its loop.
 
-        ``objects``: its networks, pipelines (their optimizer's state) and replay buffer (saved with
-        ``checkpoint.replay``), restored in place; ``loop()``: its loop's variables by name, read at each
-        checkpoint (arrays and tensors with a leading member dimension are restored in place, so pass
-        a view [P, ...] of a [T, P, ...] array). Returns the restored loop variables when the job
-        continues from a checkpoint, else None. When the context only loads a policy
-        (``rlexp.evaluate``), raises PolicyLoaded once the objects are restored.
+        ``objects``: its networks, pipelines (their optimizers' state), interventions and replay buffer
+        (saved with ``checkpoint.replay``), each ``Stateful``, restored in place; ``loop()``: its loop's
+        variables by name, read at each checkpoint (arrays and tensors with a leading member dimension
+        are restored in place, so pass a view [P, ...] of a [T, P, ...] array). Returns the restored
+        loop variables when the job continues from a checkpoint, else None. When the context only loads
+        a policy (``rlexp.evaluate``), raises PolicyLoaded once the objects are restored.
         """
         checkpoints = self.checkpoints
         if checkpoints is None:
             return None
+        replay = self.cfg.checkpoint.replay
+        loop_state = LoopState(loop)
+        algorithm: dict[str, Stateful] = {
+            name: obj
+            for name, obj in objects.items()
+            if obj is not None and (replay or not isinstance(obj, ReplayBuffer))
+        }
+        algorithm["loop"] = loop_state
         if self.cfg.checkpoint.every > 0:
-            self.recorder.checkpoint = lambda step: checkpoints.save(
-                step, checkpoints.context_state(self) | checkpoints.algorithm_state(objects, loop())
-            )
+            self.recorder.checkpoint = lambda step: checkpoints.save(step, self.state_parts() | algorithm, self.members)
         if checkpoints.saved is None:
             return None
-        checkpoints.restore_context(self)
-        restored = checkpoints.restore_algorithm(objects, loop(), self.env)
+        # the recorder's state was restored by the job runner, before the members' logs opened
+        context = {name: part for name, part in self.state_parts().items() if name != "recorder"}
+        checkpoints.restore(context | algorithm)
+        restored = loop_state.restored
+        if self.env.restarted and isinstance(restored.get("obs"), np.ndarray):
+            restored["obs"][...] = self.env.observations().reshape(restored["obs"].shape)  # new episodes' first
         if checkpoints.policy_only:
             raise PolicyLoaded
         return restored

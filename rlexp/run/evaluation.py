@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -67,6 +68,15 @@ class Evaluator:
         if self._streams is None:
             self._streams = MemberStreams(self.seeds, block=4_096, purpose=STREAM)
         return self._streams.uniform(n)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Evaluation's stream, once made (its environments start every evaluation from their seeds)."""
+        return {} if self._streams is None else {"streams": self._streams.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "streams" in state:
+            self.uniform(0)  # makes the stream
+            self._streams.load_state_dict(state["streams"])
 
     def run(self, policy: Policy, members: np.ndarray) -> Evaluation:
         """Play one episode in each evaluation environment of the ``members`` [P] (bool) with ``policy``;

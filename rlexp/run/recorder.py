@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from rlexp.config.schema import Config
+from rlexp.config.state import PerMember
 from rlexp.diagnostics.instruments import Explosions, InstrumentHistory, Stats, resolve
 from rlexp.envs.gym import PopulationEnv
 from rlexp.envs.normalize import ObsNormalizer, RewardScaler
@@ -316,6 +317,49 @@ class Recorder:
             values = {name: t.detach().float().cpu().numpy() for name, t in histograms().items() if t is not None}
         for k, log in logs:
             log.log_wandb({f"hist/{name}": wandb.Histogram(v[k].ravel()) for name, v in values.items()}, step)
+
+    # ------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """What the job continues from, gathered from the recorder's pieces: health, explosion counts,
+        each member's instrument history, the latest instrument record ([P] each, computed: a
+        checkpoint follows the log record that resolved them), divergence records, members' ends and
+        latest evaluations, the notes and the counters."""
+        return {
+            "health": self.health.state_dict(),
+            "explosions": self.explosions.state_dict(),
+            "histories": PerMember([history.state_dict() for history in self.histories]),
+            "instruments": dict(self._instruments),
+            "divergence": PerMember([self.divergence.get(k) for k in range(self.members)]),
+            "member_done": PerMember(self.member_done),
+            "member_summaries": PerMember(self.member_summaries),
+            "eval_returns": PerMember(self.eval_returns),
+            "notes": dict(self._notes),  # a float, or a [P] / [P, 1] array, each
+            "counters": {
+                "updates_total": self._updates_total,
+                "injected": self._injected,
+                "last_log_step": self._last_log_step,
+            },
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state_dict()``'s values (before the members' logs open)."""
+        self.health.load_state_dict(state["health"])
+        self.explosions.load_state_dict(state["explosions"])
+        for history, saved in zip(self.histories, state["histories"]):
+            history.load_state_dict(saved)
+        self._instruments = {name: value.to(self.device) for name, value in state["instruments"].items()}
+        self.divergence = {k: d for k, d in enumerate(state["divergence"]) if d is not None}
+        self.member_done = list(state["member_done"])
+        self.member_summaries = list(state["member_summaries"])
+        self.eval_returns = list(state["eval_returns"])
+        self._notes = {
+            name: value.numpy().copy() if isinstance(value, torch.Tensor) else value
+            for name, value in state["notes"].items()
+        }
+        counters = state["counters"]
+        self._updates_total = counters["updates_total"]
+        self._injected = counters["injected"]
+        self._last_log_step = counters["last_log_step"]
 
     # ------------------------------------------------------------ evaluation
     def _evaluate(self) -> None:

@@ -85,7 +85,7 @@ def _run_held(
         ctx = RunContext.create(OmegaConf.to_object(cfg), device)  # dataclasses: fast attribute access
         ctx.checkpoints = checkpoints
         if continued_from is not None:
-            checkpoints.restore_recorder(ctx.recorder)
+            checkpoints.restore({"recorder": ctx.recorder})  # before it opens the members' logs
     except ConfigError:
         interrupts.restore(raise_deferred=False)
         raise  # bad input: refused before any work, nothing recorded
