@@ -7,7 +7,8 @@ with another, and compare their files bit for bit.
 ``run`` trains each case with ``python -m rlexp.train`` from ``--repo`` (default: this checkout; another
 checkout, e.g. a ``git worktree`` of the previous main, is put first on ``PYTHONPATH``). ``compare`` reads
 every ``summary.json`` and ``seed_<k>/metrics.jsonl`` under A and B and compares them less the wall-clock
-figures (``wall_s``, ``perf/…``, times) and the paths that name the run dir. Cases use ``threads=1`` so two
+figures (``wall_s``, ``perf/…``, times), the paths that name the run dir, and config keys one side has
+and the other lacks (a key added since, at its default; the comparison names them). Cases use ``threads=1`` so two
 runs may share the machine; budgets are cut where a default would take minutes, and said so below.
 """
 
@@ -89,6 +90,19 @@ def scrub(value: Any) -> Any:
     return value
 
 
+def drop_new_config_keys(left: Any, right: Any) -> tuple[Any, Any, set[str]]:
+    """Two summaries less the config keys that one side has and the other lacks (a key added since:
+    its default changes nothing that ran); returns them and those keys."""
+    if not (isinstance(left, dict) and isinstance(right, dict) and "config" in left and "config" in right):
+        return left, right, set()
+    new = set(left["config"]) ^ set(right["config"])
+
+    def strip(summary: dict[str, Any]) -> dict[str, Any]:
+        return {**summary, "config": {k: v for k, v in summary["config"].items() if k not in new}}
+
+    return strip(left), strip(right), new
+
+
 def files(root: Path) -> dict[str, Any]:
     """Relative path -> scrubbed content of every summary and metrics file under ``root``."""
     found: dict[str, Any] = {}
@@ -101,15 +115,19 @@ def files(root: Path) -> dict[str, Any]:
 
 def compare(a: Path, b: Path) -> int:
     left, right = files(a), files(b)
-    differ = 0
+    differ, added = 0, set()
     for path in sorted(set(left) | set(right)):
         if path not in left or path not in right:
             print(f"{path}: only in {a if path in left else b}")
             differ += 1
-        elif left[path] != right[path]:
+            continue
+        one, other, new = drop_new_config_keys(left[path], right[path])
+        added |= new
+        if one != other:
             print(f"{path}: differs")
             differ += 1
-    print(f"{len(set(left) | set(right))} files, {differ} differ")
+    note = f" (config keys on one side only, left out: {', '.join(sorted(added))})" if added else ""
+    print(f"{len(set(left) | set(right))} files, {differ} differ{note}")
     return 1 if differ else 0
 
 

@@ -242,7 +242,6 @@ def train(ctx: RunContext) -> None:
         buffer = FrameStackReplay(members, algo.buffer_size, env.obs_dim, device, env.stack, num_envs)
     else:
         buffer = ReplayBuffer(members, algo.buffer_size, env.obs_dim, device, frames=env.frames)
-    r_max = np.full(members, float(algo.r_max))  # [P] largest |r| seen so far, at least algo.r_max
     updates = 0
     # hyperparameters that may differ between members: algo's value, or one per member
     gamma = ctx.hyper("algo.gamma")  # float or [P, 1]
@@ -263,7 +262,7 @@ def train(ctx: RunContext) -> None:
         "buffer": buffer,
         "interventions": intervene,
     }
-    loop = ctx.checkpoint_state(saved, lambda: dict(obs=obs, r_max=r_max, updates=updates, prev_step=prev_step))
+    loop = ctx.checkpoint_state(saved, lambda: dict(obs=obs, updates=updates, prev_step=prev_step))
     # pbt.*: the recorder's log steps copy members' state and change their lr and ε schedule's fraction
     varied = {"algo.exploration_fraction": fraction if isinstance(fraction, np.ndarray) else None}  # set in place
     ctx.population_based_training(saved, varied)
@@ -280,18 +279,14 @@ def train(ctx: RunContext) -> None:
             greedy = q_values(ctx.obs_norm(obs)).argmax(-1)
             actions = np.where(explore, actions, greedy)  # [P, E]
 
-        result = env.step(actions)
-        recorder.check_observations(result.obs, step)  # fault injection, non-finite observations
-        ctx.obs_norm.update(result.obs)
-        reward = ctx.reward_norm(result.reward, result.terminated | result.truncated, result.valid)
-        r_max = np.maximum(r_max, np.where(result.valid, np.abs(reward), 0.0).max(1))
+        result, reward = ctx.step_env(actions, step)  # reward: reward_norm's scaling
         buffer.add(obs, actions, reward, result.obs, result.terminated, result.valid)
         obs = result.obs
         recorder.note(epsilon=eps)
 
         # learn
         if step > learn_from and step // algo.train_frequency > prev_step // algo.train_frequency:
-            r_scale = torch.as_tensor(r_max, dtype=torch.float32, device=device)  # [P]
+            r_scale = torch.as_tensor(ctx.reward_range.r_max, dtype=torch.float32, device=device)  # [P]
             for _ in range(algo.gradient_steps):
                 diagnose = recorder.diagnose(updates)
                 batch = buffer.sample(ctx.streams.uniform(algo.batch_size))

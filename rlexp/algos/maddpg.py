@@ -223,7 +223,6 @@ def train(ctx: RunContext) -> None:
     buffer = ReplayBuffer(members, algo.buffer_size, env.obs_dim, device, joint_act + n_agents)
     window = ActionWindow(spaces, members, cfg.diagnostics)
     recorder.window = window
-    r_max = np.ones(members)  # [P] largest |r| seen, at least 1: the value bound's scale
     updates = 0
 
     recorder.evaluate_with(evaluation_policy(agents, device))
@@ -237,7 +236,7 @@ def train(ctx: RunContext) -> None:
     }
     saved |= {"buffer": buffer, "interventions": intervene_critics}
     loop = ctx.checkpoint_state(
-        saved, lambda: dict(obs=obs, r_max=r_max, prev_step=prev_step, updates=updates) | window.checkpoint()
+        saved, lambda: dict(obs=obs, prev_step=prev_step, updates=updates) | window.checkpoint()
     )
     if loop:
         prev_step, updates = loop["prev_step"], loop["updates"]
@@ -270,11 +269,8 @@ def train(ctx: RunContext) -> None:
                 actions.append(action)
                 if step > algo.learning_starts:  # the policy's own actions, not the uniform ones before
                     window.add(agent.index, action, out)
-        result = env.step(actions)
-        recorder.check_observations(result.obs, step)
-        ctx.obs_norm.update(result.obs)
-        r_max = np.maximum(r_max, np.abs(result.agent_reward).max((1, 2)))
-        packed = np.concatenate([*stored, result.agent_reward.astype(np.float32)], -1)  # [P, E, A + N]
+        result, agent_reward = ctx.step_env(actions, step)  # agent_reward: [P, E, N]
+        packed = np.concatenate([*stored, agent_reward.astype(np.float32)], -1)  # [P, E, A + N]
         buffer.add(obs, packed, result.reward, result.obs, result.terminated, result.valid)
         obs = result.next_obs
 
@@ -400,7 +396,7 @@ def train(ctx: RunContext) -> None:
                     step,
                     grad_norm,
                     q_abs_max=q_abs,
-                    reward_scale=r_max,
+                    reward_scale=ctx.reward_range.r_max,
                     output_layer=f"{agents[0].name}.critic.{len(agents[0].critic.layers) - 1}",
                     update=updates,
                 )

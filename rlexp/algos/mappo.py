@@ -130,7 +130,6 @@ def train(ctx: RunContext) -> None:
     actions_buf = [torch.zeros(T, members, E, *(() if a.discrete else (a.action_dim,)), device=device) for a in agents]
     log_probs, values, next_values, rewards = (torch.zeros(T, members, E, n, device=device) for _ in range(4))
     terminated, dones = torch.zeros(T, members, E, device=device), torch.zeros(T, members, E, device=device)
-    r_max = np.ones(members)
     updates, t = 0, 0
     obs = env.reset()
     ctx.obs_norm.update(obs)
@@ -141,7 +140,7 @@ def train(ctx: RunContext) -> None:
         saved,
         lambda: (
             {f"rollout_{i}": x.transpose(0, 1) for i, x in enumerate(collected)}  # [P, T, ...] views
-            | dict(obs=obs, r_max=r_max, t=t, updates=updates)
+            | dict(obs=obs, t=t, updates=updates)
             | window.checkpoint()
         ),
     )
@@ -162,16 +161,13 @@ def train(ctx: RunContext) -> None:
                 env_actions.append(action.cpu().numpy() if a.discrete else actor.env_action(action, a.low, a.high))
                 window.add(i, env_actions[-1], actor.location(out))
             values[t] = critic(x)
-        result = env.step(env_actions)
-        recorder.check_observations(result.obs, step)
-        ctx.obs_norm.update(result.obs)
+        result, agent_reward = ctx.step_env(env_actions, step)  # agent_reward: [P, E, N]
         with torch.no_grad():  # V(the step's last observation): the bootstrap of a truncated step too
             next_values[t] = critic(torch.from_numpy(ctx.obs_norm(result.obs)).to(device))
         obs_buf[t] = x
-        rewards[t] = torch.from_numpy(result.agent_reward).float()
+        rewards[t] = torch.from_numpy(agent_reward).float()
         terminated[t] = torch.from_numpy(result.terminated).float()
         dones[t] = torch.from_numpy(result.terminated | result.truncated).float()
-        r_max = np.maximum(r_max, np.abs(result.agent_reward).max((1, 2)))
         obs = result.next_obs
         t += 1
         if t < T:
@@ -256,7 +252,7 @@ def train(ctx: RunContext) -> None:
                         step,
                         grad_norm,
                         q_abs_max=record["v/abs_max"],
-                        reward_scale=r_max,
+                        reward_scale=ctx.reward_range.r_max,
                         output_layer=f"critic.{len(critic.layers) - 1}",
                         update=updates,
                     )

@@ -309,7 +309,6 @@ def train(ctx: RunContext) -> None:
     names = [n for name, net in ROLES for n in parameter_names(getattr(model, net), name)]
     buffer = SequenceReplay(members, algo.buffer_size, num_envs, env.obs_dim, device)
     recorder.evaluate_with(evaluation_policy(model, algo.gamma, device))
-    r_max = np.ones(members)  # [P] largest |r| seen, at least 1: the value bound's scale
     updates = 0
 
     obs = env.reset()  # [P, E, obs] raw, on the host
@@ -317,7 +316,7 @@ def train(ctx: RunContext) -> None:
     prev_step = 0
     learn_from = algo.learning_starts
     saved = {"model": model, "target": target, "pipeline": pipeline, "buffer": buffer, "interventions": intervene}
-    loop = ctx.checkpoint_state(saved, lambda: dict(obs=obs, r_max=r_max, updates=updates, prev_step=prev_step))
+    loop = ctx.checkpoint_state(saved, lambda: dict(obs=obs, updates=updates, prev_step=prev_step))
     if loop:
         updates, prev_step = loop["updates"], loop["prev_step"]
         learn_from = learn_from if cfg.checkpoint.replay else prev_step + algo.learning_starts
@@ -331,11 +330,7 @@ def train(ctx: RunContext) -> None:
             with torch.no_grad():
                 q = model.lookahead(torch.from_numpy(ctx.obs_norm(obs)).to(device), algo.gamma)
             actions = np.where(explore, actions, q.argmax(-1).cpu().numpy())
-        result = env.step(actions)
-        recorder.check_observations(result.obs, step)
-        ctx.obs_norm.update(result.obs)
-        reward = ctx.reward_norm(result.reward, result.terminated | result.truncated, result.valid)
-        r_max = np.maximum(r_max, np.where(result.valid, np.abs(reward), 0.0).max(1))
+        result, reward = ctx.step_env(actions, step)  # reward: reward_norm's scaling
         done = result.terminated | result.truncated
         buffer.add(obs, actions, reward, result.obs, result.terminated, done, result.valid)
         obs = result.obs
@@ -376,7 +371,7 @@ def train(ctx: RunContext) -> None:
                     step,
                     update.grad_norm_pre_clip,
                     q_abs_max=record["v/abs_max"],
-                    reward_scale=r_max,
+                    reward_scale=ctx.reward_range.r_max,
                     output_layer=f"pred.{len(model.f.layers) - 1}",
                     update=updates,
                 )

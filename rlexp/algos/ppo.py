@@ -171,7 +171,6 @@ def train(ctx: RunContext) -> None:
 
     steps_per_rollout = T * E
     num_updates = max(1, (algo.anneal_steps or cfg.total_steps) // steps_per_rollout)  # lr schedule
-    r_max = np.ones(members)  # [P] largest |r| seen (after scaling), at least 1: the value bound's scale
     updates = 0
     obs = env.reset()  # [P, E, obs] raw, on the host
     ctx.obs_norm.update(obs)
@@ -189,7 +188,7 @@ def train(ctx: RunContext) -> None:
         saved,
         lambda: (
             {f"rollout_{i}": x.swapaxes(0, 1) for i, x in enumerate(collected)}  # [P, T, ...] views
-            | dict(obs=obs, r_max=r_max, t=t, rollout=rollout, updates=updates)
+            | dict(obs=obs, t=t, rollout=rollout, updates=updates)
             | (memory.checkpoint() if recurrent else {})
         ),
     )
@@ -209,14 +208,10 @@ def train(ctx: RunContext) -> None:
             value = value_of(obs_t).squeeze(-1)  # [P, E]
         action_np = action.cpu().numpy()  # [P, E] or [P, E, A]
         env_action = actor.env_action(action, low, high) if continuous else action_np
-        result = env.step(env_action)
-        recorder.check_observations(result.obs, step)
-        ctx.obs_norm.update(result.obs)
+        result, reward = ctx.step_env(env_action, step)  # reward: reward_norm's scaling
         done = result.terminated | result.truncated
         if recurrent:
             memory.end(done, result.valid)
-        reward = ctx.reward_norm(result.reward, done, result.valid)
-        r_max = np.maximum(r_max, np.where(result.valid, np.abs(reward), 0.0).max(1))
         obs_np[t], actions_np[t], log_probs[t], values[t] = obs_in, action_np, log_prob, value
         rewards_np[t], terminated_np[t], dones_np[t], valid_np[t] = reward, result.terminated, done, result.valid
         obs = result.obs
@@ -299,7 +294,7 @@ def train(ctx: RunContext) -> None:
                         step,
                         grad_norm,
                         q_abs_max=record["v/abs_max"],
-                        reward_scale=r_max,
+                        reward_scale=ctx.reward_range.r_max,
                         output_layer=f"critic.{len(critic.layers) - 1}",
                         update=updates,
                         histograms=partial(histograms, actor, critic, actor_names, critic_names, mb, out),

@@ -155,7 +155,6 @@ def train(ctx: RunContext) -> None:
     actor_names = parameter_names(actor, "actor")
     critic_names = [n for c, prefix in zip(critics, critic_prefixes) for n in parameter_names(c, prefix)]
     buffer = ReplayBuffer(members, algo.buffer_size, obs_dim, device, action_dim)
-    r_max = np.ones(members)  # [P] largest |r| seen (after scaling), at least 1: the value bound's scale
     updates = 0
     # per-member hyperparameters (members that differ in them; None: every member has algo's)
     gamma = ctx.hyper("algo.gamma")  # float or [P, 1]: one per member
@@ -170,7 +169,7 @@ def train(ctx: RunContext) -> None:
     saved = {"actor": actor, "critics": critics, "critic_targets": critic_targets, "log_alpha": log_alpha}
     saved |= {"actor_pipe": actor_pipe, "critic_pipe": critic_pipe, "alpha_pipe": alpha_pipe}
     saved |= {"buffer": buffer, "interventions": intervene}
-    loop = ctx.checkpoint_state(saved, lambda: dict(obs=obs, r_max=r_max, prev_step=prev_step, updates=updates))
+    loop = ctx.checkpoint_state(saved, lambda: dict(obs=obs, prev_step=prev_step, updates=updates))
     if loop:  # continued from a checkpoint; without its replay the buffer refills for learning_starts steps
         prev_step, updates = loop["prev_step"], loop["updates"]
         learn_from = learn_from if cfg.checkpoint.replay else prev_step + algo.learning_starts
@@ -184,11 +183,7 @@ def train(ctx: RunContext) -> None:
             noise = normal(u, u.shape, device)
             a, _ = squashed_sample(out, noise, algo.log_std_min, algo.log_std_max)
             actions = np.clip((squash.center + squash.half_range * a).cpu().numpy(), low, high)
-        result = env.step(actions)
-        recorder.check_observations(result.obs, step)
-        ctx.obs_norm.update(result.obs)
-        reward = ctx.reward_norm(result.reward, result.terminated | result.truncated, result.valid)
-        r_max = np.maximum(r_max, np.where(result.valid, np.abs(reward), 0.0).max(1))
+        result, reward = ctx.step_env(actions, step)  # reward: reward_norm's scaling
         buffer.add(obs, actions, reward, result.obs, result.terminated, result.valid)
         obs = result.obs
 
@@ -272,7 +267,7 @@ def train(ctx: RunContext) -> None:
                     step,
                     grad_norm,
                     q_abs_max=record["q/abs_max"],
-                    reward_scale=r_max,
+                    reward_scale=ctx.reward_range.r_max,
                     output_layer=f"critic.{len(critics[0].layers) - 1}",
                     update=updates,
                     histograms=partial(histograms, actor, actor_names, batch),

@@ -98,7 +98,6 @@ def train(ctx: RunContext) -> None:
     actor_names = parameter_names(actor, "actor")
     critic_names = [n for c, prefix in zip(critics, critic_prefixes) for n in parameter_names(c, prefix)]
     buffer = ReplayBuffer(members, algo.buffer_size, obs_dim, device, action_dim)
-    r_max = np.ones(members)  # [P] largest |r| seen (after scaling), at least 1: the value bound's scale
     critic_updates = actor_updates = 0
 
     act = actor.inference()  # acting: the same forward, no gradient, less overhead per call
@@ -110,7 +109,7 @@ def train(ctx: RunContext) -> None:
     saved = {"actor": actor, "critics": critics, "actor_target": actor_target, "critic_targets": critic_targets}
     saved |= {"actor_pipe": actor_pipe, "critic_pipe": critic_pipe, "buffer": buffer, "interventions": intervene}
     loop = ctx.checkpoint_state(
-        saved, lambda: dict(obs=obs, r_max=r_max, prev_step=prev_step, critic=critic_updates, actor=actor_updates)
+        saved, lambda: dict(obs=obs, prev_step=prev_step, critic=critic_updates, actor=actor_updates)
     )
     ctx.population_based_training(saved, {})  # pbt.*: the recorder's log steps copy members, change their lr
     if loop:  # continued from a checkpoint; without its replay the buffer refills for learning_starts steps
@@ -125,11 +124,7 @@ def train(ctx: RunContext) -> None:
             mu = squash(act(torch.from_numpy(ctx.obs_norm(obs)).to(device))).cpu().numpy()  # [P, E, A]
             noise = normal(u, u.shape, torch.device("cpu")).numpy() * algo.exploration_noise * (high - low) / 2
             actions = np.clip(mu + noise, low, high)
-        result = env.step(actions)
-        recorder.check_observations(result.obs, step)
-        ctx.obs_norm.update(result.obs)
-        reward = ctx.reward_norm(result.reward, result.terminated | result.truncated, result.valid)
-        r_max = np.maximum(r_max, np.where(result.valid, np.abs(reward), 0.0).max(1))
+        result, reward = ctx.step_env(actions, step)  # reward: reward_norm's scaling
         buffer.add(obs, actions, reward, result.obs, result.terminated, result.valid)
         obs = result.obs
 
@@ -203,7 +198,7 @@ def train(ctx: RunContext) -> None:
                     step,
                     grad_norm,
                     q_abs_max=record["q/abs_max"],
-                    reward_scale=r_max,
+                    reward_scale=ctx.reward_range.r_max,
                     output_layer=f"critic.{len(critics[0].layers) - 1}",
                     update=actor_updates,
                     histograms=partial(histograms, actor, squash, actor_names, batch),

@@ -348,7 +348,7 @@ class AlgoConfig:
     huber_delta: float = knob(1.0, "dqn: the huber loss's delta")
     clip_delta: float = knob(0.0, "dqn: > 0 clips the TD error reaching Q(s,a) to +-clip_delta")
     rescale_r: bool = knob(False, "dqn: divide rewards by r_max (max |r| seen so far, at least r_max)")
-    r_max: float = knob(1.0, "dqn: the reward scale (also divergence's value bound)")
+    r_max: float = knob(1.0, "the least reward scale r_max: divergence's value bound; dqn's rescale_r")
     terminal_masking: bool = knob(True, "dqn: false bootstraps through terminations too")
     # ppo, a2c
     num_steps: int = knob(128, "ppo, a2c: env steps per environment between updates (the rollout)")

@@ -139,3 +139,22 @@ class RewardScaler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.stats.load_state_dict(state)
         self.returns = state["returns"].numpy().copy()
+
+
+class RewardRange:
+    """The largest reward magnitude each member has met in training, |r| after ``reward_norm``'s
+    scaling, at least ``floor`` (``algo.r_max``): the scale of divergence's value bound and of DQN's
+    reward rescaling. A member's own experience: population-based training never copies it."""
+
+    def __init__(self, members: int, floor: float) -> None:
+        self.r_max = np.full(members, float(floor))  # [P]
+
+    def update(self, largest: np.ndarray) -> None:
+        """Take one step's largest |r| per member [P] into account."""
+        self.r_max = np.maximum(self.r_max, largest)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"r_max": self.r_max}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.r_max = state["r_max"].numpy().copy()

@@ -32,8 +32,8 @@ from rlexp.data.buffers import ReplayBuffer
 from rlexp.diagnostics.instruments import keep_initial
 from rlexp.diagnostics.interventions import Interventions, Subject
 from rlexp.envs.gym import PopulationEnv
-from rlexp.envs.marl import MultiAgentPopulationEnv, population_env
-from rlexp.envs.normalize import ObsNormalizer, RewardScaler
+from rlexp.envs.marl import MultiAgentPopulationEnv, MultiAgentStep, population_env
+from rlexp.envs.normalize import ObsNormalizer, RewardRange, RewardScaler
 from rlexp.envs.streams import MemberStreams, member_generator
 from rlexp.nn.nets import PopMLP, weight_parameters
 from rlexp.nn.networks import NETWORKS
@@ -83,6 +83,7 @@ class RunContext:
     streams: MemberStreams  # each member's uniform numbers (actions, sampling, shuffling)
     obs_norm: ObsNormalizer  # identity unless obs_norm is on
     reward_norm: RewardScaler  # identity unless reward_norm is on
+    reward_range: RewardRange  # [P] the largest |r| each member has met (step_env keeps it)
     evaluator: Evaluator  # eval.*: evaluation's environments and random stream, never training's
     recorder: Recorder  # steps, statistics, divergence, instruments, evaluations, output files
     member_cfgs: list[Config] = field(default_factory=list)  # [P] member k's config (cfg repeated by default)
@@ -117,7 +118,10 @@ class RunContext:
         evaluator = Evaluator(cfg, seeds, obs_norm)
         recorder = Recorder(cfg, env, seeds, device, obs_norm, reward_norm, evaluator, gamma)
         streams = MemberStreams(seeds)
-        return cls(cfg, device, seeds, env, streams, obs_norm, reward_norm, evaluator, recorder, member_cfgs)
+        reward_range = RewardRange(len(seeds), cfg.algo.r_max)
+        return cls(
+            cfg, device, seeds, env, streams, obs_norm, reward_norm, reward_range, evaluator, recorder, member_cfgs
+        )
 
     def member_values(self, key: str) -> list[Any]:
         """Each member's value of the dotted config key (``"algo.gamma"``): [P] Python values."""
@@ -233,6 +237,23 @@ class RunContext:
             log.update_wandb_config(pbt.wandb_config(k))
         return pbt
 
+    def step_env(self, actions: Any, step: int) -> tuple[Any, np.ndarray]:
+        """One vector step of the training environments, as every algorithm takes it: the result
+        checked (fault injection, non-finite observations), the observation statistics updated, and
+        the reward the algorithm learns from, whose largest magnitude ``reward_range`` keeps: the
+        team reward [P, E] scaled by ``reward_norm`` (autoreset steps skipped), or a multi-agent
+        world's per-agent rewards [P, E, N] as they are. Returns (the env's step result, that reward)."""
+        result = self.env.step(actions)
+        self.recorder.check_observations(result.obs, step)
+        self.obs_norm.update(result.obs)
+        if isinstance(result, MultiAgentStep):
+            reward = result.agent_reward
+            self.reward_range.update(np.abs(reward).max((1, 2)))
+        else:
+            reward = self.reward_norm(result.reward, result.terminated | result.truncated, result.valid)
+            self.reward_range.update(np.where(result.valid, np.abs(reward), 0.0).max(1))
+        return result, reward
+
     def state_parts(self) -> dict[str, Stateful]:
         """The context's parts with state, by the name their checkpoint entries start with."""
         return {
@@ -241,6 +262,7 @@ class RunContext:
             "streams": self.streams,
             "obs_norm": self.obs_norm,
             "reward_norm": self.reward_norm,
+            "reward_range": self.reward_range,
             "evaluator": self.evaluator,
             "recorder": self.recorder,
         }
