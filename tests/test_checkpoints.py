@@ -7,7 +7,8 @@ checkpoint, gymnasium's CartPole stepped one by one), PPO (a checkpoint inside a
 stepped together, observation and reward normalization), DQN on MinAtar Breakout (its game objects,
 sticky action and generator; a conv network; uint8 frames in the replay), TD3 (Pendulum), MADDPG and MAPPO on
 PettingZoo's simple_spread (checkpoints inside an episode; MAPPO's inside a rollout) and MADDPG on VMAS's
-navigation (inside an episode). A member's file alone
+navigation (inside an episode); DQN with shrink-and-perturb and SAC also with the fast paths off
+(``fast_paths=false``: torch.optim's optimizers, the per-tensor pipeline). A member's file alone
 loads as a population of one and evaluates as the member did in its population. Bad input: a
 checkpoint of another config is refused in one line, a cut-off one is moved aside and the job runs
 again from scratch, and rlexp.evaluate on a dir without checkpoints says how to write them. A
@@ -211,6 +212,15 @@ RUNS = {  # (overrides, crash step, checkpoint step continued from)
         200,
     ),
 }
+
+# with the fast paths off (torch.optim's optimizers, the per-tensor pipeline, autograd): interventions reset
+# torch.optim's state, SAC's entropy coefficient has a plain pipeline of its own
+RUNS["dqn_plain"] = (
+    [*DQN, "eval.episodes=0", "intervention=shrink_perturb", "intervention.every=8", "fast_paths=false"],
+    550,
+    400,
+)
+RUNS["sac_plain"] = ([*RUNS["sac"][0], "fast_paths=false"], *RUNS["sac"][1:])
 
 
 def run(overrides: list[str], out_dir: Path) -> dict:

@@ -47,7 +47,7 @@ from rlexp.data.buffers import Batch, ReplayBuffer
 from rlexp.diagnostics.instruments import activity_instruments, parameter_names, update_instruments
 from rlexp.diagnostics.interventions import Subject
 from rlexp.nn.nets import PopMLP, soft_update_
-from rlexp.optim.pipeline import GradientPipeline, UpdateStats
+from rlexp.optim.pipeline import GradientPipeline, UpdateStats, gradient_pipeline
 from rlexp.run.context import RunContext
 
 
@@ -98,13 +98,14 @@ def alpha_pipeline(log_alpha: LogAlpha, ctx: RunContext) -> GradientPipeline:
     health shared)."""
     lrs = ctx.member_values("optimizer.lr")
     adam = [AdamConfig(name="adam", lr=lr) for lr in lrs] if len(set(lrs)) > 1 else AdamConfig(name="adam", lr=lrs[0])
-    return GradientPipeline(
+    return gradient_pipeline(
         [log_alpha.value],
         adam,
         ClippingConfig(name="none"),
         RegularizationConfig(),
         [],
         ctx.recorder.health,
+        ctx.cfg.fast_paths,
     )
 
 

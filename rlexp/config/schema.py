@@ -714,6 +714,11 @@ class Config:
     threads: int = knob(
         1, "torch intra-op threads, at most the cores this process may use; 0 = torch's default; -1 = one per 8 members"
     )
+    fast_paths: bool = knob(
+        True,
+        "false: plain torch throughout (autograd, torch.optim's optimizers, a per-tensor pipeline, torch acting, "
+        "environments one by one): the fast paths' reference, equal up to float rounding, slower",
+    )
     resume: bool = knob(
         False,
         "skip jobs whose dir holds a finished job (else starting there is refused); continue unfinished ones from "

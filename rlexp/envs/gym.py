@@ -309,7 +309,8 @@ class PopulationEnv:
 
     MIN_TOGETHER = 4  # CartPoles are stepped together from this many environments up (fewer: slower)
 
-    def __init__(self, cfg: EnvConfig, member_seeds: list[int], purpose: int = TRAINING) -> None:
+    def __init__(self, cfg: EnvConfig, member_seeds: list[int], purpose: int = TRAINING, together: bool = True) -> None:
+        """``together`` False: never ``CartPoles`` (the run's ``fast_paths=false``), every environment its own step."""
         self.members = len(member_seeds)
         self.num_envs = cfg.num_envs
         n = self.members * self.num_envs
@@ -321,7 +322,7 @@ class PopulationEnv:
         self.frames = self.observation_space.dtype == np.uint8
         self.stack = frame_stack(self.envs[0])  # frames per observation (Atari: 4), else 1
         self.seeds = [s for m in member_seeds for s in env_seeds(m, cfg.num_envs, purpose)]
-        together = n >= self.MIN_TOGETHER and CartPoles.fits(self.envs[0])
+        together = together and n >= self.MIN_TOGETHER and CartPoles.fits(self.envs[0])
         self.cartpoles: CartPoles | None = CartPoles(self.envs, self.members) if together else None
         self.max_steps = time_limit(self.envs[0])  # stepping together truncates episodes by it
         self.timeout_terminal = cfg.timeout_terminal

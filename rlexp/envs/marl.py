@@ -440,9 +440,10 @@ def _vmas_rng_back(text: str) -> list[Any]:
 
 
 def population_env(
-    cfg: EnvConfig, member_seeds: list[int], purpose: int = TRAINING
+    cfg: EnvConfig, member_seeds: list[int], purpose: int = TRAINING, together: bool = True
 ) -> PopulationEnv | MultiAgentPopulationEnv:
-    """The population's environments for ``cfg``: single-agent (gymnasium) or multi-agent (env.api)."""
+    """The population's environments for ``cfg``: single-agent (gymnasium) or multi-agent (env.api);
+    ``together`` False steps gymnasium environments one by one (``PopulationEnv``)."""
     if is_multi_agent(cfg):
         return MultiAgentPopulationEnv(cfg, member_seeds, purpose)
-    return PopulationEnv(cfg, member_seeds, purpose)
+    return PopulationEnv(cfg, member_seeds, purpose, together)

@@ -569,7 +569,11 @@ class PopMLP(nn.Module):
 
     ``layers`` holds the linear layers, ``norms`` the hidden layers' norms (empty without one).
     ``observation_space`` is the environment's (read by a torso over images, ``rlexp.nn.conv.PopCNN``).
+    ``fast_paths`` False (``plain_paths``): no written backward and no host or ``fast_forward`` acting, as
+    if no component declared them.
     """
+
+    fast_paths = True
 
     def __init__(
         self,
@@ -623,8 +627,8 @@ class PopMLP(nn.Module):
         self._sequential = not any(self.residual) and not extra_in  # one chain of components
         missing = sorted({_describe(c) for c in self._components if not c.written_backward})
         # gradients written without autograd (forward_saved, backward_to_grads)
-        self.analytic_backward = self._sequential and not missing
-        if not self.analytic_backward:
+        self._written_backward = self._sequential and not missing
+        if not self._written_backward:
             why = f"no written backward for {', '.join(missing)}" if missing else "residual or second input"
             log.debug(f"PopMLP: {why}: gradients by autograd")
         gain = [scheme_gain(c, activation) for c in init] if isinstance(init, list) else scheme_gain(init, activation)
@@ -662,6 +666,12 @@ class PopMLP(nn.Module):
         )
         weight = self.layers[0].weight
         return net.to(device=weight.device, dtype=weight.dtype)
+
+    @property
+    def analytic_backward(self) -> bool:
+        """True when ``forward_saved`` and ``backward_to_grads`` may replace autograd: every component
+        declares a written backward, the network is one chain, and its fast paths are on."""
+        return self._written_backward and self.fast_paths
 
     def forward(
         self, x: torch.Tensor, extra: torch.Tensor | None = None, observe: Observer | None = None
@@ -717,9 +727,9 @@ class PopMLP(nn.Module):
         only when a GradientPipeline moves parameters into its flat buffer, which it counts
         (``ParameterStorage.moves``): the views are made anew when that count changed, one
         attribute read per call, so a function made before a pipeline sees its updates. Otherwise it
-        is ``forward`` under ``torch.no_grad()``.
+        is ``forward`` under ``torch.no_grad()`` (always, with ``fast_paths`` off).
         """
-        if not self._sequential:
+        if not self._sequential or not self.fast_paths:
 
             def run(x: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
                 with torch.no_grad():
@@ -748,11 +758,13 @@ class PopMLP(nn.Module):
         third of the time per acting step in CleanRL's DQN loop). It gives the same greedy actions as
         ``forward`` except at near-ties, where float32 rounding order decides (tested). Views are
         made anew when a pipeline moved parameters (see ``inference``). Otherwise (and for batch
-        statistics in training mode) it moves the array to the network's device and back around
-        ``inference``.
+        statistics in training mode, and with ``fast_paths`` off) it moves the array to the network's
+        device and back around ``inference``.
         """
         forward, device = self.inference(), self.layers[0].weight.device
         torch_path = lambda x: forward(torch.from_numpy(x).to(device)).cpu().numpy()  # noqa: E731
+        if not self.fast_paths:
+            return torch_path
         missing = sorted({_describe(c) for c in self._components if c.host_forward() is None})
         if missing or self.extra_in or device.type != "cpu":
             if missing:
@@ -785,6 +797,21 @@ class PopMLP(nn.Module):
         return run_numpy
 
 
+def plain_paths(module: nn.Module) -> None:
+    """Turn off the fast paths of every population network in ``module`` (the run's ``fast_paths=false``):
+    gradients by autograd, acting by torch's ``forward`` under no_grad, target updates tensor by tensor."""
+    for m in module.modules():
+        if isinstance(m, PopMLP):
+            m.fast_paths = False
+    log.debug("fast_paths=false: gradients by autograd, acting by torch's forward")
+
+
+def _fast_paths(module: nn.Module) -> bool:
+    """False when ``module`` (a network, or a ModuleList of them) is one whose fast paths are off."""
+    nets = module if isinstance(module, nn.ModuleList) else (module,)
+    return all(getattr(net, "fast_paths", True) for net in nets)
+
+
 def weight_parameters(module: nn.Module) -> list[torch.Tensor]:
     """The weight matrices (or weight-norm directions v) of every population linear layer, and those a
     module lists with ``weights()`` (an LSTM's input and recurrent weights)."""
@@ -803,14 +830,33 @@ def soft_update_(target: nn.Module, online: nn.Module, tau: float | list[tuple[i
     ``tau`` a float, or runs [(a, b, tau)] of members a..b-1 sharing one (``rlexp.config.members.member_runs``:
     each run the same scalar lerp as a population of its own)."""
     targets, onlines = list(target.parameters()), list(online.parameters())
+    fast = _fast_paths(online)
     if isinstance(tau, list):
         for a, b, value in tau:
-            torch._foreach_lerp_([t[a:b] for t in targets], [o[a:b] for o in onlines], value)
+            _lerp_all([t[a:b] for t in targets], [o[a:b] for o in onlines], value, fast)
     else:
-        torch._foreach_lerp_(targets, onlines, tau)
+        _lerp_all(targets, onlines, tau, fast)
     buffers = list(target.buffers())
     if buffers:
-        torch._foreach_copy_(buffers, list(online.buffers()))
+        _copy_all(buffers, list(online.buffers()), fast)
+
+
+def _lerp_all(targets: list[torch.Tensor], sources: list[torch.Tensor], weight: float, fast: bool) -> None:
+    """``t.lerp_(s, weight)`` for each pair, in place: one foreach call, or tensor by tensor (``fast`` False)."""
+    if fast:
+        torch._foreach_lerp_(targets, sources, weight)
+    else:
+        for t, s in zip(targets, sources):
+            t.lerp_(s, weight)
+
+
+def _copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor], fast: bool) -> None:
+    """Copy each source into its target, in place: one foreach call, or tensor by tensor (``fast`` False)."""
+    if fast:
+        torch._foreach_copy_(targets, sources)
+    else:
+        for t, s in zip(targets, sources):
+            t.copy_(s)
 
 
 @torch.no_grad()
@@ -820,7 +866,7 @@ def hard_update_(target: nn.Module, online: nn.Module, members: torch.Tensor | N
     targets = list(target.parameters()) + list(target.buffers())
     onlines = list(online.parameters()) + list(online.buffers())
     if members is None:
-        torch._foreach_copy_(targets, onlines)
+        _copy_all(targets, onlines, _fast_paths(online))
         return
     for t, o in zip(targets, onlines):
         t.index_copy_(0, members, o.index_select(0, members))

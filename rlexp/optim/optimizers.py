@@ -6,6 +6,10 @@ scalar remainder loop rounds differently from its vector body). ``rmsprop_tf`` r
 tf.train.RMSPropOptimizer (TensorFlow 1.x) exactly; the others run torch.optim's own ops bit for bit.
 None is a torch.optim.Optimizer, whose first construction in a process imports torch._dynamo (about
 1.2 s of start-up): each is a ``OneGroup``.
+
+With the run's fast paths off (``make_optimizer(..., fast_paths=False)``) adam, adamw, rmsprop and sgd are
+torch.optim's own classes (``TorchOptimizer``: single-tensor, neither fused nor foreach), one parameter
+tensor each; rmsprop_tf, which torch.optim has no twin of, is ``RMSpropTF`` (public ops only) on them.
 """
 
 from __future__ import annotations
@@ -46,7 +50,8 @@ class OneGroup:
 
     def state(self) -> list[tuple[torch.Tensor, float]]:
         """Every state tensor, shaped as its parameter, with the value a fresh optimizer starts it at
-        (an intervention resets chosen elements of one member to it)."""
+        (an intervention resets chosen elements of one member to it): kind by kind, each kind one
+        tensor per parameter in ``params``' order."""
         return []
 
     def state_dict(self) -> dict[str, Any]:
@@ -63,6 +68,10 @@ class OneGroup:
         for name in self.slots:
             for mine, saved in zip(getattr(self, name), state[name]):
                 mine.copy_(saved)
+
+    def param_state(self, i: int) -> list[tuple[torch.Tensor, float]]:
+        """The state tensors of ``params[i]`` (shaped as it) with their fresh values."""
+        return self.state()[i :: len(self.params)]
 
 
 class RMSpropTF(OneGroup):
@@ -268,6 +277,63 @@ class FusedSGD(OneGroup):
         self.first_step = False
 
 
+class TorchOptimizer(OneGroup):
+    """A torch.optim optimizer (its single-tensor form) behind ``OneGroup``: the fast paths' plain twin.
+
+    Its state is made at once, with the values torch.optim's first step would start it at (a zero
+    momentum buffer gives SGD's first step the gradient, as torch's own first step does), and each
+    state kind is listed as an attribute (one tensor per parameter, the ones torch.optim steps in
+    place), so checkpoints, interventions and population-based training see it as the others.
+    """
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, kinds: tuple[str, ...], base_lr: float, counted: bool = True
+    ) -> None:
+        """``kinds``: the names of torch.optim's per-parameter state tensors; ``counted``: it keeps a step count."""
+        self.torch = optimizer
+        self.params = list(optimizer.param_groups[0]["params"])
+        self.param_groups = optimizer.param_groups  # one group: its "lr" is what torch.optim reads
+        self.base_lr = base_lr
+        self.kinds = kinds
+        self.slots = kinds + (("steps",) if counted else ())  # what state_dict saves
+        for p in self.params:
+            optimizer.state[p] = {k: torch.zeros_like(p) for k in kinds}
+            if counted:
+                optimizer.state[p]["step"] = torch.zeros((), dtype=torch.float32)
+        for kind in kinds:
+            setattr(self, kind, [optimizer.state[p][kind] for p in self.params])
+        # the step counts (bias correction), one per tensor, equal in every member
+        self.steps = [optimizer.state[p]["step"] for p in self.params] if counted else []
+
+    def state(self) -> list[tuple[torch.Tensor, float]]:
+        """The moments (all start at 0); the step counts stay, as the fused optimizers'."""
+        return [(t, 0.0) for kind in self.kinds for t in getattr(self, kind)]
+
+    def step(self) -> None:
+        self.torch.step()
+
+
+def _plain(params: list[torch.Tensor], c: OptimizerConfig) -> OneGroup:
+    """The optimizer of ``c`` through torch.optim's own classes (rmsprop_tf: ``RMSpropTF``), no fast path."""
+    plain = dict(foreach=False, weight_decay=c.weight_decay)
+    if c.name in ("adam", "adamw"):
+        kind = torch.optim.Adam if c.name == "adam" else torch.optim.AdamW
+        optimizer = kind(params, lr=c.lr, betas=(c.beta1, c.beta2), eps=c.eps, fused=False, **plain)
+        return TorchOptimizer(optimizer, ("exp_avg", "exp_avg_sq"), c.lr)
+    if c.name == "rmsprop":
+        optimizer = torch.optim.RMSprop(
+            params, lr=c.lr, alpha=c.alpha, eps=c.eps, momentum=c.momentum, centered=c.centered, **plain
+        )
+        kinds = (
+            ("square_avg",) + (("grad_avg",) if c.centered else ()) + (("momentum_buffer",) if c.momentum > 0 else ())
+        )
+        return TorchOptimizer(optimizer, kinds, c.lr)
+    if c.name == "sgd":
+        optimizer = torch.optim.SGD(params, lr=c.lr, momentum=c.momentum, nesterov=c.nesterov, fused=False, **plain)
+        return TorchOptimizer(optimizer, ("momentum_buffer",) if c.momentum != 0 else (), c.lr, counted=False)
+    return _rmsprop_tf(params, c)
+
+
 def _adam(params, c: OptimizerConfig) -> FusedAdam:
     return FusedAdam(params, c.lr, (c.beta1, c.beta2), c.eps, c.weight_decay)
 
@@ -322,6 +388,7 @@ def check_optimizer(cfg: DictConfig, key: str) -> None:
         require(cfg.momentum > 0, f"{key}.momentum", cfg.momentum, "a value > 0 (nesterov needs momentum)")
 
 
-def make_optimizer(params: Iterable[torch.Tensor], cfg: OptimizerConfig) -> OneGroup:
-    """The optimizer a config names, over the given (population-stacked) parameters."""
-    return OPTIMIZERS[cfg.name](list(params), cfg)
+def make_optimizer(params: Iterable[torch.Tensor], cfg: OptimizerConfig, fast_paths: bool = True) -> OneGroup:
+    """The optimizer a config names, over the given (population-stacked) parameters; with ``fast_paths``
+    False, torch.optim's own class (``TorchOptimizer``; rmsprop_tf: ``RMSpropTF``)."""
+    return OPTIMIZERS[cfg.name](list(params), cfg) if fast_paths else _plain(list(params), cfg)

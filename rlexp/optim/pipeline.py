@@ -8,6 +8,10 @@ One place, used by every algorithm for every network::
 Every reduction (norms, clipping scales, finiteness) is per member: one member's gradients never
 scale another's, and a member whose loss, gradient or parameters become non-finite is marked
 diverged and frozen while the others go on bitwise unchanged.
+
+``GradientPipeline`` computes over one flat buffer with the optimizers' fused kernels;
+``PlainPipeline``, its twin for the run's ``fast_paths=false``, over each parameter tensor with
+torch.optim's classes. ``gradient_pipeline`` picks one.
 """
 
 from __future__ import annotations
@@ -82,7 +86,8 @@ def clip_global_norm(
     """Scale each member's gradients by min(1, max_norm / (||g||_member + 1e-6)) (clip_grad_norm_)."""
     norm = member_norms(grads) if norm is None else norm
     scale = (cfg.max_norm / (norm + 1e-6)).clamp(max=1.0).to(grads[0].dtype)  # [P]
-    torch._foreach_mul_(grads, [_member_view(scale, g) for g in grads])
+    for g in grads:
+        g.mul_(_member_view(scale, g))
 
 
 def clip_per_tensor(
@@ -220,6 +225,8 @@ class GradientPipeline:
     holding views of parameter memory (PopMLP.inference) makes them anew when it changes.
     """
 
+    fast_paths = True  # the flat buffer and the fused optimizers (PlainPipeline: False)
+
     def __init__(
         self,
         params: list[torch.Tensor],
@@ -229,6 +236,46 @@ class GradientPipeline:
         weights: list[torch.Tensor],
         health: Health,
     ) -> None:
+        members = params[0].shape[0]
+        self._store(params)
+        self.params = params
+        self.grads = [p.grad for p in params]
+        self._sizes = [p[0].numel() for p in params]
+        # members differing in their optimizer or clipping: each run of equal members' configs steps
+        # (clips) its rows [a, b) of the buffers with its own rule and numbers; one run when all agree
+        self.optimizers = []  # (a, b, optimizer over the rows [a, b): _rows)
+        for a, b, config in member_runs(optimizer, members):
+            self.optimizers.append((a, b, make_optimizer(self._rows(a, b), config, self.fast_paths)))
+        self.optimizer = self.optimizers[0][2] if len(self.optimizers) == 1 else None  # None: per-member groups
+        self.lr_factor = 1.0  # the schedule's factor (scale_lr)
+        self.clippers = member_runs(clipping, members)  # (a, b, config)
+        self.clipping = self.clippers[0][2]
+        self.clip = CLIPPERS[self.clipping.name]
+        self.clipped = any(c.name != "none" for _, _, c in self.clippers)
+        flat_clipper = self.fast_paths and self.clipping.name in FLAT_CLIPPERS
+        self._clip_grads = [self.flat_grad] if flat_clipper else self.grads
+        self.health = health
+        runs = member_runs(regularization, members)
+        if len(runs) == 1:  # plain numbers
+            self.l1, self.l2, self.l2_init = runs[0][2].l1, runs[0][2].l2, runs[0][2].l2_init
+        else:  # per member [P]
+            regs = regularization if isinstance(regularization, list) else [regularization] * members
+            self.l1, self.l2, self.l2_init = (
+                torch.tensor([getattr(r, k) for r in regs], dtype=params[0].dtype, device=params[0].device)
+                for k in ("l1", "l2", "l2_init")
+            )
+        require_same(regularization, "weights_only", "regularization.weights_only")
+        strengths = (self.l1, self.l2, self.l2_init)
+        self._penalties = tuple(bool((w > 0).any()) if isinstance(w, torch.Tensor) else w > 0 for w in strengths)
+        self.penalized = weights if runs[0][2].weights_only else params
+        # l2_init's w_0: the penalized tensors as the pipeline finds them (the network's initial values)
+        self.initial = [w.detach().clone() for w in self.penalized] if self._penalties[2] else []
+        # called with (grads, env_step) between backward and the processors (fault injection)
+        self.after_backward: Callable[[list[torch.Tensor], int], None] | None = None
+        self._on_cpu = not params[0].is_cuda
+
+    def _store(self, params: list[torch.Tensor]) -> None:
+        """Move the parameters into the flat buffers: each parameter and its gradient a view."""
         members = params[0].shape[0]
         with torch.no_grad():
             flat = torch.cat([p.detach().reshape(members, -1) for p in params], 1)  # [P, N]
@@ -251,48 +298,20 @@ class GradientPipeline:
             p.grad = self.flat_grad[:, offset : offset + n].view(p.shape)  # backward adds into it in place
             offset += n
         ParameterStorage.moves += 1
-        self.params = params
-        self.grads = [p.grad for p in params]
-        self._sizes = [p[0].numel() for p in params]
-        # members differing in their optimizer or clipping: each run of equal members' configs steps
-        # (clips) its rows [a, b) of the buffers with its own rule and numbers; one run when all agree
-        self.optimizers = []  # (a, b, optimizer over the padded rows [a, b))
-        for a, b, config in member_runs(optimizer, members):
-            rows = self._padded if (a, b) == (0, members) else self._padded[a:b]  # a view: rows are contiguous
-            if rows is not self._padded:
-                rows.grad = self._padded.grad[a:b]
-            self.optimizers.append((a, b, make_optimizer([rows], config)))
-        self.optimizer = self.optimizers[0][2] if len(self.optimizers) == 1 else None  # None: per-member groups
-        self.lr_factor = 1.0  # the schedule's factor (scale_lr)
-        self.clippers = member_runs(clipping, members)  # (a, b, config)
-        self.clipping = self.clippers[0][2]
-        self.clip = CLIPPERS[self.clipping.name]
-        self.clipped = any(c.name != "none" for _, _, c in self.clippers)
-        self._clip_grads = [self.flat_grad] if self.clipping.name in FLAT_CLIPPERS else self.grads
-        self.health = health
-        runs = member_runs(regularization, members)
-        if len(runs) == 1:  # plain numbers
-            self.l1, self.l2, self.l2_init = runs[0][2].l1, runs[0][2].l2, runs[0][2].l2_init
-        else:  # per member [P]
-            regs = regularization if isinstance(regularization, list) else [regularization] * members
-            self.l1, self.l2, self.l2_init = (
-                torch.tensor([getattr(r, k) for r in regs], dtype=self.flat.dtype, device=self.flat.device)
-                for k in ("l1", "l2", "l2_init")
-            )
-        require_same(regularization, "weights_only", "regularization.weights_only")
-        strengths = (self.l1, self.l2, self.l2_init)
-        self._penalties = tuple(bool((w > 0).any()) if isinstance(w, torch.Tensor) else w > 0 for w in strengths)
-        self.penalized = weights if runs[0][2].weights_only else params
-        # l2_init's w_0: the penalized tensors as the pipeline finds them (the network's initial values)
-        self.initial = [w.detach().clone() for w in self.penalized] if self._penalties[2] else []
-        # called with (grads, env_step) between backward and the processors (fault injection)
-        self.after_backward: Callable[[list[torch.Tensor], int], None] | None = None
-        self._on_cpu = not self.flat.is_cuda
+
+    def _rows(self, a: int, b: int) -> list[torch.Tensor]:
+        """What the optimizer of members [a, b) steps: the padded buffer's rows (a view: rows are
+        contiguous), with their gradient rows."""
+        if (a, b) == (0, self._padded.shape[0]):
+            return [self._padded]
+        rows = self._padded[a:b]
+        rows.grad = self._padded.grad[a:b]
+        return [rows]
 
     def penalty(self) -> torch.Tensor:
         """Penalty per member: l1 * sum|w| + l2 * sum w^2 + l2_init * sum (w - w_0)^2 over the penalized
         tensors -> [P]."""
-        total = torch.zeros((), device=self.flat.device)
+        total = torch.zeros((), device=self.params[0].device)
         l1_on, l2_on, l2_init_on = self._penalties
         if l1_on:
             total = total + self.l1 * torch.stack([w.abs().flatten(1).sum(1) for w in self.penalized]).sum(0)
@@ -327,7 +346,7 @@ class GradientPipeline:
         member's lr), keeping every member's optimizer state.
 
         The runs are split anew from ``configs`` (``member_runs``: maximal runs of equal configs, each one
-        optimizer over its rows ``[a, b)`` of the padded buffer, a view); each member's state rows
+        optimizer over its rows ``[a, b)``, views: ``_rows``); each member's state rows
         (``optimizer.state()``: moments) move from the run that held them into the new one, and the
         runs' counters (Adam's step count, SGD's first step: equal in every run, since every run steps
         at every update) carry over. A member computes in a run what it computes alone (rows of whole
@@ -336,14 +355,11 @@ class GradientPipeline:
         tensor would need another kernel than torch's fused ones, and change every member's bits.
         A member keeps its optimizer kind and flags (only its numbers may change).
         """
-        members = self.flat.shape[0]
+        members = self.params[0].shape[0]
         old = self.optimizers
         self.optimizers = []
         for a, b, config in member_runs(configs, members):
-            rows = self._padded if (a, b) == (0, members) else self._padded[a:b]
-            if rows is not self._padded:
-                rows.grad = self._padded.grad[a:b]
-            optimizer = make_optimizer([rows], config)
+            optimizer = make_optimizer(self._rows(a, b), config, self.fast_paths)
             for k in range(a, b):  # member k's state rows, from the run that held them
                 c, _, previous = next(run for run in old if run[0] <= k < run[1])
                 for (state, _), (held, _) in zip(optimizer.state(), previous.state()):
@@ -481,3 +497,104 @@ def _stacked(members: list[dict[str, Any]]) -> dict[str, Any]:
             rows = zip(*(m[name] for m in members))  # per state tensor: its rows, one per member
             state[name] = [v if v.dim() == 0 else torch.stack(list(r)) for v, r in zip(value, rows)]
     return state
+
+
+class PlainPipeline(GradientPipeline):
+    """``GradientPipeline``'s plain twin (the run's ``fast_paths=false``): the same steps, per member, in
+    the simplest torch form.
+
+    Each parameter keeps its own storage and its own gradient (autograd adds into it); each run of
+    members' configs steps its rows of every parameter with torch.optim's own optimizer
+    (``make_optimizer(..., fast_paths=False)``); the gradient norm is the norm of the per-tensor norms
+    (as torch.nn.utils.clip_grad_norm_), clipping runs per tensor; every update checks each member's
+    loss, gradient and parameters and restores the members that may not change, tensor by tensor.
+    """
+
+    fast_paths = False
+
+    def _store(self, params: list[torch.Tensor]) -> None:
+        """Give each parameter a zero gradient of its own (backward then adds into it in place)."""
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        self._index = {id(p): i for i, p in enumerate(params)}  # id(parameter) -> its place in params
+        self._before = [torch.empty_like(p) for p in params]  # the parameters before a step
+
+    def _rows(self, a: int, b: int) -> list[torch.Tensor]:
+        """What the optimizer of members [a, b) steps: the parameters, or views of their rows [a, b)
+        with their gradients' rows."""
+        if (a, b) == (0, self.params[0].shape[0]):
+            return list(self.params)
+        rows = []
+        for p in self.params:
+            row = p.detach()[a:b]
+            row.grad = p.grad[a:b]
+            rows.append(row)
+        return rows
+
+    @torch.no_grad()
+    def reset_state(self, param: torch.Tensor, member: int, index: tuple = ()) -> None:
+        i = self._index[id(param)]
+        for a, b, optimizer in self.optimizers:
+            if a <= member < b:
+                for state, initial in optimizer.param_state(i):
+                    state[member - a][index] = initial
+
+    def step(
+        self, loss: torch.Tensor, env_step: int, diagnose: bool = False, grads_written: bool = False
+    ) -> UpdateStats:
+        """``GradientPipeline.step``, tensor by tensor."""
+        params, grads, before = self.params, self.grads, self._before
+        if grads_written:
+            if self.has_penalty:
+                raise ValueError("GradientPipeline.step: grads_written=True cannot add the L1/L2 penalty's gradient")
+        else:
+            if self.has_penalty:
+                loss = loss + self.penalty()
+            for g in grads:
+                g.zero_()
+            loss.sum().backward()
+        if self.after_backward is not None:
+            self.after_backward(grads, env_step)
+        with torch.no_grad():
+            tensor_pre = tensor_norms(grads)  # [T, P]
+            norm_pre = torch.linalg.vector_norm(tensor_pre, dim=0)  # [P] each member's (float64)
+            for a, b, config in self.clippers:
+                CLIPPERS[config.name]([p[a:b] for p in params], [g[a:b] for g in grads], config, norm_pre[a:b])
+            tensor_post = tensor_norms(grads) if self.clipped else tensor_pre
+            norm_post = torch.linalg.vector_norm(tensor_post, dim=0) if self.clipped else norm_pre
+            stats = UpdateStats(loss.detach(), norm_pre, norm_post)
+            if diagnose:
+                stats.tensor_grad_pre, stats.tensor_grad_post = tensor_pre, tensor_post
+            for saved, p in zip(before, params):
+                saved.copy_(p)
+            for _, _, optimizer in self.optimizers:
+                optimizer.step()
+            if diagnose:
+                stats.tensor_param = tensor_norms(params)
+                stats.tensor_update = tensor_norms([p - saved for p, saved in zip(params, before)])
+            loss_ok = torch.isfinite(stats.loss)
+            grad_ok = torch.isfinite(norm_pre)
+            ok = self.health.alive & loss_ok & grad_ok  # [P] members allowed to update
+            stats.param_finite_after = self._params_finite()
+            keep = ok & stats.param_finite_after.all(0)  # [P]
+            for saved, p in zip(before, params):
+                p.copy_(torch.where(_member_view(keep, p), p, saved))
+            cause = torch.where(~loss_ok, 1, torch.where(~grad_ok, 2, 3))
+            stats.newly_diverged = self.health.mark(keep | ~self.health.alive, cause, env_step)
+        return stats
+
+
+def gradient_pipeline(
+    params: list[torch.Tensor],
+    optimizer: OptimizerConfig | list[OptimizerConfig],
+    clipping: ClippingConfig | list[ClippingConfig],
+    regularization: RegularizationConfig | list[RegularizationConfig],
+    weights: list[torch.Tensor],
+    health: Health,
+    fast_paths: bool = True,
+) -> GradientPipeline:
+    """The pipeline for ``params`` (``GradientPipeline``'s arguments): the flat one, or ``PlainPipeline``
+    when the run's ``fast_paths`` is off."""
+    kind = GradientPipeline if fast_paths else PlainPipeline
+    return kind(params, optimizer, clipping, regularization, weights, health)

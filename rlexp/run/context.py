@@ -35,9 +35,9 @@ from rlexp.envs.gym import PopulationEnv
 from rlexp.envs.marl import MultiAgentPopulationEnv, MultiAgentStep, population_env
 from rlexp.envs.normalize import ObsNormalizer, RewardRange, RewardScaler
 from rlexp.envs.streams import MemberStreams, member_generator
-from rlexp.nn.nets import PopMLP, weight_parameters
+from rlexp.nn.nets import PopMLP, plain_paths, weight_parameters
 from rlexp.nn.networks import NETWORKS
-from rlexp.optim.pipeline import GradientPipeline
+from rlexp.optim.pipeline import GradientPipeline, gradient_pipeline
 from rlexp.run.checkpoint import Checkpoints, Loop, LoopState, TorchGenerator
 from rlexp.run.evaluation import Evaluator
 from rlexp.run.pbt import PopulationBasedTraining, initial_configs
@@ -110,7 +110,7 @@ class RunContext:
         if member_cfgs is None:
             member_cfgs = initial_configs(cfg, len(seeds)) if cfg.pbt.interval > 0 else [cfg] * len(seeds)
         torch.manual_seed(cfg.seed)
-        env = population_env(cfg.env, seeds)
+        env = population_env(cfg.env, seeds, together=cfg.fast_paths)
         gamma = member_values(member_cfgs, "algo.gamma")
         gamma = gamma[0] if len(set(gamma)) == 1 else np.array(gamma)[:, None]  # float or [P, 1]
         obs_norm = ObsNormalizer(cfg.obs_norm, len(seeds), env.obs_dim)
@@ -170,7 +170,8 @@ class RunContext:
         config groups; each member's weights from its own generator.
 
         ``role`` "actor" or "critic" applies that network's overrides (``actor.activation=...``);
-        a critic takes ``extra_in`` action inputs at layer ``critic.action_layer``.
+        a critic takes ``extra_in`` action inputs at layer ``critic.action_layer``. With ``fast_paths``
+        off, the network trains through autograd and acts through torch's forward (``plain_paths``).
         """
         purpose = 10 + self.nets_made  # a distinct stream per network built
         self.nets_made += 1
@@ -193,6 +194,8 @@ class RunContext:
             observation_space=self.env.observation_space,
         )
         net = net.to(self.device)
+        if not self.cfg.fast_paths:
+            plain_paths(net)
         if self.cfg.diagnostics.every > 0:
             keep_initial(net)  # theta_0 of the weight_change instruments
         return net
@@ -200,16 +203,16 @@ class RunContext:
     def make_pipeline(self, net: torch.nn.Module) -> GradientPipeline:
         """The gradient pipeline (the configured optimizer, clipping, penalties, divergence checks)
         for one network (or a ModuleList of networks trained by one loss, such as TD3's twin
-        critics); ``pipeline.optimizer`` is its optimizer."""
+        critics); ``pipeline.optimizer`` is its optimizer. With ``fast_paths`` off, a ``PlainPipeline``
+        (per-tensor, torch.optim's optimizers)."""
         cfg, members = self.cfg, self.member_cfgs
         params = [p for p in net.parameters() if p.requires_grad]
         optimizer, clipping, regularization = cfg.optimizer, cfg.clipping, cfg.regularization
         if not self.shared("optimizer", "clipping", "regularization"):  # one config per member
             optimizer, clipping = [c.optimizer for c in members], [c.clipping for c in members]
             regularization = [c.regularization for c in members]
-        pipeline = GradientPipeline(
-            params, optimizer, clipping, regularization, weight_parameters(net), self.recorder.health
-        )
+        weights, health = weight_parameters(net), self.recorder.health
+        pipeline = gradient_pipeline(params, optimizer, clipping, regularization, weights, health, cfg.fast_paths)
         if cfg.debug.inject.what == "grad":
             pipeline.after_backward = self.recorder.inject_grad
         return pipeline

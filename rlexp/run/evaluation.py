@@ -53,7 +53,7 @@ class Evaluator:
         if self.episodes > 0:
             # one environment per episode; whole games (Atari) with their own rewards
             env_cfg = dataclasses.replace(cfg.env, num_envs=self.episodes, episodic_life=False, clip_reward=False)
-            self.env = population_env(env_cfg, member_seeds, EVALUATION)
+            self.env = population_env(env_cfg, member_seeds, EVALUATION, together=cfg.fast_paths)
         self._streams: MemberStreams | None = None  # made at the first draw (eval.epsilon > 0)
 
     def due(self, step: int, last_log_step: int) -> bool:
