@@ -178,7 +178,7 @@ def test_written_backward_is_autograd_bit_for_bit(members, dtype, norm, activati
     """forward_saved + backward_to_grads against autograd on the same network: outputs and every
     parameter's gradient bitwise equal (convolutions after the first get their input's gradient too)."""
     net = make(norm, activation, network, space, members).to(dtype)
-    assert net.analytic_backward
+    assert net.written_backward
     with torch.no_grad():  # biases of both signs, so every activation's derivative is exercised
         for p in net.parameters():
             p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel()), dtype=dtype))
@@ -202,7 +202,7 @@ def test_written_backward_is_autograd_bit_for_bit(members, dtype, norm, activati
 @pytest.mark.parametrize("norm,activation", [("spectral", "relu"), ("batch", "relu"), ("none", "crelu")])
 def test_autograd_where_no_written_backward(norm, activation):
     """Spectral norm, batch norm over channels and crelu on maps have no written backward: autograd trains."""
-    assert not make(norm, activation).analytic_backward
+    assert not make(norm, activation).written_backward
 
 
 def test_dormant_channels_and_redo_per_channel():

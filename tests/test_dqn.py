@@ -232,14 +232,14 @@ def test_dqn_loss_matches_written_out_target_and_loss(case):
 # ---------------------------------------------------------------- gradients without autograd
 # every activation with a written derivative, from the registry; non-default parameters where it has some
 _PARAMETERS = {"elu": {"alpha": 0.7}, "leaky_relu": {"negative_slope": 0.2}}
-ANALYTIC_ACTIVATIONS = {
+WRITTEN_ACTIVATIONS = {
     name: entry.schema(name=name, **_PARAMETERS.get(name, {}))
     for name, entry in ACTIVATIONS.items()
     if entry.backward is not None
 }
 
 
-def analytic_net(
+def written_net(
     members: int, activation: ActivationConfig, dtype: torch.dtype = torch.float32, norm: str = "none", **network
 ) -> PopMLP:
     """A PopMLP with biases, norm affines and weight-norm gains randomized (so every pre-activation
@@ -274,7 +274,7 @@ def analytic_net(
     return net
 
 
-@pytest.mark.parametrize("name", list(ANALYTIC_ACTIVATIONS))
+@pytest.mark.parametrize("name", list(WRITTEN_ACTIVATIONS))
 @pytest.mark.parametrize("members", [1, 3])
 @pytest.mark.parametrize(
     "network",
@@ -286,8 +286,8 @@ def analytic_net(
 def test_backward_to_grads_equals_autograd_bit_for_bit(name, members, network, dtype, norm):
     """Outputs, gradients and (batch norm, training mode) the running statistics: a network through
     autograd against its twin through forward_saved and backward_to_grads."""
-    net, twin = (analytic_net(members, ANALYTIC_ACTIVATIONS[name], dtype, norm, **network) for _ in range(2))
-    assert twin.analytic_backward
+    net, twin = (written_net(members, WRITTEN_ACTIVATIONS[name], dtype, norm, **network) for _ in range(2))
+    assert twin.written_backward
     g = torch.Generator().manual_seed(4)
     x = torch.randn(members, 64, OBS, generator=g, dtype=dtype)
     grad_out = torch.randn(members, 64, ACT, generator=g, dtype=dtype)
@@ -308,7 +308,7 @@ def test_backward_to_grads_equals_autograd_bit_for_bit(name, members, network, d
         assert not torch.equal(twin.norms[0].running_mean, torch.zeros_like(twin.norms[0].running_mean))
 
 
-def test_analytic_backward_only_where_it_is_exact():
+def test_written_backward_only_where_it_is_exact():
     """Residual connections and a second input keep autograd."""
     relu = ActivationConfig(name="relu")
     gens = [torch.Generator().manual_seed(k) for k in range(2)]
@@ -326,14 +326,14 @@ def test_analytic_backward_only_where_it_is_exact():
             extra_in=extra_in,
         )
 
-    assert pop().analytic_backward
-    assert pop(activation=ActivationConfig(name="softsign")).analytic_backward
-    assert pop(norm=LayerNormConfig(name="layer")).analytic_backward
-    assert pop(norm=BatchNormConfig(name="batch")).analytic_backward
-    assert pop(norm=WeightNormConfig(name="weight")).analytic_backward
-    assert pop(norm=WeightNormConfig(name="weight", output_layer=False)).analytic_backward
-    assert not pop(residual=True).analytic_backward
-    assert not pop(extra_in=1).analytic_backward
+    assert pop().written_backward
+    assert pop(activation=ActivationConfig(name="softsign")).written_backward
+    assert pop(norm=LayerNormConfig(name="layer")).written_backward
+    assert pop(norm=BatchNormConfig(name="batch")).written_backward
+    assert pop(norm=WeightNormConfig(name="weight")).written_backward
+    assert pop(norm=WeightNormConfig(name="weight", output_layer=False)).written_backward
+    assert not pop(residual=True).written_backward
+    assert not pop(extra_in=1).written_backward
 
 
 @pytest.mark.parametrize("case", list(LOSS_CASES), ids=list(LOSS_CASES))
@@ -349,7 +349,7 @@ def test_dqn_loss_written_grads_equal_backward_bit_for_bit(case, batch_size):
     expected = [p.grad.clone() for p in q_net.parameters()]
     for p in q_net.parameters():
         p.grad.fill_(-7.0)
-    written_loss, written_stats = dqn_loss(q_net, target_net, batch, algo, r_max, write_grads=True)
+    written_loss, written_stats = dqn_loss(q_net, target_net, batch, algo, r_max, written_backward=True)
     assert not written_loss.requires_grad
     assert torch.equal(written_loss, loss.detach())
     for key in stats:
@@ -371,7 +371,7 @@ def test_pipeline_refuses_written_grads_with_a_penalty():
     )
     assert pipe.has_penalty
     with pytest.raises(ValueError, match="penalty"):
-        pipe.step(torch.zeros(2), env_step=1, grads_written=True)
+        pipe.step(torch.zeros(2), env_step=1, written_backward=True)
 
 
 def test_dqn_loss_switches_change_the_result():
@@ -1192,7 +1192,7 @@ def test_keep_freed_memory_reuses_an_update_sized_temporary_without_page_faults(
 
 
 @pytest.mark.parametrize(
-    "overrides,analytic",
+    "overrides,written",
     [
         ([], True),
         (["regularization.l2=1e-4"], False),
@@ -1203,8 +1203,8 @@ def test_keep_freed_memory_reuses_an_update_sized_temporary_without_page_faults(
     ],
     ids=["plain", "l2_penalty", "layer_norm", "softsign", "weight_norm", "batch_norm"],
 )
-def test_training_writes_gradients_without_autograd_only_where_exact(tmp_path, monkeypatch, overrides, analytic):
-    """Training takes the analytic gradients for a plain network without a penalty, and autograd
+def test_training_writes_gradients_without_autograd_only_where_exact(tmp_path, monkeypatch, overrides, written):
+    """Training takes the written gradients for a plain network without a penalty, and autograd
     otherwise; both train (every update reaches the optimizer)."""
     calls = []
     real = PopMLP.backward_to_grads
@@ -1224,4 +1224,4 @@ def test_training_writes_gradients_without_autograd_only_where_exact(tmp_path, m
     job = run_job(cfg, tmp_path)
     assert job["status"] == "ok"
     updates = 2 * ((300 - 100) // 20)
-    assert len(calls) == (updates if analytic else 0)
+    assert len(calls) == (updates if written else 0)

@@ -166,9 +166,9 @@ def test_a_plain_network_never_takes_its_written_backward_host_form_or_fast_forw
     net = population()
     net.eval()
     x = torch.randn(3, 16, 4, generator=torch.Generator().manual_seed(3))
-    assert net.analytic_backward and net.fast_paths  # every component declares each capability
+    assert net.written_backward and net.fast_paths  # every component declares each capability
     plain_paths(net)
-    assert not net.analytic_backward
+    assert not net.written_backward
     forbid(monkeypatch, *component_fast_paths())
     with torch.no_grad():
         y = net(x)

@@ -199,7 +199,7 @@ DQN_NETS = [
 ]
 
 
-# every network also runs with its gradients written without autograd (dqn_loss(write_grads=True))
+# every network also runs with its gradients written without autograd (dqn_loss(written_backward=True))
 DQN_CASES = [(*net, False) for net in DQN_NETS] + [(*net, True) for net in DQN_NETS]
 
 
@@ -215,7 +215,7 @@ def test_dqn_population_equals_members_trained_one_at_a_time(activation, norm, l
     algo = DQNConfig(name="dqn", loss=loss, target_network=target)
     tol = TOL[dtype]
     q_net = make_pop(OBS, N_ACT, activation, norm, seed=1, dtype=dtype)
-    assert q_net.analytic_backward or not written
+    assert q_net.written_backward or not written
     target_net = None
     if target:  # a copy, moved away from the online net so that mixing the two would show
         target_net = copy.deepcopy(q_net)
@@ -234,8 +234,8 @@ def test_dqn_population_equals_members_trained_one_at_a_time(activation, norm, l
 
     for step in range(3):  # a fresh batch each step: the per-member Adam state carries over
         batch = random_batch(seed=10 + step, dtype=dtype)
-        pop_loss, _ = dqn_loss(q_net, target_net, batch, algo, torch.ones(P), write_grads=written)
-        stats = pipe.step(pop_loss, env_step=step + 1, grads_written=written)
+        pop_loss, _ = dqn_loss(q_net, target_net, batch, algo, torch.ones(P), written_backward=written)
+        stats = pipe.step(pop_loss, env_step=step + 1, written_backward=written)
         for k, (q, boot, pairs, opt) in enumerate(members):
             loss_k, td = plain_dqn_loss(
                 q, boot, batch.obs[k], batch.actions[k], batch.rewards[k], batch.next_obs[k], batch.terminated[k], algo

@@ -235,7 +235,7 @@ def test_written_backward_is_autograd_bit_for_bit(activation, normalization, cap
             make_net(activation, normalization, torch.float32),
         )
     declared = all(c.written_backward for c in twin._components)
-    assert twin.analytic_backward == declared
+    assert twin.written_backward == declared
     if not declared:
         assert "no written backward" in caplog.text
         return

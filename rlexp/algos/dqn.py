@@ -113,12 +113,12 @@ def dqn_loss(
     batch: Batch,
     algo: DQNConfig,
     r_max: torch.Tensor,
-    write_grads: bool = False,
+    written_backward: bool = False,
     gamma: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-member DQN loss [P] and per-member statistics (Q and TD error) for one batch.
 
-    ``write_grads`` (networks with ``analytic_backward`` only): no autograd graph; the gradient of
+    ``written_backward`` (networks with ``written_backward`` only): no autograd graph; the gradient of
     the loss's sum is written into the online network's ``.grad`` instead, bit for bit what
     ``loss.sum().backward()`` would give. ``gamma`` [P, 1]: per-member discounts (td_target).
     """
@@ -126,7 +126,7 @@ def dqn_loss(
     taken = batch.actions.unsqueeze(-1)  # [P, B, 1]
     if q_net.uses_batch_stats:
         q_net.train()  # the loss's forward normalizes with batch statistics
-    if write_grads:
+    if written_backward:
         q_all, saved = q_net.forward_saved(batch.obs)  # [P, B, A]
     else:
         q_all = q_net(batch.obs)  # [P, B, A]
@@ -141,7 +141,7 @@ def dqn_loss(
         "td_abs_mean": td_abs.mean(1),
         "td_abs_max": td_abs.amax(1),
     }
-    if write_grads:  # the gradient reaches only the taken action's output
+    if written_backward:  # the gradient reaches only the taken action's output
         grad_q = torch.zeros_like(q_all).scatter_(-1, taken, td_loss_grad(td, algo).unsqueeze(-1))  # [P, B, A]
         q_net.backward_to_grads(saved, grad_q)
     return td_loss(td, algo), stats
@@ -234,7 +234,7 @@ def train(ctx: RunContext) -> None:
         target_net = copy.deepcopy(q_net)
         target_net.requires_grad_(False)
     pipeline = ctx.make_pipeline(q_net)  # the configured optimizer, clipping, penalties
-    analytic = q_net.analytic_backward and not pipeline.has_penalty  # gradients without autograd
+    written = q_net.written_backward and not pipeline.has_penalty  # gradients without autograd
     targets = (target_net,) if target_net is not None else ()
     intervene = ctx.interventions(Subject("q", q_net, pipeline, targets))  # intervention.*, every few updates
     names = parameter_names(q_net, "q")  # q.0.weight, q.0.bias, ... aligned with the pipeline's tensors
@@ -292,8 +292,8 @@ def train(ctx: RunContext) -> None:
                 batch = buffer.sample(ctx.streams.uniform(algo.batch_size))
                 batch = ctx.obs_norm.batch(batch)  # stored raw, normalized with the current statistics
                 recorder.inject_param(q_net, step)
-                loss, stats = dqn_loss(q_net, target_net, batch, algo, r_scale, analytic, gamma)
-                update = pipeline.step(loss, step, diagnose, grads_written=analytic)
+                loss, stats = dqn_loss(q_net, target_net, batch, algo, r_scale, written, gamma)
+                update = pipeline.step(loss, step, diagnose, written_backward=written)
                 recorder.record_update(update, stats)
                 recorder.locate_divergence(
                     update, partial(locate, q_net, target_net, batch, names=names, update=update)

@@ -668,7 +668,7 @@ class PopMLP(nn.Module):
         return net.to(device=weight.device, dtype=weight.dtype)
 
     @property
-    def analytic_backward(self) -> bool:
+    def written_backward(self) -> bool:
         """True when ``forward_saved`` and ``backward_to_grads`` may replace autograd: every component
         declares a written backward, the network is one chain, and its fast paths are on."""
         return self._written_backward and self.fast_paths
@@ -698,7 +698,7 @@ class PopMLP(nn.Module):
         return out
 
     def forward_saved(self, x: torch.Tensor) -> tuple[torch.Tensor, list[object]]:
-        """``forward`` without autograd (networks with ``analytic_backward`` only): the output
+        """``forward`` without autograd (networks with ``written_backward`` only): the output
         [P, B, n_out] and, per component, what its ``backward_to_grads`` needs."""
         saved: list[object] = []
         with torch.no_grad():

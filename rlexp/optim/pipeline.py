@@ -414,19 +414,19 @@ class GradientPipeline:
         return any(self._penalties)
 
     def step(
-        self, loss: torch.Tensor, env_step: int, diagnose: bool = False, grads_written: bool = False
+        self, loss: torch.Tensor, env_step: int, diagnose: bool = False, written_backward: bool = False
     ) -> UpdateStats:
         """Run one update from per-member losses ``loss`` [P] (without the penalty) at ``env_step``.
 
         ``diagnose`` also returns per-tensor gradient norms before and after the processors,
-        parameter norms and update norms (for the instruments). ``grads_written``: the caller has
+        parameter norms and update norms (for the instruments). ``written_backward``: the caller has
         already written the gradient of ``loss.sum()`` into every parameter's ``.grad`` (no
         backward here; not with a penalty).
         """
         grads, flat, flat_grad = self.grads, self.flat, self.flat_grad
-        if grads_written:
+        if written_backward:
             if self.has_penalty:
-                raise ValueError("GradientPipeline.step: grads_written=True cannot add the L1/L2 penalty's gradient")
+                raise ValueError("GradientPipeline.step: written_backward=True cannot add the L1/L2 penalty's gradient")
         else:
             if self.has_penalty:
                 loss = loss + self.penalty()
@@ -541,13 +541,13 @@ class PlainPipeline(GradientPipeline):
                     state[member - a][index] = initial
 
     def step(
-        self, loss: torch.Tensor, env_step: int, diagnose: bool = False, grads_written: bool = False
+        self, loss: torch.Tensor, env_step: int, diagnose: bool = False, written_backward: bool = False
     ) -> UpdateStats:
         """``GradientPipeline.step``, tensor by tensor."""
         params, grads, before = self.params, self.grads, self._before
-        if grads_written:
+        if written_backward:
             if self.has_penalty:
-                raise ValueError("GradientPipeline.step: grads_written=True cannot add the L1/L2 penalty's gradient")
+                raise ValueError("GradientPipeline.step: written_backward=True cannot add the L1/L2 penalty's gradient")
         else:
             if self.has_penalty:
                 loss = loss + self.penalty()
