@@ -29,7 +29,7 @@ from rlexp.compose.registry import register
 from rlexp.config.schema import Config, ConfigError
 from rlexp.envs.gym import EVALUATION, PopulationEnv
 from rlexp.run.checkpoint import FILE, CheckpointError, Checkpoints, read, stack
-from rlexp.run.context import PolicyLoaded, RunContext
+from rlexp.run.context import RunContext
 from rlexp.run.loggers import _fit, resolve_wandb_mode
 
 USAGE = "python -m rlexp.evaluate <run dir> [seed=k] [episodes=N] [video=true]"
@@ -106,13 +106,11 @@ def load_policy(run_dir: Path, paths: list[Path], episodes: int | None, video: b
         ctx.evaluator.env = PopulationEnv(env_cfg, ctx.seeds, EVALUATION)
     checkpoints = Checkpoints(run_dir, config, contents[0]["replay"])
     checkpoints.saved = stack([c["state"] for c in contents], contents[0]["shared"])
-    checkpoints.policy_only = True
-    ctx.checkpoints = checkpoints
-    try:
-        ALGOS[cfg.algo.name].train(ctx)
-    except PolicyLoaded:
-        pass
-    return ctx, ctx.recorder._policy, contents[0]["step"]
+    ctx.checkpoints = checkpoints  # read only: checkpoint.every is 0
+    built = ALGOS[cfg.algo.name].build(ctx)  # the networks as training builds them, then their saved state
+    context = {name: part for name, part in ctx.state_parts().items() if name != "recorder"}
+    checkpoints.restore(context | built.nets)
+    return ctx, built.policy, contents[0]["step"]
 
 
 def record_videos(ctx: RunContext, paths: list[Path], step: int) -> list[Path]:

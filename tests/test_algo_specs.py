@@ -17,7 +17,18 @@ from rlexp.compose.validate import memory_per_member, validate
 from rlexp.config.schema import ConfigError
 from rlexp.data.buffers import FrameStackReplay, ReplayBuffer, SequenceReplay
 
-FACTS = {"train", "schema", "action_spaces", "check", "networks", "replay", "roles", "recurrent", "member_keys"}
+FACTS = {
+    "train",
+    "build",
+    "schema",
+    "action_spaces",
+    "check",
+    "networks",
+    "replay",
+    "roles",
+    "recurrent",
+    "member_keys",
+}
 BUFFERS = {"ReplayBuffer", "FrameStackReplay", "SequenceReplay"}
 
 

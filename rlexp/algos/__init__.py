@@ -24,7 +24,8 @@ from rlexp.config.schema import (
     TD3Config,
 )
 from rlexp.data.buffers import ReplayBuffer, SequenceReplay
-from rlexp.run.context import Algorithm
+from rlexp.run.context import Algorithm, RunContext
+from rlexp.run.evaluation import Networks
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class AlgoSpec:
     yaml, its config keys and one of these. Only the last two fields have defaults."""
 
     train: Algorithm  # train(ctx: RunContext) -> None
+    build: Callable[[RunContext], Networks]  # its networks and deterministic policy, untrained (rlexp.evaluate)
     schema: type[AlgoConfig]  # the algo group's structured config
     action_spaces: tuple[str, ...]  # "discrete" and/or "continuous"
     check: Callable[[DictConfig], None]  # the combinations it needs beyond each key's domain (ConfigError)
@@ -76,6 +78,7 @@ ACTOR_CRITIC = ("actor", "critic")
 ALGOS: dict[str, AlgoSpec] = {
     "dqn": AlgoSpec(
         dqn.train,
+        dqn.build,
         DQNConfig,
         ("discrete",),
         dqn.check,
@@ -88,6 +91,7 @@ ALGOS: dict[str, AlgoSpec] = {
     ),
     "ppo": AlgoSpec(
         ppo.train,
+        ppo.build,
         ActorCriticConfig,
         ("discrete", "continuous"),
         check_actor_critic,
@@ -99,6 +103,7 @@ ALGOS: dict[str, AlgoSpec] = {
     ),
     "a2c": AlgoSpec(
         ppo.train,
+        ppo.build,
         A2CConfig,
         ("discrete", "continuous"),
         check_actor_critic,
@@ -110,6 +115,7 @@ ALGOS: dict[str, AlgoSpec] = {
     ),
     "ddpg": AlgoSpec(
         td3.train,
+        td3.build,
         DDPGConfig,
         ("continuous",),
         check_replay,
@@ -122,6 +128,7 @@ ALGOS: dict[str, AlgoSpec] = {
     ),
     "td3": AlgoSpec(
         td3.train,
+        td3.build,
         TD3Config,
         ("continuous",),
         check_replay,
@@ -134,6 +141,7 @@ ALGOS: dict[str, AlgoSpec] = {
     ),
     "sac": AlgoSpec(
         sac.train,
+        sac.build,
         SACConfig,
         ("continuous",),
         sac.check,
@@ -145,6 +153,7 @@ ALGOS: dict[str, AlgoSpec] = {
     ),
     "muzero_lite": AlgoSpec(
         muzero_lite.train,
+        muzero_lite.build,
         MuZeroLiteConfig,
         ("discrete",),
         muzero_lite.check,
@@ -156,6 +165,7 @@ ALGOS: dict[str, AlgoSpec] = {
     ),
     "maddpg": AlgoSpec(
         maddpg.train,
+        maddpg.build,
         MADDPGConfig,
         ("discrete", "continuous"),
         check_replay,
@@ -168,6 +178,7 @@ ALGOS: dict[str, AlgoSpec] = {
     ),
     "mappo": AlgoSpec(
         mappo.train,
+        mappo.build,
         MAPPOConfig,
         ("discrete", "continuous"),
         check_actor_critic,

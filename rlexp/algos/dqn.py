@@ -40,7 +40,7 @@ from rlexp.diagnostics.interventions import Subject
 from rlexp.nn.nets import PopMLP, hard_update_, soft_update_
 from rlexp.optim.pipeline import UpdateStats
 from rlexp.run.context import RunContext
-from rlexp.run.evaluation import Policy
+from rlexp.run.evaluation import Networks, Policy
 from rlexp.run.recorder import Located
 
 
@@ -218,6 +218,15 @@ def check(cfg: DictConfig) -> None:
     require_choice(cfg.algo.loss, "algo.loss", ("mse", "huber"))
 
 
+def build(ctx: RunContext) -> Networks:
+    """The Q-network and its greedy policy (epsilon-greedy with ``eval.epsilon`` > 0)."""
+    n_actions = int(ctx.env.action_space.n)
+    q_net = ctx.make_net(ctx.env.obs_dim, n_actions)
+    q_net.eval()  # acting uses running statistics when the network has batch norm
+    policy = evaluation_policy(q_net.host_inference(), n_actions, ctx.cfg.eval.epsilon, ctx.evaluator.uniform)
+    return Networks({"q_net": q_net}, policy)
+
+
 def train(ctx: RunContext) -> None:
     """Train a DQN population (see the module docstring)."""
     cfg, env, device, recorder = ctx.cfg, ctx.env, ctx.device, ctx.recorder
@@ -225,10 +234,10 @@ def train(ctx: RunContext) -> None:
     members, num_envs = env.members, env.num_envs
     n_actions = int(env.action_space.n)
 
-    q_net = ctx.make_net(env.obs_dim, n_actions)
-    q_net.eval()  # acting uses running statistics when the network has batch norm
+    built = build(ctx)
+    q_net = built.nets["q_net"]
     q_values = q_net.host_inference()  # acting: host observations to host Q-values [P, E, A], no gradient
-    recorder.evaluate_with(evaluation_policy(q_values, n_actions, cfg.eval.epsilon, ctx.evaluator.uniform))
+    recorder.evaluate_with(built.policy)
     target_net = None
     if algo.target_network:
         target_net = copy.deepcopy(q_net)

@@ -43,6 +43,7 @@ softmax(logits), so a concentrated distribution shows; a continuous agent's mu(o
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
@@ -59,7 +60,7 @@ from rlexp.envs.marl import AgentSpace
 from rlexp.nn.nets import PopMLP, soft_update_
 from rlexp.optim.pipeline import GradientPipeline, UpdateStats
 from rlexp.run.context import RunContext
-from rlexp.run.evaluation import Policy
+from rlexp.run.evaluation import Networks, Policy
 
 
 def gumbel(uniform: torch.Tensor) -> torch.Tensor:
@@ -189,6 +190,28 @@ def greedy(agent: Agent, out: torch.Tensor) -> torch.Tensor:
     return torch.minimum(torch.maximum(agent.squash(out), low), high)
 
 
+@dataclass
+class Agents(Networks):
+    """MADDPG's networks (``<agent>.actor``, ``<agent>.critic``) with the agents that hold them."""
+
+    agents: list[Agent] = field(default_factory=list)
+
+
+def build(ctx: RunContext) -> Agents:
+    """Every agent's actor, critic, targets and pipelines (one set for all with ``share_parameters``),
+    and the agents' deterministic joint policy."""
+    env, share = ctx.env, ctx.cfg.algo.share_parameters
+    joint_act = sum(s.action_dim for s in env.agents)
+    first = Agent(ctx, 0, env.agents[0], env.slices[0], env.obs_dim, joint_act, name="shared" if share else None)
+    agents = [first] + [
+        Agent(ctx, i, s, env.slices[i], env.obs_dim, joint_act, first if share else None)
+        for i, s in enumerate(env.agents)
+        if i > 0
+    ]
+    nets = {f"{a.name}.{k}": getattr(a, k) for a in agents[: 1 if share else None] for k in ("actor", "critic")}
+    return Agents(nets, evaluation_policy(agents, ctx.device), agents)
+
+
 def train(ctx: RunContext) -> None:
     """Train a MADDPG population (see the module docstring)."""
     cfg, env, device, recorder = ctx.cfg, ctx.env, ctx.device, ctx.recorder
@@ -199,12 +222,8 @@ def train(ctx: RunContext) -> None:
     continuous = not all(s.discrete for s in spaces)  # logs train/exploration_noise
     act_slices = [slice(a, b) for a, b in zip(np.cumsum([0, *widths])[:-1], np.cumsum(widths))]
     share = algo.share_parameters  # one actor and one critic (a single Q) for every agent
-    first = Agent(ctx, 0, spaces[0], env.slices[0], env.obs_dim, joint_act, name="shared" if share else None)
-    agents = [first] + [
-        Agent(ctx, i, s, env.slices[i], env.obs_dim, joint_act, first if share else None)
-        for i, s in enumerate(spaces)
-        if i > 0
-    ]
+    built = build(ctx)
+    agents = built.agents
     n_agents = len(agents)
     owners = agents[:1] if share else agents  # the agents whose networks these are
     intervene_critics = ctx.interventions(
@@ -225,7 +244,7 @@ def train(ctx: RunContext) -> None:
     recorder.window = window
     updates = 0
 
-    recorder.evaluate_with(evaluation_policy(agents, device))
+    recorder.evaluate_with(built.policy)
     obs = env.reset()  # [P, E, D] raw joint observations, on the host
     ctx.obs_norm.update(obs)
     prev_step = 0

@@ -21,6 +21,7 @@ tanh_normal's squashed location).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -34,7 +35,7 @@ from rlexp.diagnostics.instruments import activity_instruments, parameter_names,
 from rlexp.nn.nets import PopMLP
 from rlexp.optim.pipeline import UpdateStats
 from rlexp.run.context import RunContext
-from rlexp.run.evaluation import Policy
+from rlexp.run.evaluation import Networks, Policy
 
 
 class Policies:
@@ -109,20 +110,37 @@ def evaluation_policy(policies: Policies, device: torch.device) -> Policy:
     return act
 
 
+@dataclass
+class Built(Networks):
+    """MAPPO's networks (``actor<j>``, ``critic``) with the policies that hold the actors."""
+
+    policies: Policies | None = None
+
+
+def build(ctx: RunContext) -> Built:
+    """The agents' policies (one shared, or one per agent) and the centralized critic, and the
+    policies' deterministic joint action."""
+    algo, n = ctx.cfg.algo, len(ctx.env.agents)
+    policies = Policies(ctx, algo.share_parameters)
+    critic = ctx.make_net(ctx.env.obs_dim, 1 if algo.shared_value else n, role="critic")  # V(x): per agent, or one
+    critic.eval()
+    nets = {f"actor{j}": a for j, a in enumerate(policies.actors)} | {"critic": critic}
+    return Built(nets, evaluation_policy(policies, ctx.device), policies)
+
+
 def train(ctx: RunContext) -> None:
     """Train a MAPPO population (see the module docstring)."""
     cfg, env, device, recorder = ctx.cfg, ctx.env, ctx.device, ctx.recorder
     algo: MAPPOConfig = cfg.algo
     members, E, D, agents = env.members, env.num_envs, env.obs_dim, env.agents
     n, T = len(agents), algo.num_steps
-    policies = Policies(ctx, algo.share_parameters)
-    critic = ctx.make_net(D, 1 if algo.shared_value else n, role="critic")  # V(x): one value per agent, or one
-    critic.eval()
+    built = build(ctx)
+    policies, critic = built.policies, built.nets["critic"]
     actor_pipes = [ctx.make_pipeline(actor) for actor in policies.actors]
     critic_pipe = ctx.make_pipeline(critic)
     actor_names = [parameter_names(a.net, f"actor{j}") for j, a in enumerate(policies.actors)]
     critic_names = parameter_names(critic, "critic")
-    recorder.evaluate_with(evaluation_policy(policies, device))
+    recorder.evaluate_with(built.policy)
     window = ActionWindow(agents, members, cfg.diagnostics)
     recorder.window = window
 

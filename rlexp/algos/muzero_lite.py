@@ -58,7 +58,7 @@ from rlexp.diagnostics.interventions import Subject
 from rlexp.nn.nets import PopMLP, scale_gradient, soft_update_
 from rlexp.optim.pipeline import UpdateStats
 from rlexp.run.context import RunContext
-from rlexp.run.evaluation import Policy
+from rlexp.run.evaluation import Networks, Policy
 from rlexp.run.recorder import Located
 
 ROLES = (("repr", "h"), ("dyn", "g"), ("pred", "f"))  # each network's instrument prefix, the model's attribute
@@ -286,20 +286,28 @@ def check(cfg: DictConfig) -> None:
         )
 
 
-def train(ctx: RunContext) -> None:
-    """Train a MuZero-lite population (see the module docstring)."""
-    cfg, env, device, recorder = ctx.cfg, ctx.env, ctx.device, ctx.recorder
-    algo: MuZeroLiteConfig = cfg.algo
-    members, num_envs = env.members, env.num_envs
-    n_actions, width, K = int(env.action_space.n), algo.state_dim, algo.unroll_steps
-
+def build(ctx: RunContext) -> Networks:
+    """The model (h, g, f) and its one-step lookahead's greedy action as the policy."""
+    n_actions, width = int(ctx.env.action_space.n), ctx.cfg.algo.state_dim
     model = Model(
-        ctx.make_net(env.obs_dim, width),  # h
+        ctx.make_net(ctx.env.obs_dim, width),  # h
         ctx.make_net(width, width + 1, extra_in=n_actions),  # g: (s, one-hot a) -> (s', r_hat)
         ctx.make_net(width, n_actions + 1),  # f: s -> (logits, v_hat)
         n_actions,
     )
     model.eval()  # acting and targets use running statistics when a network has batch norm
+    return Networks({"model": model}, evaluation_policy(model, ctx.cfg.algo.gamma, ctx.device))
+
+
+def train(ctx: RunContext) -> None:
+    """Train a MuZero-lite population (see the module docstring)."""
+    cfg, env, device, recorder = ctx.cfg, ctx.env, ctx.device, ctx.recorder
+    algo: MuZeroLiteConfig = cfg.algo
+    members, num_envs = env.members, env.num_envs
+    n_actions, K = int(env.action_space.n), algo.unroll_steps
+
+    built = build(ctx)
+    model = built.nets["model"]
     target = copy.deepcopy(model)
     target.requires_grad_(False)
     pipeline = ctx.make_pipeline(model)  # one loss, one optimizer over h, g and f; clipping and L2 per member
@@ -308,7 +316,7 @@ def train(ctx: RunContext) -> None:
     )
     names = [n for name, net in ROLES for n in parameter_names(getattr(model, net), name)]
     buffer = SequenceReplay(members, algo.buffer_size, num_envs, env.obs_dim, device)
-    recorder.evaluate_with(evaluation_policy(model, algo.gamma, device))
+    recorder.evaluate_with(built.policy)
     updates = 0
 
     obs = env.reset()  # [P, E, obs] raw, on the host

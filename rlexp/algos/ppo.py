@@ -53,7 +53,7 @@ from rlexp.nn.nets import PopMLP
 from rlexp.nn.recurrent import RecurrentNet, RolloutMemory, mc_returns, recurrent_policy, take_sequences
 from rlexp.optim.pipeline import UpdateStats
 from rlexp.run.context import RunContext
-from rlexp.run.evaluation import Policy
+from rlexp.run.evaluation import Networks, Policy
 from rlexp.run.recorder import Located
 
 
@@ -130,6 +130,19 @@ def minibatches(
             yield Minibatch(*fields), contextlib.nullcontext()
 
 
+def build(ctx: RunContext) -> Networks:
+    """The actor and the critic, and the distribution's deterministic action as the policy."""
+    env = ctx.env
+    continuous = isinstance(env.action_space, gym.spaces.Box)
+    action_dim = int(np.prod(env.action_space.shape)) if continuous else int(env.action_space.n)
+    bounds = (env.action_space.low.astype(np.float32), env.action_space.high.astype(np.float32)) if continuous else None
+    actor = Actor.build(ctx, env.obs_dim, action_dim, bounds)
+    critic = ctx.make_net(env.obs_dim, 1, role="critic")
+    actor.eval(), critic.eval()  # acting uses running statistics when a network has batch norm
+    acting = recurrent_policy(actor.net) if isinstance(critic, RecurrentNet) else actor.net.inference()
+    return Networks({"actor": actor, "critic": critic}, evaluation_policy(acting, ctx.device, actor, bounds))
+
+
 def train(ctx: RunContext) -> None:
     """Train a PPO (or A2C) population (see the module docstring)."""
     cfg, env, device, recorder = ctx.cfg, ctx.env, ctx.device, ctx.recorder
@@ -140,19 +153,16 @@ def train(ctx: RunContext) -> None:
     if continuous:
         low, high = env.action_space.low.astype(np.float32), env.action_space.high.astype(np.float32)
 
-    actor = Actor.build(ctx, obs_dim, action_dim, (low, high) if continuous else None)
-    critic = ctx.make_net(obs_dim, 1, role="critic")
-    actor.eval(), critic.eval()  # acting uses running statistics when a network has batch norm
+    built = build(ctx)
+    actor, critic = built.nets["actor"], built.nets["critic"]
     batch_stats = actor.net.uses_batch_stats or critic.uses_batch_stats  # the update then trains with batch ones
     recurrent = isinstance(critic, RecurrentNet)  # network=lstm: states carried, rollouts unrolled again
     if recurrent:
         memory = RolloutMemory({"actor": actor.net, "critic": critic}, algo.num_steps, num_envs)
         policy_out, value_of = memory.stepper("actor"), memory.stepper("critic")
-        evaluated = recurrent_policy(actor.net)
     else:
         policy_out, value_of = actor.net.inference(), critic.inference()  # acting: no gradient, less overhead
-        evaluated = policy_out
-    recorder.evaluate_with(evaluation_policy(evaluated, device, actor, (low, high) if continuous else None))
+    recorder.evaluate_with(built.policy)
     actor_pipe, critic_pipe = ctx.make_pipeline(actor), ctx.make_pipeline(critic)  # an optimizer each
     intervene = ctx.interventions(Subject("actor", actor.net, actor_pipe), Subject("critic", critic, critic_pipe))
     actor_names = parameter_names(actor.net, "actor") + (["actor.log_std"] if actor.log_std is not None else [])

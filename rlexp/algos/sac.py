@@ -49,6 +49,7 @@ from rlexp.diagnostics.interventions import Subject
 from rlexp.nn.nets import PopMLP, soft_update_
 from rlexp.optim.pipeline import GradientPipeline, UpdateStats, gradient_pipeline
 from rlexp.run.context import RunContext
+from rlexp.run.evaluation import Networks
 
 
 class LogAlpha(nn.Module):
@@ -129,6 +130,19 @@ def check(cfg: DictConfig) -> None:
         )
 
 
+def build(ctx: RunContext) -> Networks:
+    """The actor (mean | log_std) and the twin critics, and the squashed mean as the policy."""
+    env = ctx.env
+    action_dim = int(np.prod(env.action_space.shape))
+    low, high = env.action_space.low.astype(np.float32), env.action_space.high.astype(np.float32)
+    actor = ctx.make_net(env.obs_dim, 2 * action_dim, role="actor")  # [P, B, obs] -> mean | log_std [P, B, 2A]
+    critics = nn.ModuleList(ctx.make_net(env.obs_dim, 1, role="critic", extra_in=action_dim) for _ in range(2))
+    actor.eval()
+    act, squash = actor.inference(), ScaledTanh(low, high, ctx.device)
+    policy = squashed_policy(lambda x: act(x)[..., :action_dim], squash, ctx.device, low, high)
+    return Networks({"actor": actor, "critics": critics}, policy)
+
+
 def train(ctx: RunContext) -> None:
     """Train a SAC population (see the module docstring)."""
     cfg, env, device, recorder = ctx.cfg, ctx.env, ctx.device, ctx.recorder
@@ -139,8 +153,8 @@ def train(ctx: RunContext) -> None:
     squash = ScaledTanh(low, high, device)
     target_entropy = -float(action_dim) if algo.target_entropy is None else float(algo.target_entropy)
 
-    actor = ctx.make_net(obs_dim, 2 * action_dim, role="actor")  # [P, B, obs] -> mean | log_std [P, B, 2A]
-    critics = nn.ModuleList(ctx.make_net(obs_dim, 1, role="critic", extra_in=action_dim) for _ in range(2))
+    built = build(ctx)
+    actor, critics = built.nets["actor"], built.nets["critics"]
     critic_targets = copy.deepcopy(critics)
     critic_targets.requires_grad_(False)
     for net in (actor, critics, critic_targets):
@@ -162,7 +176,7 @@ def train(ctx: RunContext) -> None:
     tau = ctx.hyper("algo.tau", "runs")  # float or [(a, b, tau)]
 
     act = actor.inference()  # acting: the same forward, no gradient, less overhead per call
-    recorder.evaluate_with(squashed_policy(lambda x: act(x)[..., :action_dim], squash, device, low, high))
+    recorder.evaluate_with(built.policy)
     obs = env.reset()  # [P, E, obs] raw, on the host
     ctx.obs_norm.update(obs)
     prev_step = 0

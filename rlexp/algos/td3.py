@@ -38,6 +38,7 @@ from rlexp.diagnostics.interventions import Subject
 from rlexp.nn.nets import PopMLP, soft_update_
 from rlexp.optim.pipeline import UpdateStats
 from rlexp.run.context import RunContext
+from rlexp.run.evaluation import Networks
 
 
 def td3_target(
@@ -69,6 +70,19 @@ def histograms(actor: PopMLP, squash: ScaledTanh, actor_names: list[str], batch:
     }
 
 
+def build(ctx: RunContext) -> Networks:
+    """The actor mu and the critic(s) (two for TD3), and mu(s) as the policy, without noise."""
+    env = ctx.env
+    action_dim = int(np.prod(env.action_space.shape))
+    low, high = env.action_space.low.astype(np.float32), env.action_space.high.astype(np.float32)
+    actor = ctx.make_net(env.obs_dim, action_dim, role="actor")
+    twins = 2 if ctx.cfg.algo.twin else 1
+    critics = nn.ModuleList(ctx.make_net(env.obs_dim, 1, role="critic", extra_in=action_dim) for _ in range(twins))
+    actor.eval()
+    policy = squashed_policy(actor.inference(), ScaledTanh(low, high, ctx.device), ctx.device, low, high)
+    return Networks({"actor": actor, "critics": critics}, policy)
+
+
 def train(ctx: RunContext) -> None:
     """Train a TD3 (or DDPG) population (see the module docstring)."""
     cfg, env, device, recorder = ctx.cfg, ctx.env, ctx.device, ctx.recorder
@@ -78,10 +92,8 @@ def train(ctx: RunContext) -> None:
     low, high = env.action_space.low.astype(np.float32), env.action_space.high.astype(np.float32)
     squash = ScaledTanh(low, high, device)
 
-    actor = ctx.make_net(obs_dim, action_dim, role="actor")
-    critics = nn.ModuleList(
-        ctx.make_net(obs_dim, 1, role="critic", extra_in=action_dim) for _ in range(2 if algo.twin else 1)
-    )
+    built = build(ctx)
+    actor, critics = built.nets["actor"], built.nets["critics"]
     actor_target, critic_targets = copy.deepcopy(actor), copy.deepcopy(critics)
     actor_target.requires_grad_(False), critic_targets.requires_grad_(False)
     for net in (actor, critics, actor_target, critic_targets):
@@ -101,7 +113,7 @@ def train(ctx: RunContext) -> None:
     critic_updates = actor_updates = 0
 
     act = actor.inference()  # acting: the same forward, no gradient, less overhead per call
-    recorder.evaluate_with(squashed_policy(act, squash, device, low, high))
+    recorder.evaluate_with(built.policy)
     obs = env.reset()  # [P, E, obs] raw, on the host
     ctx.obs_norm.update(obs)
     prev_step = 0

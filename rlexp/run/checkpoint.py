@@ -167,7 +167,6 @@ class Checkpoints:
         self.replay = replay
         self.saved: dict[str, Any] | None = None  # the population's flat state, when continuing
         self.step = 0  # the env step (per member) of the checkpoint continued from
-        self.policy_only = False  # rlexp.evaluate: restore the networks, then stop (PolicyLoaded)
 
     def path(self, member: int) -> Path:
         return self.dir / f"seed_{member}" / FILE

@@ -277,8 +277,7 @@ class RunContext:
         (saved with ``checkpoint.replay``), each ``Stateful``, restored in place; ``loop()``: its loop's
         variables by name, read at each checkpoint (arrays and tensors with a leading member dimension
         are restored in place, so pass a view [P, ...] of a [T, P, ...] array). Returns the restored
-        loop variables when the job continues from a checkpoint, else None. When the context only loads
-        a policy (``rlexp.evaluate``), raises PolicyLoaded once the objects are restored.
+        loop variables when the job continues from a checkpoint, else None.
         """
         checkpoints = self.checkpoints
         if checkpoints is None:
@@ -301,8 +300,6 @@ class RunContext:
         restored = loop_state.restored
         if self.env.restarted and isinstance(restored.get("obs"), np.ndarray):
             restored["obs"][...] = self.env.observations().reshape(restored["obs"].shape)  # new episodes' first
-        if checkpoints.policy_only:
-            raise PolicyLoaded
         return restored
 
 
@@ -315,10 +312,6 @@ def member_values(member_cfgs: list[Config], key: str) -> list[Any]:
             value = getattr(value, part)
         values.append(value)
     return values
-
-
-class PolicyLoaded(Exception):  # noqa: N818 (a signal, not an error)
-    """Raised by ``RunContext.checkpoint_state`` when the context only loads a member's policy."""
 
 
 Algorithm = Callable[[RunContext], None]  # an algorithm's train function

@@ -33,6 +33,16 @@ STREAM = 4  # member_generator purpose of evaluation's random numbers
 
 
 @dataclass
+class Networks:
+    """An algorithm's networks as its ``build(ctx)`` makes them, before any training: ``nets`` by the
+    names its checkpoints save them under, and the deterministic ``policy`` evaluation plays with them
+    (``rlexp.evaluate`` builds these, restores ``nets`` from a checkpoint and plays ``policy``)."""
+
+    nets: dict[str, Any]  # name -> a torch module (a population network, or a module of several)
+    policy: Policy
+
+
+@dataclass
 class Evaluation:
     """One evaluation's episodes, [P, N] each (N = eval.episodes); rows of skipped members are 0."""
 
