@@ -229,8 +229,8 @@ class RunContext:
         statistics = [self.obs_norm.stats, self.reward_norm.stats]
         pbt = PopulationBasedTraining(self.cfg, self.member_cfgs, objects, statistics, values, self.recorder.health)
         self.recorder.population = pbt
-        for k, log in enumerate(self.recorder.logs):  # each member's W&B config: its own starting values
-            log.update_wandb_config(pbt.wandb_config(k))
+        for k in range(len(self.recorder.outputs.logs)):  # each member's W&B config: its own starting values
+            self.recorder.outputs.update_wandb_config(k, pbt.wandb_config(k))
         return pbt
 
     def state_parts(self) -> dict[str, Stateful]:

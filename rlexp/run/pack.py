@@ -35,6 +35,7 @@ from rlexp.run.jobs import (
     trained_summary,
     write_json,
 )
+from rlexp.run.recorder import Job
 
 
 @dataclass
@@ -175,13 +176,13 @@ def _train(
     error: str | None = None
     results: dict[int, dict[str, Any] | BaseException] = {}
     try:
-        recorder.open_pack(
+        recorder.open(
             [
-                (cell.out_dir, cell.name, [f"{g}:{o}" for g, o in sorted(cell.choices.items())], config, size)
+                Job(cell.out_dir, cell.name, [f"{g}:{o}" for g, o in sorted(cell.choices.items())], config, size)
                 for (_, cell, config), size in zip(todo, sizes)
             ]
         )
-        recorder.stop_requested = interrupts.stop_requested
+        recorder.schedule.stop_requested = interrupts.stop_requested
         interrupts.training = True
         train(ctx)
     except BaseException as exc:

@@ -30,6 +30,7 @@ from rlexp.run.jobs import (
     write_json,
 )
 from rlexp.run.loggers import print_summary
+from rlexp.run.recorder import Job
 
 
 def run_population(
@@ -98,8 +99,9 @@ def _run_held(
     out_dir.mkdir(parents=True, exist_ok=True)
     error: str | None = None
     try:
-        recorder.open(out_dir, cell, [f"{g}:{o}" for g, o in sorted(choices.items())], config, continued_from)
-        recorder.stop_requested = interrupts.stop_requested
+        tags = [f"{g}:{o}" for g, o in sorted(choices.items())]
+        recorder.open([Job(out_dir, cell, tags, config, cfg.num_seeds)], continued_from)
+        recorder.schedule.stop_requested = interrupts.stop_requested
         interrupts.training = True
         train(ctx)
     except BaseException as exc:
