@@ -38,7 +38,7 @@ from rlexp.envs.streams import MemberStreams, member_generator
 from rlexp.nn.nets import PopMLP, weight_parameters
 from rlexp.nn.networks import NETWORKS
 from rlexp.optim.pipeline import GradientPipeline
-from rlexp.run.checkpoint import Checkpoints, Loop, LoopState, TorchGenerator
+from rlexp.run.checkpoint import Checkpoints, Loop, LoopState, PopulationCheckpoints, TorchGenerator
 from rlexp.run.evaluation import Evaluator
 from rlexp.run.pbt import PopulationBasedTraining, initial_configs
 from rlexp.run.recorder import Recorder
@@ -87,7 +87,8 @@ class RunContext:
     recorder: Recorder  # steps, statistics, divergence, instruments, evaluations, output files
     member_cfgs: list[Config] = field(default_factory=list)  # [P] member k's config (cfg repeated by default)
     nets_made: int = field(default=0, init=False)  # each network built takes the next generator stream
-    checkpoints: Checkpoints | None = field(default=None, init=False)  # set by the job runner (checkpoint.*)
+    # set by the job lifecycle (checkpoint.*; rlexp.evaluate: one job's files)
+    checkpoints: Checkpoints | PopulationCheckpoints | None = field(default=None, init=False)
 
     @classmethod
     def create(
