@@ -40,7 +40,7 @@ from rlexp.config.schema import Config, ConfigError
 from rlexp.diagnostics.instruments import resolve
 from rlexp.run.context import Algorithm, RunContext
 from rlexp.run.jobs import inspect_job
-from rlexp.run.recorder import Recorder
+from rlexp.run.recorder import Job, Recorder
 
 OUTPUTS = ("summary.json", "metrics.jsonl", "instruments.jsonl", "anomaly.txt")  # a replay dir's files
 KEYS = {"seed": "the member's seed", "member": "the member's index", "anomaly": "true|false", "out": "a dir"}
@@ -193,7 +193,7 @@ def run_replay(
         member=member, anomaly_step=anomaly_step,
     )  # fmt: skip
     error = None
-    recorder.open(work_dir, "replay", [], OmegaConf.to_container(cfg, resolve=True))
+    recorder.open([Job(work_dir, "replay", [], OmegaConf.to_container(cfg, resolve=True), cfg.num_seeds)])
     recorder.instruments_file = open(work_dir / f"seed_{member}" / "instruments.jsonl", "w")
     try:
         train(ctx)

@@ -245,8 +245,9 @@ def member_summary(member_dir: Path) -> dict:
 def checkpoint(member_dir: Path) -> dict:
     """A member's checkpoint, its finished summary's wall time aside."""
     content = torch.load(member_dir / FILE, weights_only=True)
-    if content["state"]["recorder/member_summaries"] is not None:
-        content["state"]["recorder/member_summaries"].pop("wall_s")
+    summary = content["state"]["recorder/outputs"]["summaries"]
+    if summary is not None:
+        summary.pop("wall_s")
     return content
 
 

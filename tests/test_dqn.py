@@ -684,6 +684,41 @@ def test_population_env_steps_exactly_as_gymnasium_sync_vector_env(env_id, P, E,
     sync.close()
 
 
+@pytest.mark.parametrize("saved_together", [True, False], ids=["together_to_alone", "alone_to_together"])
+def test_a_cartpole_state_continues_whichever_way_the_next_population_steps(saved_together):
+    """CartPoles stepped together and one by one save one form: a state saved by one way continues in
+    the other bit for bit as it would have, through time limits and terminations (a packed grid that
+    regroups its cells on resume steps them in another population)."""
+    from rlexp.run.checkpoint import split, stack
+
+    cfg = EnvConfig(id="CartPole-v1", num_envs=2, max_episode_steps=30)
+    seeds = [3, 8]
+
+    def stepped(together: bool, actions: list[np.ndarray]) -> PopulationEnv:
+        env = PopulationEnv(cfg, seeds, together=together)
+        env.reset()
+        for a in actions:
+            env.step(a)
+        return env
+
+    rng = np.random.default_rng(1)
+    actions = [rng.integers(0, 2, (2, 2)) for _ in range(120)]
+    reference = stepped(True, actions)  # uninterrupted
+    first = stepped(saved_together, actions[:57])
+    own, shared = split(first.state_dict(), 2)  # through the checkpoint's own split and stack
+    resumed = stepped(not saved_together, [])
+    resumed.load_state_dict(stack(own, shared))
+    assert (first.cartpoles is not None) == saved_together and (resumed.cartpoles is None) == saved_together
+    ended = 0
+    again = stepped(True, actions[:57])
+    for a in actions[57:]:
+        expected, result = again.step(a), resumed.step(a)
+        for name in ("obs", "reward", "terminated", "truncated", "valid"):
+            np.testing.assert_array_equal(getattr(result, name), getattr(expected, name), err_msg=name)
+        ended += int((expected.terminated | expected.truncated).sum())
+    assert ended > 2 and reference.episode_count.tolist() == resumed.episode_count.tolist()
+
+
 @pytest.mark.parametrize("E", [1, 4], ids=["one_after_another", "together"])
 def test_timeout_terminal_turns_the_step_limit_into_a_termination(E):
     """env.timeout_terminal: the same steps, with each truncation reported as a termination instead."""

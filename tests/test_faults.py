@@ -302,7 +302,8 @@ def test_ctrl_c_records_the_job_crashed_and_resume_runs_it_again(tmp_path):
     assert job["status"] == "crashed" and job["error"] == "KeyboardInterrupt", job
     assert read_json(run_dir / "seed_0" / "summary.json")["status"] == "crashed"
     frames = [ln for ln in (run_dir / "error.txt").read_text().splitlines() if ln.lstrip().startswith("File ")]
-    assert "rlexp/run/recorder.py" in frames[-1] and frames[-1].endswith("in steps"), frames[-3:]  # between env steps
+    between_env_steps = "rlexp/run/recorder/schedule.py" in frames[-1] and frames[-1].endswith("in steps")
+    assert between_env_steps, frames[-3:]
     assert not (run_dir / LOCK).exists()
     second = run_cli([*TINY, "resume=true", f"hydra.run.dir={run_dir}"], tmp_path / "second")
     assert second.returncode == 0, describe(second)

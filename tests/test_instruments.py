@@ -729,13 +729,13 @@ def test_value_explosion_after_patience_consecutive_records(divergence, tmp_path
 def test_all_members_diverged_ends_early_and_the_table_names_cause_and_where(tmp_path, capsys, monkeypatch):
     seeds = 2
     logged: list[int] = []
-    original_log = Recorder._log
+    original_record = Recorder._record
 
-    def spy_log(self, step, *rest):
-        logged.append(step)
-        return original_log(self, step, *rest)
+    def spy_record(self, log):
+        logged.append(log.step)
+        return original_record(self, log)
 
-    monkeypatch.setattr(Recorder, "_log", spy_log)
+    monkeypatch.setattr(Recorder, "_record", spy_record)
     cfg = compose_config(BASE + [f"num_seeds={seeds}", "divergence.q_bound_factor=0.001"])
     job = run_job(cfg, tmp_path)  # returns normally
     printed = capsys.readouterr().out

@@ -121,6 +121,81 @@ def test_members_differing_in_intervention_numbers_train_in_a_pack_as_alone(tmp_
     assert all(m["status"] == "ok" for j in jobs for m in j["members"])
 
 
+# ====================================================================== checkpoints and resume
+CHECKPOINTED = [  # checkpoints every 200 env steps with the replay; member 1 of each cell diverges at 350
+    *DQN,
+    "total_steps=600",
+    "logger.log_every=100",
+    "checkpoint.every=200",
+    "checkpoint.replay=true",
+    "eval.every=200",
+    "eval.episodes=2",
+    "debug.inject.what=param",
+    "debug.inject.member=1",
+    "debug.inject.step=350",
+]
+
+
+def without_env(state: dict) -> dict:
+    return {key: value for key, value in state.items() if not key.startswith("env/")}
+
+
+def test_a_killed_packed_grid_resumed_from_its_checkpoints_ends_as_uninterrupted_and_as_each_cell_alone(tmp_path):
+    """A pack of three cells writes each member's checkpoint into its own cell's seed_<k>/; interrupted
+    at env step 550 (after the checkpoint at 400) and resumed, every cell ends bitwise as in the
+    uninterrupted pack (metrics, summaries, checkpoints) and as the cell's own job (metrics, summaries,
+    the members' own checkpoint entries but the environments': a population of 6 CartPoles keeps them in
+    another form than one of 2, stepping the same numbers)."""
+    from test_checkpoints import assert_same_job, checkpoint, member_summary, metrics, same
+
+    variants = [[], ["optimizer=rmsprop", "init=he"], ["clipping=global_norm", "algo.gamma=0.95"]]
+    whole = run_pack(cells_of(tmp_path / "whole", CHECKPOINTED, variants), prepare)
+    cut = run_pack(cells_of(tmp_path / "cut", [*CHECKPOINTED, "debug.crash_at_step=550"], variants), prepare)
+    assert [job["status"] for job in cut] == ["crashed"] * 3  # every cell of the pack
+    for i in range(3):
+        saved = checkpoint(tmp_path / "cut" / str(i) / "seed_1")
+        assert (saved["step"], saved["member"], saved["members"]) == (400, 1, 2)  # the cell's own member 1
+        assert max(r["step"] for r in metrics(tmp_path / "cut" / str(i) / "seed_0")) == 500  # past it, dropped
+    resumed = run_pack(cells_of(tmp_path / "cut", [*CHECKPOINTED, "resume=true"], variants), prepare)
+    assert [job["counts"] for job in resumed] == [job["counts"] for job in whole]
+    assert [job["counts"]["diverged"] for job in resumed] == [1, 1, 1] and resumed[0]["packed_with"] == 3
+    alone = cells_of(tmp_path / "alone", CHECKPOINTED, variants)
+    for i, cell in enumerate(alone):
+        run_population(cell.cfg, cell.out_dir, prepare, cell.name)
+        continued = tmp_path / "cut" / str(i)
+        assert_same_job(tmp_path / "whole" / str(i), continued, 2)
+        assert sorted(p.name for p in (continued / "attempt_1").iterdir()) == ["error.txt", "summary.json"]
+        for k in range(2):
+            member_dir = continued / f"seed_{k}"
+            assert metrics(member_dir) == metrics(cell.out_dir / f"seed_{k}"), (i, k)
+            assert member_summary(member_dir) == member_summary(cell.out_dir / f"seed_{k}")
+            packed, own = (checkpoint(d)["state"] for d in (member_dir, cell.out_dir / f"seed_{k}"))
+            assert same(without_env(packed), without_env(own)), (i, k)
+
+
+def test_a_resumed_pack_trains_the_cells_of_each_starting_point_as_one_population(tmp_path, capsys):
+    """Resumed, the cells of an interrupted pack that kept their checkpoints continue together and a cell
+    without one (its files lost) starts afresh in a population of its own; each ends as uninterrupted."""
+    from test_checkpoints import checkpoint, member_summary, metrics, same
+
+    variants = [[], ["optimizer=rmsprop"], ["init=he"]]
+    run_pack(cells_of(tmp_path / "whole", CHECKPOINTED, variants), prepare)
+    run_pack(cells_of(tmp_path / "cut", [*CHECKPOINTED, "debug.crash_at_step=550"], variants), prepare)
+    for k in range(2):
+        (tmp_path / "cut" / "2" / f"seed_{k}" / "checkpoint.pt").unlink()
+    capsys.readouterr()
+    resumed = run_pack(cells_of(tmp_path / "cut", [*CHECKPOINTED, "resume=true"], variants), prepare)
+    out = capsys.readouterr().out
+    assert [job["packed_with"] for job in resumed] == [2, 2, 1]  # two populations
+    assert "cut/2: the files of an unfinished earlier attempt moved to attempt_1/" in out
+    assert out.count("continues from its checkpoint at env step 400") == 2
+    for i in range(3):  # the environments' state takes another form in populations of other sizes
+        for k in range(2):
+            whole, cut = tmp_path / "whole" / str(i) / f"seed_{k}", tmp_path / "cut" / str(i) / f"seed_{k}"
+            assert metrics(cut) == metrics(whole) and member_summary(cut) == member_summary(whole), (i, k)
+            assert same(without_env(checkpoint(cut)["state"]), without_env(checkpoint(whole)["state"])), (i, k)
+
+
 def test_pack_key_separates_shapes_and_loops_not_per_member_keys():
     base = compose_config(DQN)
     same = [["optimizer=rmsprop"], ["init=he", "clipping=agc"], ["seed=7", "num_seeds=3"], ["algo.gamma=0.9"]]

@@ -240,9 +240,8 @@ class CartPoles:
 
     WRAPPERS = (TimeLimit, OrderEnforcing, PassiveEnvChecker)  # what gym.make adds around CartPoleEnv
 
-    def __init__(self, envs: list[gym.Env], members: int = 1) -> None:
-        """``envs``: the n environments, ``members`` P of them in a row each (n / P per member)."""
-        self.members = members
+    def __init__(self, envs: list[gym.Env]) -> None:
+        """``envs``: the n environments."""
         cart = envs[0].unwrapped
         self.sutton_barto_reward = cart._sutton_barto_reward
         self.euler = cart.kinematics_integrator == "euler"
@@ -297,11 +296,21 @@ class CartPoles:
             reward = np.ones(len(x))
         return self.state.T.astype(np.float32), reward, terminated
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"state": self.state.T.reshape(self.members, -1, 4)}  # [P, E, 4]: x, x_dot, theta, theta_dot
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.state = np.ascontiguousarray(state["state"].numpy().reshape(-1, 4).T)
+    def write_back(self, envs: list[gym.Env], lengths: np.ndarray) -> None:
+        """Leave each gymnasium object as stepping it alone would have: its physics (``state``), its
+        time limit's count (``lengths`` [n]: the steps of its episode so far) and, after a termination,
+        ``steps_beyond_terminated``. A checkpoint then holds one form, whichever way the population
+        stepped, and a population that steps one by one continues from it (and the other way round)."""
+        x, theta = self.state[0], self.state[2]
+        terminated = (np.abs(x) > self.x_threshold) | (np.abs(theta) > self.theta_threshold)
+        for i, env in enumerate(envs):
+            cart = env.unwrapped
+            cart.state = self.state[:, i].copy()
+            cart.steps_beyond_terminated = 0 if terminated[i] else None
+            layer = env
+            while not isinstance(layer, TimeLimit):
+                layer = layer.env
+            layer._elapsed_steps = int(lengths[i])
 
 
 class PopulationEnv:
@@ -323,7 +332,7 @@ class PopulationEnv:
         self.stack = frame_stack(self.envs[0])  # frames per observation (Atari: 4), else 1
         self.seeds = [s for m in member_seeds for s in env_seeds(m, cfg.num_envs, purpose)]
         together = together and n >= self.MIN_TOGETHER and CartPoles.fits(self.envs[0])
-        self.cartpoles: CartPoles | None = CartPoles(self.envs, self.members) if together else None
+        self.cartpoles: CartPoles | None = CartPoles(self.envs) if together else None
         self.max_steps = time_limit(self.envs[0])  # stepping together truncates episodes by it
         self.timeout_terminal = cfg.timeout_terminal
         self._done = np.zeros(n, dtype=bool)  # the env's last step ended an episode: its next step resets it
@@ -428,9 +437,11 @@ class PopulationEnv:
         return episodes
 
     def state_dict(self) -> dict[str, Any]:
-        """The episode bookkeeping, the last observations, each environment's state (``gym_env_state``)
-        and the CartPoles' physics when stepped together."""
+        """The episode bookkeeping, the last observations and each environment's state
+        (``gym_env_state``; CartPoles stepped together first write their physics back)."""
         P, E = self.members, self.num_envs
+        if self.cartpoles is not None:
+            self.cartpoles.write_back(self.envs, self._ep_length)
         state = {
             "done": self._done.reshape(P, E),
             "ep_return": self._ep_return.reshape(P, E),
@@ -441,8 +452,6 @@ class PopulationEnv:
             "episode_count": self.episode_count,
             "gym": PerMember([[gym_env_state(e) for e in self.envs[k * E : (k + 1) * E]] for k in range(P)]),
         }
-        if self.cartpoles is not None:
-            state["cartpoles"] = self.cartpoles.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -460,7 +469,8 @@ class PopulationEnv:
         for env, env_state in zip(self.envs, (s for member in state["gym"] for s in member)):
             load_gym_env_state(env, env_state)
         if self.cartpoles is not None:
-            self.cartpoles.load_state_dict(state["cartpoles"])
+            for i, env in enumerate(self.envs):
+                self.cartpoles.set_state(i, env)
         self.restarted = not all(exact_state(e) for e in self.envs)
         if self.restarted:
             for i in range(n):

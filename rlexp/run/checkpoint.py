@@ -10,7 +10,9 @@ a nested dict is split the same way (its shared entries, if any, in every file),
 file. Loading stacks the members' files back into the population's state, bit for bit, and hands
 each part the entries under its name. A file holds tensors, numbers, strings, lists and dicts only:
 ``torch.load(path, weights_only=True)`` reads it. Files are written atomically (a temporary file, then
-a rename). A file of another format (``FORMAT``: the layout of its keys) is refused in one line.
+a rename). A file of another format (``FORMAT``: the layout of its keys) is refused in one line. A
+population of several jobs' members (a pack's cells) writes each job's files as that job would
+(``PopulationCheckpoints``).
 
 Parts (``RunContext.checkpoint_state``): the run context's ``torch_rng/`` (torch's global generator),
 ``env/``, ``streams/``, ``obs_norm/``, ``reward_norm/``, ``evaluator/`` and ``recorder/``, and what the
@@ -36,7 +38,7 @@ from rlexp.config.schema import ConfigError
 from rlexp.config.state import PLAIN, PerMember, Shared, Stateful
 from rlexp.run.jobs import config_difference
 
-FORMAT = "rlexp-checkpoint/2"
+FORMAT = "rlexp-checkpoint/3"
 FILE = "checkpoint.pt"
 KEYS = ("member", "members", "step", "replay", "config", "state", "shared")  # besides format
 # keys that may differ between the job that wrote a checkpoint and the one continuing from it
@@ -163,9 +165,11 @@ class Checkpoints:
 
     def __init__(self, out_dir: Path, config: dict[str, Any], replay: bool) -> None:
         self.dir = out_dir
+        self.members = int(config.get("num_seeds", 0))  # the job's member count
         self.config = config  # the job's resolved config, kept in every file
         self.replay = replay
         self.saved: dict[str, Any] | None = None  # the population's flat state, when continuing
+        self.files: tuple[list[dict[str, Any]], dict[str, Any]] | None = None  # read, not stacked (``read``)
         self.step = 0  # the env step (per member) of the checkpoint continued from
 
     def path(self, member: int) -> Path:
@@ -174,8 +178,13 @@ class Checkpoints:
     # ---- writing
     def save(self, step: int, parts: dict[str, Stateful], members: int) -> None:
         """Write each of the ``members``' files of the ``parts``' state at env step ``step``."""
-        own, shared = split(gather(parts), members)
+        self.write(step, *split(gather(parts), members))
+
+    def write(self, step: int, own: list[dict[str, Any]], shared: dict[str, Any]) -> None:
+        """Write the job's members' files at env step ``step``: member k's ``own[k]`` entries and the
+        population's ``shared`` ones."""
         config = json.dumps(self.config)
+        members = len(own)
         for k in range(members):
             content = {
                 "format": FORMAT,
@@ -202,6 +211,14 @@ class Checkpoints:
         """Read the members' files into ``saved``; the step they were written at, or None when there is
         no checkpoint. CheckpointError for a file that is missing (while another member's exists), cut
         off, not a checkpoint, or at another step; ConfigError when they were written with another config."""
+        if self.read(members) is None:
+            return None
+        self.saved = stack(*self.files)
+        self.files = None
+        return self.step
+
+    def read(self, members: int) -> int | None:
+        """``load`` without stacking: the files' entries stay in ``files`` (each member's, the shared ones)."""
         paths = [self.path(k) for k in range(members)]
         if not any(p.exists() for p in paths):
             return None
@@ -223,9 +240,45 @@ class Checkpoints:
                 raise CheckpointError(f"{name}: {written}, not member {k} of {members}")
             if content["step"] != first["step"]:
                 raise CheckpointError(f"{name}: written at step {content['step']}, another member's at {first['step']}")
-        self.saved = stack([c["state"] for c in contents], first["shared"])
+        self.files = ([c["state"] for c in contents], first["shared"])
         self.step = first["step"]
         return self.step
+
+    def restore(self, parts: dict[str, Stateful]) -> None:
+        """Hand each part its entries of ``saved`` (``<part>/<name>`` as ``<name>``), in order."""
+        for part, obj in parts.items():
+            obj.load_state_dict(_prefixed(self.saved, f"{part}/"))
+
+
+class PopulationCheckpoints:
+    """The checkpoints of a population whose members are one job's or, packed, several jobs' (a pack's
+    cells, in member order): each job's members write their own ``seed_<j>/checkpoint.pt`` (member j of
+    the job's count, the job's config) as that job alone would, with the population's shared entries.
+    ``RunContext.checkpoint_state`` uses it as a job's ``Checkpoints``."""
+
+    def __init__(self, jobs: list[Checkpoints]) -> None:
+        """``jobs``: each job's checkpoints; when continuing, each ``read`` at the same step."""
+        self.jobs = jobs
+        self.policy_only = False
+        self.saved: dict[str, Any] | None = None  # the population's flat state, when continuing
+        self.step = 0
+        read = [job.files for job in jobs if job.files is not None]
+        if read:
+            assert len(read) == len(jobs) and len({job.step for job in jobs}) == 1, "jobs continue from one step"
+            self.saved = stack([own for files in read for own in files[0]], read[0][1])
+            self.step = jobs[0].step
+            for job in jobs:
+                job.files = None
+
+    def save(self, step: int, parts: dict[str, Stateful], members: int) -> None:
+        """Write each job's members' files of the ``parts``' state at env step ``step``."""
+        own, shared = split(gather(parts), members)
+        first = 0
+        for job in self.jobs:
+            size = job.members
+            job.write(step, own[first : first + size], shared)
+            first += size
+        assert first == members, f"{members} members, the jobs have {first}"
 
     def restore(self, parts: dict[str, Stateful]) -> None:
         """Hand each part its entries of ``saved`` (``<part>/<name>`` as ``<name>``), in order."""

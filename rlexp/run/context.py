@@ -38,7 +38,7 @@ from rlexp.envs.streams import MemberStreams, member_generator
 from rlexp.nn.nets import PopMLP, plain_paths, weight_parameters
 from rlexp.nn.networks import NETWORKS
 from rlexp.optim.pipeline import GradientPipeline, gradient_pipeline
-from rlexp.run.checkpoint import Checkpoints, Loop, LoopState, TorchGenerator
+from rlexp.run.checkpoint import Checkpoints, Loop, LoopState, PopulationCheckpoints, TorchGenerator
 from rlexp.run.evaluation import Evaluator
 from rlexp.run.pbt import PopulationBasedTraining, initial_configs
 from rlexp.run.recorder import Recorder
@@ -88,7 +88,8 @@ class RunContext:
     recorder: Recorder  # steps, statistics, divergence, instruments, evaluations, output files
     member_cfgs: list[Config] = field(default_factory=list)  # [P] member k's config (cfg repeated by default)
     nets_made: int = field(default=0, init=False)  # each network built takes the next generator stream
-    checkpoints: Checkpoints | None = field(default=None, init=False)  # set by the job runner (checkpoint.*)
+    # set by the job lifecycle (checkpoint.*; rlexp.evaluate: one job's files)
+    checkpoints: Checkpoints | PopulationCheckpoints | None = field(default=None, init=False)
 
     @classmethod
     def create(
@@ -236,8 +237,8 @@ class RunContext:
         statistics = [self.obs_norm.stats, self.reward_norm.stats]
         pbt = PopulationBasedTraining(self.cfg, self.member_cfgs, objects, statistics, values, self.recorder.health)
         self.recorder.population = pbt
-        for k, log in enumerate(self.recorder.logs):  # each member's W&B config: its own starting values
-            log.update_wandb_config(pbt.wandb_config(k))
+        for k in range(len(self.recorder.outputs.logs)):  # each member's W&B config: its own starting values
+            self.recorder.outputs.update_wandb_config(k, pbt.wandb_config(k))
         return pbt
 
     def step_env(self, actions: Any, step: int) -> tuple[Any, np.ndarray]:
