@@ -70,7 +70,8 @@ class Recorder:
         self.outputs = Outputs(cfg.logger, cfg.total_steps, seeds)
         self.window: Any = None  # multi-agent: rlexp.diagnostics.collapse.ActionWindow, read at each log step
         self.population: Any = None  # population-based training (rlexp.run.pbt): its rounds at log steps
-        self.schedule.before_step.append(self.faults.crash)
+        if self.faults.crash_at >= 0:  # debug.crash_at_step
+            self.schedule.before_step.append(self.faults.crash)
         self.schedule.at_log_step += [self._evaluate, self._pbt_round, self._record]
         self.schedule.finished = lambda: all(self.outputs.done)
 
@@ -191,7 +192,8 @@ class Recorder:
 
     def check_observations(self, obs: np.ndarray, step: int) -> None:
         """Mark members whose observations [P, E, obs] are non-finite (debug.inject.what=obs poisons one)."""
-        self.faults.poison_obs(obs, step)
+        if self.faults.poisons_obs:
+            self.faults.poison_obs(obs, step)
         self.divergence.check_observations(obs, step)
 
     def inject_param(self, net: PopMLP, step: int) -> None:
