@@ -3,6 +3,7 @@ the rest of rlexp reads. An algorithm is one module with ``train(ctx: RunContext
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -75,6 +76,32 @@ TD3_PBT_KEYS = ("optimizer.lr",)
 TRANSITIONS = Replay(ReplayBuffer, "vector")
 ACTOR_CRITIC = ("actor", "critic")
 
+PPO = AlgoSpec(
+    ppo.train,
+    ppo.build,
+    ActorCriticConfig,
+    ("discrete", "continuous"),
+    check_actor_critic,
+    networks=2,
+    replay=None,
+    roles=ACTOR_CRITIC,
+    recurrent=True,
+    member_keys=CONTEXT_KEYS + PPO_KEYS,
+)
+TD3 = AlgoSpec(
+    td3.train,
+    td3.build,
+    TD3Config,
+    ("continuous",),
+    check_replay,
+    networks=3,
+    replay=TRANSITIONS,
+    roles=ACTOR_CRITIC,
+    recurrent=False,
+    member_keys=CONTEXT_KEYS + TD3_KEYS,
+    pbt_keys=TD3_PBT_KEYS,
+)
+
 ALGOS: dict[str, AlgoSpec] = {
     "dqn": AlgoSpec(
         dqn.train,
@@ -89,56 +116,10 @@ ALGOS: dict[str, AlgoSpec] = {
         member_keys=CONTEXT_KEYS + DQN_KEYS,
         pbt_keys=DQN_PBT_KEYS,
     ),
-    "ppo": AlgoSpec(
-        ppo.train,
-        ppo.build,
-        ActorCriticConfig,
-        ("discrete", "continuous"),
-        check_actor_critic,
-        networks=2,
-        replay=None,
-        roles=ACTOR_CRITIC,
-        recurrent=True,
-        member_keys=CONTEXT_KEYS + PPO_KEYS,
-    ),
-    "a2c": AlgoSpec(
-        ppo.train,
-        ppo.build,
-        A2CConfig,
-        ("discrete", "continuous"),
-        check_actor_critic,
-        networks=2,
-        replay=None,
-        roles=ACTOR_CRITIC,
-        recurrent=True,
-        member_keys=CONTEXT_KEYS + PPO_KEYS,
-    ),
-    "ddpg": AlgoSpec(
-        td3.train,
-        td3.build,
-        DDPGConfig,
-        ("continuous",),
-        check_replay,
-        networks=2,
-        replay=TRANSITIONS,
-        roles=ACTOR_CRITIC,
-        recurrent=False,
-        member_keys=CONTEXT_KEYS + TD3_KEYS,
-        pbt_keys=TD3_PBT_KEYS,
-    ),
-    "td3": AlgoSpec(
-        td3.train,
-        td3.build,
-        TD3Config,
-        ("continuous",),
-        check_replay,
-        networks=3,
-        replay=TRANSITIONS,
-        roles=ACTOR_CRITIC,
-        recurrent=False,
-        member_keys=CONTEXT_KEYS + TD3_KEYS,
-        pbt_keys=TD3_PBT_KEYS,
-    ),
+    "ppo": PPO,
+    "a2c": dataclasses.replace(PPO, schema=A2CConfig),  # PPO's code: one epoch, one minibatch
+    "ddpg": dataclasses.replace(TD3, schema=DDPGConfig, networks=2),  # TD3's code: one critic
+    "td3": TD3,
     "sac": AlgoSpec(
         sac.train,
         sac.build,

@@ -413,6 +413,25 @@ class GradientPipeline:
         """True when the loss gets a penalty (whose gradient comes from backward)."""
         return any(self._penalties)
 
+    def _zero_grads(self) -> None:
+        self.flat_grad.zero_()
+
+    def _backward(self, loss: torch.Tensor, env_step: int, written_backward: bool) -> torch.Tensor:
+        """The gradients of ``loss.sum()`` (and the penalty's) in every ``.grad``, unless the caller wrote
+        them (``written_backward``); then the ``after_backward`` hook (fault injection). Returns the
+        loss [P] with the penalty."""
+        if written_backward:
+            if self.has_penalty:
+                raise ValueError("GradientPipeline.step: written_backward=True cannot add the L1/L2 penalty's gradient")
+        else:
+            if self.has_penalty:
+                loss = loss + self.penalty()
+            self._zero_grads()
+            loss.sum().backward()  # members are independent: d(sum)/d(loss_k) = 1 for each k
+        if self.after_backward is not None:
+            self.after_backward(self.grads, env_step)
+        return loss
+
     def step(
         self, loss: torch.Tensor, env_step: int, diagnose: bool = False, written_backward: bool = False
     ) -> UpdateStats:
@@ -424,16 +443,7 @@ class GradientPipeline:
         backward here; not with a penalty).
         """
         grads, flat, flat_grad = self.grads, self.flat, self.flat_grad
-        if written_backward:
-            if self.has_penalty:
-                raise ValueError("GradientPipeline.step: written_backward=True cannot add the L1/L2 penalty's gradient")
-        else:
-            if self.has_penalty:
-                loss = loss + self.penalty()
-            flat_grad.zero_()
-            loss.sum().backward()  # members are independent: d(sum)/d(loss_k) = 1 for each k
-        if self.after_backward is not None:
-            self.after_backward(grads, env_step)
+        loss = self._backward(loss, env_step, written_backward)
         clipped = self.clipped
         norm_pre = torch.linalg.vector_norm(flat_grad, dim=1, dtype=torch.float64)  # [P] each member's
         tensor_pre = tensor_norms(grads) if diagnose else None  # [T, P] per tensor, for the instruments
@@ -532,6 +542,10 @@ class PlainPipeline(GradientPipeline):
             rows.append(row)
         return rows
 
+    def _zero_grads(self) -> None:
+        for g in self.grads:
+            g.zero_()
+
     @torch.no_grad()
     def reset_state(self, param: torch.Tensor, member: int, index: tuple = ()) -> None:
         i = self._index[id(param)]
@@ -545,17 +559,7 @@ class PlainPipeline(GradientPipeline):
     ) -> UpdateStats:
         """``GradientPipeline.step``, tensor by tensor."""
         params, grads, before = self.params, self.grads, self._before
-        if written_backward:
-            if self.has_penalty:
-                raise ValueError("GradientPipeline.step: written_backward=True cannot add the L1/L2 penalty's gradient")
-        else:
-            if self.has_penalty:
-                loss = loss + self.penalty()
-            for g in grads:
-                g.zero_()
-            loss.sum().backward()
-        if self.after_backward is not None:
-            self.after_backward(grads, env_step)
+        loss = self._backward(loss, env_step, written_backward)
         with torch.no_grad():
             tensor_pre = tensor_norms(grads)  # [T, P]
             norm_pre = torch.linalg.vector_norm(tensor_pre, dim=0)  # [P] each member's (float64)
