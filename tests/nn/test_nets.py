@@ -58,7 +58,7 @@ from rlexp.nn.nets import (
 from rlexp.optim.optimizers import _sqrt, make_optimizer
 from rlexp.optim.pipeline import CAUSES, CLIPPERS, GradientPipeline, Health, member_norms
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 CPU = torch.device("cpu")
 

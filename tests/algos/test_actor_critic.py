@@ -45,7 +45,7 @@ from rlexp.run.context import RunContext, network_groups
 from rlexp.train import run_job
 
 torch.set_num_threads(1)
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 QUIET = ["logger.mode=disabled", "logger.progress=off", "device=cpu", "threads=1"]
 
 

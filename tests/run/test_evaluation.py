@@ -32,7 +32,7 @@ from rlexp.run.evaluation import Evaluator
 from rlexp.run.loggers import print_summary
 from rlexp.train import run_job
 
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 QUIET = ["logger.mode=disabled", "logger.progress=off", "device=cpu", "threads=1"]
 
 

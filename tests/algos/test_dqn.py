@@ -55,7 +55,7 @@ from rlexp.train import keep_freed_memory, population_threads, run_job
 torch.set_num_threads(1)
 
 CPU = torch.device("cpu")
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 OBS, ACT = 3, 4
 
 

@@ -42,7 +42,7 @@ from rlexp.envs.marl import is_multi_agent
 from rlexp.run.wandb_files import read_records as read_wandb_records
 from rlexp.run.wandb_files import run_dirs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
 GROUPS = (
     "activation",

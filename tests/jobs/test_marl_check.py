@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "marl_check.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "marl_check.py"
 BENCHMARL_PYTHON = os.environ.get("MARL_CHECK_BENCHMARL_PYTHON", "/work/venvs/benchmarl/bin/python")
 
 

@@ -24,7 +24,7 @@ from rlexp.config.schema import NON_CELL_KEYS, Config, ConfigError, field_help
 from rlexp.optim.optimizers import OPTIMIZERS
 from rlexp.optim.pipeline import CLIPPERS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
 STABILITY_GROUPS = ("activation", "init", "normalization", "clipping", "optimizer")
 

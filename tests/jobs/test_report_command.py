@@ -27,7 +27,7 @@ from rlexp.report.html import render_html
 from rlexp.report.main import build_report, instrument_panels, write_outputs
 from rlexp.report.stats import NORMALIZATION, bootstrap_iqm, iqm_fast, normalizations, performance_profiles, poi_fast
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium")
 
 

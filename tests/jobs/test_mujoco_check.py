@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "mujoco_check.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "mujoco_check.py"
 TINY = ["--first-seed", "2", "--algos", "sac", "--envs", "hopper", "--seeds", "1"]
 TINY += ["--steps", "300", "--learning-starts", "200"]
 

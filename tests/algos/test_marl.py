@@ -25,7 +25,7 @@ from rlexp.envs import marl as marl_envs  # noqa: E402
 from rlexp.envs.marl import AgentSpace, population_env  # noqa: E402
 from rlexp.train import run_job  # noqa: E402
 
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 QUIET = ["logger.mode=disabled", "logger.progress=off", "device=cpu", "threads=1"]
 TINY = ["algo=maddpg", "network.hidden=[16,16]", "algo.batch_size=32", "eval.episodes=1", "eval.every=0", *QUIET]
 

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from rlexp.compose.validate import validate
 from rlexp.train import run_job
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHANGES = sorted(p.stem for p in (ROOT / "conf" / "experiment" / "nan_hunt").glob("*.yaml"))
 # what each single change is expected to alter in the composed config (dotted key -> value); every option
 # of a group has the group's keys, so a change of option alters only the values that differ

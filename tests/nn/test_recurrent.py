@@ -219,7 +219,7 @@ def test_the_seed_critic_preset_builds_the_posts_critic():
     from rlexp.run.context import RunContext
 
     register()
-    conf = str(Path(__file__).resolve().parents[1] / "conf")
+    conf = str(Path(__file__).resolve().parents[2] / "conf")
     with initialize_config_dir(config_dir=conf, version_base="1.3"):
         raw = compose(config_name="config", overrides=["+experiment=seed_critic", "num_seeds=2"])
     validate(raw)
@@ -268,7 +268,7 @@ def test_bad_recurrent_settings_are_refused_naming_the_key(overrides, key):
     from rlexp.config.schema import ConfigError
 
     register()
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[2] / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
     with pytest.raises(ConfigError) as err:
         validate(cfg)

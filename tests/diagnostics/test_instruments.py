@@ -58,7 +58,7 @@ from rlexp.train import run_job
 torch.set_num_threads(1)
 
 CPU = torch.device("cpu")
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 OBS, ACT = 3, 3
 
 
