@@ -4,7 +4,7 @@ Hydra's structured configs already refuse unknown keys and wrong types. ``valida
 non-finite float anywhere, walks the config groups and calls each registry's own check
 (``check_clipping`` beside the clippers, ...), then checks every other key's domain and the
 combinations that cannot work. Every numeric key has a domain, whichever option or algorithm reads it:
-``tests/test_config.py`` tries a value outside it for each.
+``tests/compose/test_config.py`` tries a value outside it for each.
 """
 
 from __future__ import annotations

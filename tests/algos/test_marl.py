@@ -1,7 +1,7 @@
-"""Multi-agent worlds (PettingZoo parallel, VMAS) and MADDPG: the losses against direct computations,
-member independence, the collapse instruments, a smoke run per env family and bad input."""
+"""MADDPG and MAPPO (rlexp/algos/maddpg.py, mappo.py), in pieces: the critics' targets and losses against
+direct computations, Gumbel-softmax's gradient, the exploration noise, sharing refused across agents of
+different spaces, bad input."""
 
-import json
 import math
 from pathlib import Path
 
@@ -19,81 +19,12 @@ from composing import compose_config
 from rlexp.algos.common import ScaledTanh  # noqa: E402
 from rlexp.algos.maddpg import Agent, critic_target, gumbel_softmax, joint_target  # noqa: E402
 from rlexp.compose.validate import validate  # noqa: E402
-from rlexp.config.schema import ConfigError, DiagnosticsConfig, EnvConfig  # noqa: E402
-from rlexp.diagnostics.collapse import ActionWindow  # noqa: E402
-from rlexp.envs import marl as marl_envs  # noqa: E402
-from rlexp.envs.marl import AgentSpace, population_env  # noqa: E402
-from rlexp.train import run_job  # noqa: E402
+from rlexp.config.schema import ConfigError  # noqa: E402
+from rlexp.envs.marl import AgentSpace  # noqa: E402
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 QUIET = ["logger.mode=disabled", "logger.progress=off", "device=cpu", "threads=1"]
 TINY = ["algo=maddpg", "network.hidden=[16,16]", "algo.batch_size=32", "eval.episodes=1", "eval.every=0", *QUIET]
-
-
-def read_metrics(out: Path, k: int) -> list[dict]:
-    return [
-        {key: v for key, v in json.loads(line).items() if not key.startswith("perf/")}
-        for line in (out / f"seed_{k}" / "metrics.jsonl").read_text().splitlines()
-    ]
-
-
-# ====================================================================== environments
-def random_actions(env, rng) -> list[np.ndarray]:
-    shape = (env.members, env.num_envs)
-    return [
-        rng.integers(0, a.action_dim, shape) if a.discrete else rng.uniform(-1, 1, (*shape, a.action_dim))
-        for a in env.agents
-    ]
-
-
-@pytest.mark.parametrize(
-    "cfg",
-    [
-        EnvConfig(id="mpe2.simple_adversary_v3", api="pettingzoo", max_episode_steps=5),
-        EnvConfig(id="balance", api="vmas", num_envs=2, max_episode_steps=5),
-    ],
-    ids=["pettingzoo", "vmas"],
-)
-def test_a_member_steps_as_it_would_alone(cfg):
-    """Member 1 of seeds [0, 1] sees what a population of seed 1 alone sees (own seeds, own random state),
-    with per-agent spaces, the team reward the agents' sum, and episodes reset at once."""
-    pair, alone = population_env(cfg, [0, 1]), population_env(cfg, [1])
-    assert np.array_equal(pair.reset()[1], alone.reset()[0])
-    assert pair.obs_dim == sum(a.obs_dim for a in pair.agents)
-    rng = np.random.default_rng(0)
-    for _ in range(12):
-        actions = random_actions(pair, rng)
-        a, b = pair.step(actions), alone.step([x[1:] for x in actions])
-        assert np.array_equal(a.next_obs[1], b.next_obs[0]) and np.array_equal(a.agent_reward[1], b.agent_reward[0])
-        assert np.allclose(a.reward, a.agent_reward.sum(-1))
-    episodes = pair.take_episodes()
-    assert [n for _, n in episodes[0]] == [5, 5] * cfg.num_envs
-    assert np.allclose(episodes[0][0][0], pair.agent_returns()[0][0].sum())
-    pair.close(), alone.close()
-
-
-@pytest.mark.parametrize("api, env_id", [("pettingzoo", "mpe2.simple_adversary_v3"), ("vmas", "balance")])
-def test_timeout_terminal_turns_the_step_limit_into_a_termination(api, env_id):
-    """env.timeout_terminal: the same steps, with each truncation reported as a termination instead."""
-    runs = []
-    for terminal in (False, True):
-        env = population_env(
-            EnvConfig(id=env_id, api=api, num_envs=2, max_episode_steps=4, timeout_terminal=terminal), [3]
-        )
-        env.reset()
-        rng = np.random.default_rng(0)
-        runs.append([env.step(random_actions(env, rng)) for _ in range(9)])
-        env.close()
-    for plain, terminal in zip(*runs):
-        assert np.array_equal(plain.next_obs, terminal.next_obs)
-        assert np.array_equal(terminal.terminated, plain.terminated | plain.truncated) and not terminal.truncated.any()
-    assert sum(r.truncated.sum() for r in runs[0]) == 4  # steps 4 and 8 of both environments were cut
-
-
-def test_simple_adversary_has_per_agent_spaces():
-    env = population_env(EnvConfig(id="mpe2.simple_adversary_v3", api="pettingzoo"), [0])
-    assert [(a.obs_dim, a.discrete, a.action_dim) for a in env.agents] == [(8, True, 5), (10, True, 5), (10, True, 5)]
-    assert env.slices[1] == slice(8, 18)
 
 
 # ====================================================================== losses
@@ -165,81 +96,6 @@ def test_gumbel_softmax_gradient_is_the_soft_samples(hard):
     assert torch.allclose(logits.grad, expected, atol=1e-6)
 
 
-# ====================================================================== collapse instruments
-def test_action_window_measures_repeats_entropy_and_flags_collapse():
-    agents = [AgentSpace("a", 2, True, 4), AgentSpace("b", 2, False, 1, np.array([-1.0]), np.array([1.0]))]
-    window = ActionWindow(agents, 2, DiagnosticsConfig(collapse_repeat=0.9, collapse_entropy=0.05))
-    logits = torch.zeros(2, 1, 4)
-    for t in range(8):
-        window.add(0, np.array([[1], [t % 4]]), logits)  # member 0 repeats action 1, member 1 cycles
-        window.add(1, np.array([[[0.95]], [[-0.95 + 0.25 * t]]]), torch.zeros(2, 1, 1))
-    metrics, collapsed = window.take(100)
-    assert metrics["agent0/action_repeat_rate"].tolist() == [7 / 8, 0.0]
-    assert metrics["agent0/action_entropy"].tolist() == [0.0, 1.0]
-    assert metrics["agent1/action_repeat_rate"].tolist() == [7 / 8, 0.0]
-    assert metrics["agent0/action_saturation"].tolist() == [0.0, 0.0]
-    assert collapsed == {
-        0: {"agent": "agent0", "step": 100, "instrument": "action_entropy", "value": 0.0, "bound": 0.05}
-    }
-
-
-# ====================================================================== runs
-def test_maddpg_smoke_on_each_env_family_with_per_agent_metrics(tmp_path):
-    for name, extra in {
-        "pettingzoo": ["env=simple_spread", "total_steps=300", "algo.learning_starts=100"],
-        "vmas": [
-            "env=vmas_navigation",
-            "env.num_envs=2",
-            "env.max_episode_steps=20",
-            "total_steps=300",
-            "algo.learning_starts=100",
-        ],
-    }.items():
-        job = run_job(compose_config(TINY + extra + ["logger.log_every=150", "diagnostics.every=2"]), tmp_path / name)
-        assert job["counts"]["ok"] == 1, name
-        last = read_metrics(tmp_path / name, 0)[-1]
-        for key in (
-            "train/agent0/critic_grad_norm",
-            "train/agent1/actor_grad_norm_post_clip",
-            "agent0/action_repeat_rate",
-            "agent1/action_entropy",
-            "agent0/policy/saturated",
-            "train/agent0/q_mean",
-            "episode/return_agent1",
-            "eval/return",
-        ):
-            assert key in last, (name, key)
-
-
-@pytest.mark.parametrize("shared", [False, True], ids=["per_agent", "shared"])
-def test_poisoned_member_diverges_alone_and_the_others_are_bitwise_unchanged(tmp_path, shared):
-    """A poisoned member diverges alone (at agent 0's critic, or the shared one) while the others run
-    bitwise as without it; shared networks log under shared/, the collapse instruments stay per agent."""
-    base = TINY + [
-        f"algo.share_parameters={shared}",
-        "env=simple_spread",
-        "num_seeds=3",
-        "total_steps=300",
-        "algo.learning_starts=100",
-        "logger.log_every=100",
-        "diagnostics.every=2",
-    ]
-    poison = ["debug.inject.member=1", "debug.inject.step=150", "debug.inject.what=param"]
-    base_job = run_job(compose_config(base), tmp_path / "base")
-    job = run_job(compose_config(base + poison), tmp_path / "poisoned")
-    assert base_job["counts"]["ok"] == 3
-    assert job["counts"] == {"ok": 2, "diverged": 1, "crashed": 0}
-    member = job["members"][1]
-    assert member["divergence"]["cause"] == "nonfinite_param"
-    assert member["divergence"]["where"] == f"{'shared' if shared else 'agent0'}.critic.0.weight"
-    for k in (0, 2):
-        assert read_metrics(tmp_path / "poisoned", k) == read_metrics(tmp_path / "base", k), k
-    last = read_metrics(tmp_path / "base", 0)[-1]
-    owners = ["shared"] if shared else ["agent0", "agent1", "agent2"]
-    assert {k.split("/")[1] for k in last if k.startswith("train/") and k.endswith("/q_mean")} == set(owners)
-    assert "agent2/action_repeat_rate" in last
-
-
 # ====================================================================== MADDPG with shared networks
 def _shared_maddpg(env: str):
     """A population of 2 with shared MADDPG networks on ``env``: (context, the agents, the config)."""
@@ -307,40 +163,6 @@ def test_shared_maddpg_losses_are_the_direct_computation(env):
     ctx.env.close(), ctx.evaluator.close()
 
 
-@pytest.mark.parametrize("shared", [True, False], ids=["shared", "per_agent"])
-def test_actor_first_moves_the_actor_against_the_critic_before_its_step(tmp_path, monkeypatch, shared):
-    """One gradient step. Each critic's forward for its loss (its parameters trainable) is followed by
-    its forward for the actor's loss (frozen): with ``algo.actor_first`` the second sees the critic's
-    parameters unchanged, without it the parameters after the critic's step. The critics end the same
-    either way, the actors not."""
-    from rlexp.nn.nets import PopMLP
-    from rlexp.run.checkpoint import FILE
-
-    calls, plain = [], PopMLP.forward
-
-    def forward(self, x, extra=None, **kw):
-        if extra is not None and torch.is_grad_enabled():  # a critic, for a loss (targets run without grad)
-            calls.append((next(self.parameters()).requires_grad, [p.detach().clone() for p in self.parameters()]))
-        return plain(self, x, extra, **kw)
-
-    monkeypatch.setattr(PopMLP, "forward", forward)
-    ends = {}
-    for first in (True, False):
-        calls.clear()
-        overrides = TINY + [f"algo.share_parameters={shared}", f"algo.actor_first={first}", "env=simple_spread"]
-        overrides += ["env.num_envs=1", "total_steps=40", "algo.learning_starts=39", "algo.train_frequency=1"]
-        overrides += ["algo.gradient_steps=1", "diagnostics.every=0", "checkpoint.every=40"]
-        run_job(compose_config(overrides), tmp_path / str(first))
-        assert [trainable for trainable, _ in calls] == [True, False] * (1 if shared else 3)
-        for (_, before), (_, seen) in zip(calls[::2], calls[1::2]):
-            assert all(torch.equal(a, b) for a, b in zip(before, seen)) == first
-        ends[first] = torch.load(tmp_path / str(first) / "seed_0" / FILE, weights_only=True)["state"]
-    critics = [k for k in ends[True] if ".critic/" in k]
-    actors = [k for k in ends[True] if ".actor/" in k]
-    assert critics and all(torch.equal(ends[True][k], ends[False][k]) for k in critics)
-    assert not all(torch.equal(ends[True][k], ends[False][k]) for k in actors)
-
-
 def test_maddpg_exploration_noise_falls_linearly_then_stays():
     """noise_std: exploration_noise at step 0, linear to exploration_noise_end at exploration_anneal_steps,
     then constant; in steps of exploration_anneal_every when set; constant without a decay; the end
@@ -364,22 +186,6 @@ def test_maddpg_exploration_noise_falls_linearly_then_stays():
     assert noise_std(30, MADDPGConfig(name="maddpg", exploration_noise=0.3, exploration_anneal_steps=10)) == 0.3
 
 
-@pytest.mark.parametrize("every", [0, 40])
-def test_maddpg_logs_the_noise_its_continuous_agents_act_with(tmp_path, every):
-    """train/exploration_noise at each log step is the std the last vector step acted with: the schedule
-    after the steps taken before it, held through each batch of exploration_anneal_every steps."""
-    schedule = dict(exploration_noise=0.8, exploration_noise_end=0.0, exploration_anneal_steps=80)
-    overrides = [f"algo.{k}={v}" for k, v in schedule.items()] + [f"algo.exploration_anneal_every={every}"]
-    run = ["env=vmas_navigation", "env.num_envs=2", "env.max_episode_steps=20", "total_steps=120"]
-    job = run_job(compose_config(TINY + run + overrides + ["algo.learning_starts=40", "logger.log_every=20"]), tmp_path)
-    assert job["counts"]["ok"] == 1
-    logged = {r["step"]: r["train/exploration_noise"] for r in read_metrics(tmp_path, 0)}
-    want = {20: 0.8, 40: 0.8, 60: 0.4, 80: 0.4, 100: 0.0, 120: 0.0} if every else {
-        s: 0.8 * (1 - (s - 2) / 80) if s - 2 < 80 else 0.0 for s in range(20, 121, 20)
-    }  # fmt: skip
-    assert logged == pytest.approx(want, abs=1e-12)
-
-
 def test_maddpg_sharing_refuses_agents_of_different_spaces():
     with pytest.raises(ConfigError) as err:
         validate(compose_config(["algo=maddpg", "env=simple_adversary", "algo.share_parameters=true"]))
@@ -401,20 +207,6 @@ def test_bad_multi_agent_input_is_one_line(overrides, key, text):
     with pytest.raises(ConfigError) as err:
         validate(compose_config(overrides))
     assert err.value.key == key and text in str(err.value) and "\n" not in str(err.value)
-
-
-def test_a_missing_extra_names_the_install_command(monkeypatch):
-    real = marl_envs.importlib.import_module
-
-    def without_vmas(name, *args):
-        if name == "vmas":
-            raise ModuleNotFoundError("No module named 'vmas'", name="vmas")
-        return real(name, *args)
-
-    monkeypatch.setattr(marl_envs.importlib, "import_module", without_vmas)
-    with pytest.raises(ConfigError) as err:
-        validate(compose_config(["algo=maddpg", "env=vmas_balance"]))
-    assert "pip install -e '.[marl]'" in str(err.value)
 
 
 # ====================================================================== MAPPO
@@ -466,60 +258,6 @@ def test_mappo_clipped_objective_is_the_direct_computation(shared):
         actor_losses[0].sum().backward()
         assert all(p.grad is None or not p.grad.any() for p in policies.actors[1].parameters())
     ctx.env.close(), ctx.evaluator.close()
-
-
-@pytest.mark.parametrize(
-    "policy",
-    [
-        ["algo.share_parameters=false"],
-        # BenchMARL's MAPPO: one tanh-squashed policy without the agent's index, one value for every agent
-        ["algo.continuous_policy=tanh_normal", "algo.agent_index=false", "algo.shared_value=true"],
-    ],
-    ids=["separate", "tanh_normal_shared_value"],
-)
-def test_mappo_smoke_on_vmas(tmp_path, policy):
-    overrides = [
-        "algo=mappo",
-        "env=vmas_balance",
-        "env.num_envs=2",
-        "env.max_episode_steps=20",
-        "algo.num_steps=32",
-        "total_steps=128",
-        *policy,
-        "network.hidden=[16,16]",
-        "logger.log_every=64",
-        "eval.episodes=1",
-        *QUIET,
-    ]
-    job = run_job(compose_config(overrides), tmp_path)
-    assert job["counts"]["ok"] == 1
-    last = read_metrics(tmp_path, 0)[-1]
-    actor = "actor2" if "algo.share_parameters=false" in policy else "actor0"
-    assert {f"train/{actor}_grad_norm", "train/critic_loss", "agent1/action_entropy", "eval/return"} <= set(last)
-    assert np.isfinite(last["eval/return"]) and np.isfinite(last["train/entropy"])
-
-
-def test_mappo_with_diagnostics_records_every_policys_and_the_critics_layers(tmp_path):
-    overrides = [
-        "algo=mappo",
-        "env=simple_spread",
-        "algo.share_parameters=false",
-        "algo.num_steps=16",
-        "total_steps=64",
-        "network.hidden=[16,16]",
-        "logger.log_every=32",
-        "diagnostics.every=1",
-        "eval.episodes=0",
-        *QUIET,
-    ]
-    run_job(compose_config(overrides), tmp_path)
-    last = read_metrics(tmp_path, 0)[-1]
-    for net in ("actor0", "actor1", "actor2", "critic"):
-        for key in ("grad_norm", "grad_norm_post", "param_norm", "update_ratio"):
-            assert all(np.isfinite(last[f"{key}/{net}.{layer}"]) for layer in range(3)), f"{key}/{net}"
-        assert {f"dormant/{net}.0", f"srank/{net}.1"} <= set(last)
-    assert not any(key.startswith("grad_norm/actor3") for key in last)
-    assert last["v/abs_max"] >= max(abs(last["v/min"]), abs(last["v/max"]))
 
 
 def test_mappo_sharing_refuses_agents_of_different_spaces():

@@ -4,7 +4,7 @@ The squashed Gaussian's log-probability against torch.distributions' Normal minu
 written out, finite far in tanh's tails; the entropy-regularized twin-minimum target against a
 written-out forward of each member; alpha's loss gradient against its formula; ``algo=sac`` on a
 discrete action space refused in one line naming ``algo``. Population independence end to end and
-bitwise checkpoint continuation are in tests/test_actor_critic.py and tests/test_checkpoints.py.
+bitwise checkpoint continuation are in tests/jobs/test_actor_critic_jobs.py and tests/jobs/test_checkpoints.py.
 """
 
 from __future__ import annotations

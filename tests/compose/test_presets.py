@@ -1,19 +1,19 @@
-"""The experiment presets and scripts: nan_hunt really diverges and its single changes
-(``+experiment=nan_hunt/<change>``) change one thing each; the benchmark script's smoke run writes
-consistent figures."""
+"""The experiment presets: nan_hunt's single changes (``+experiment=nan_hunt/<change>``) change one thing
+each and its baseline is the documented setting; the stability grids and the launcher presets compose as
+documented (their jobs are in tests/jobs/)."""
 
-import json
-import statistics
-import subprocess
-import sys
+from __future__ import annotations
+
+import importlib.util
+import itertools
 from pathlib import Path
 
 import pytest
-from composing import compose_config
+from composing import compose_config, compose_hydra
+from launching import CONF
 from omegaconf import OmegaConf
 
 from rlexp.compose.validate import validate
-from rlexp.train import run_job
 
 ROOT = Path(__file__).resolve().parents[2]
 CHANGES = sorted(p.stem for p in (ROOT / "conf" / "experiment" / "nan_hunt").glob("*.yaml"))
@@ -72,119 +72,69 @@ def test_nan_hunt_baseline_is_the_documented_setting():
     assert cfg["algo.target_network"] is False and cfg["activation.name"] == "relu"
 
 
-def _short(preset, tmp_path):
-    cfg = compose_config(
-        [f"+experiment={preset}", "total_steps=3000", "num_seeds=2", "logger.mode=disabled", "logger.progress=off"]
-    )
-    return run_job(cfg, tmp_path)
+SMALL_CELLS = sorted(itertools.product(["relu", "tanh"], ["none", "global_norm"]))
+SEEDS = 2  # the small grid's population
 
 
-def test_nan_hunt_really_diverges_and_is_located(tmp_path):
-    job = _short("nan_hunt", tmp_path)
-    assert job["counts"]["diverged"] == 2
-    for member in job["members"]:
-        div = member["divergence"]
-        assert member["diverged_at_step"] > 1000  # after learning starts (algo.learning_starts)
-        assert div["cause"] in ("nonfinite_loss", "nonfinite_grad", "nonfinite_param")
-        assert div["where"] and div["where"] != "unknown" and div["detail"]
-    assert job["members"][0]["steps"] < 3000  # every member diverged: the job ended early
+FULL_GRID = {
+    "activation": ["relu", "elu", "tanh", "softsign"],
+    "init": ["xavier", "he", "orthogonal"],
+    "normalization": ["none", "batch", "layer", "weight"],
+    "clipping": ["none", "global_norm"],
+    "optimizer": ["adam", "rmsprop"],
+}
+RAY_INSTALLED = importlib.util.find_spec("hydra_plugins.hydra_ray_launcher") is not None
 
 
-def test_nan_hunt_with_tanh_does_not_diverge(tmp_path):
-    job = _short("nan_hunt/tanh", tmp_path)
-    assert job["counts"] == {"ok": 2, "diverged": 0, "crashed": 0}
+# ====================================================================== presets compose
+def test_stability_grid_preset_is_the_canonical_grid():
+    cfg = compose_hydra(["+experiment=stability_grid"], return_hydra_config=True)
+    assert cfg.hydra.mode.name == "MULTIRUN"
+    assert cfg.hydra.sweep.dir == "outputs/grids/stability_grid"
+    params = {k: str(v).split(",") for k, v in cfg.hydra.sweeper.params.items()}
+    assert params == FULL_GRID
+    assert len(list(itertools.product(*params.values()))) == 192
+    for group, opts in params.items():
+        assert all((CONF / group / f"{o}.yaml").is_file() for o in opts), group
+    assert (cfg.num_seeds, cfg.total_steps, cfg.algo.name, cfg.env.id) == (8, 50_000, "dqn", "CartPole-v1")
 
 
-def test_bench_smoke_writes_consistent_figures(tmp_path):
-    """A tiny run of every section but packing (two grids of 24 jobs, minutes even tiny): each figure is
-    measured, and each ratio is the one of its medians."""
-    out = tmp_path / "bench.json"
-    steps = 1500
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "bench.py"),
-            "--steps",
-            str(steps),
-            "--ppo-steps",
-            "1024",
-            "--minatar-steps",
-            "300",
-            "--repeats",
-            "1",
-            "--populations",
-            "1",
-            "16",
-            "--only",
-            "dqn_vs_sb3",
-            "population",
-            "diagnostics",
-            "startup",
-            "ppo_vs_sb3",
-            "minatar_vs_sb3",
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    bench = json.loads(out.read_text())
-    medians, samples = bench["medians_s"], bench["samples_s"]
-    assert set(medians) == {
-        "dqn_rlexp",
-        "dqn_rlexp_loop",
-        "dqn_sb3",
-        "population_p1",
-        "population_p16",
-        "diagnostics_default",
-        "diagnostics_off",
-        "startup_to_first_step",
-        "startup_process",
-        "ppo_rlexp",
-        "ppo_rlexp_loop",
-        "ppo_sb3",
-        "minatar_rlexp",
-        "minatar_rlexp_loop",
-        "minatar_sb3",
-    }
-    assert all(v > 0 for v in medians.values())
-    assert all(samples[name] == [value] for name, value in medians.items())  # one repeat: the median is it
-    ratios = bench["ratios"]
-    assert ratios["dqn_speedup_vs_sb3"] == pytest.approx(medians["dqn_sb3"] / medians["dqn_rlexp"])
-    assert ratios["per_seed_throughput_p16_vs_p1"] == pytest.approx(
-        16 * medians["population_p1"] / medians["population_p16"]
-    )
-    assert ratios["diagnostics_overhead"] == pytest.approx(
-        medians["diagnostics_default"] / medians["diagnostics_off"] - 1.0
-    )
-    assert ratios["startup_to_first_step_s"] == pytest.approx(medians["startup_to_first_step"])
-    assert ratios["ppo_speedup_vs_sb3"] == pytest.approx(medians["ppo_sb3"] / medians["ppo_rlexp"])
-    assert ratios["minatar_dqn_speedup_vs_sb3"] == pytest.approx(medians["minatar_sb3"] / medians["minatar_rlexp"])
-    assert set(bench["targets"]) == set(ratios) == set(bench["passed"]) == set(bench["ratios_per_round_median"])
-    samples, rounds = bench["samples_s"], bench["settings"]["repeats"]
-    per_round = [samples["ppo_sb3"][r] / samples["ppo_rlexp"][r] for r in range(rounds)]
-    assert bench["ratios_per_round_median"]["ppo_speedup_vs_sb3"] == pytest.approx(statistics.median(per_round))
-    assert ratios["packed_grid_speedup"] is None and bench["passed"]["packed_grid_speedup"] is None  # not measured
-    assert ratios["sac_mujoco_speedup_vs_sb3"] is None  # optional: measured only with --only
-    for name, value in ratios.items():
-        if value is None:
-            assert bench["passed"][name] is None
-            continue
-        target = bench["targets"][name]
-        assert bench["passed"][name] == (value >= target["value"] if target["op"] == ">=" else value <= target["value"])
-    # whole-process times hold the loop and the start-up: the first env step comes after launch, before exit
-    assert medians["dqn_rlexp_loop"] < medians["dqn_rlexp"] and medians["ppo_rlexp_loop"] < medians["ppo_rlexp"]
-    assert 0 < medians["startup_to_first_step"] < medians["startup_process"]
-    assert set(bench["peak_rss_mb"]) == {"1", "16"} and all(v > 0 for v in bench["peak_rss_mb"].values())
-    assert bench["throughput"]["16"]["per_seed_steps_per_s"] == pytest.approx(steps / medians["population_p16"])
-    settings = bench["settings"]
-    assert (settings["steps"], settings["ppo_steps"], settings["repeats"], settings["populations"]) == (
-        steps,
-        1024,
-        1,
-        [1, 16],
-    )
-    assert bench["versions"]["stable_baselines3"] and bench["versions"]["torch"] and bench["machine"]["cpus"] >= 1
-    assert len(bench["machine"]["load_average_start"]) == 3 and len(bench["machine"]["load_average_end"]) == 3
+def test_small_grid_preset_is_a_few_cells_with_a_tiny_budget():
+    cfg = compose_hydra(["+experiment=stability_grid_small"], return_hydra_config=True)
+    assert cfg.hydra.mode.name == "MULTIRUN"
+    assert cfg.hydra.sweep.dir == "outputs/grids/stability_grid_small"
+    params = {k: str(v).split(",") for k, v in cfg.hydra.sweeper.params.items()}
+    assert sorted(itertools.product(params["activation"], params["clipping"])) == SMALL_CELLS
+    assert (cfg.num_seeds, cfg.total_steps, cfg.algo.learning_starts) == (SEEDS, 2000, 200)
+
+
+def test_resume_does_not_change_the_cell():
+    cfg = compose_hydra(["resume=true"], return_hydra_config=True)
+    assert cfg.resume is True
+    assert "resume" in cfg.hydra.job.config.override_dirname.exclude_keys
+
+
+@pytest.mark.parametrize(
+    "preset, target, keys",
+    [
+        ("rlexp_joblib", "JoblibLauncher", {"n_jobs": -1, "prefer": "processes"}),
+        ("rlexp_packed", "PackedLauncher", {"n_jobs": -1, "max_members": 96}),
+        ("rlexp_submitit_local", "LocalLauncher", {"timeout_min": 60}),
+        ("rlexp_slurm", "SlurmLauncher", {"partition": None, "cpus_per_task": 2, "mem_gb": 4, "array_parallelism": 64}),
+        pytest.param(
+            "rlexp_ray",
+            "RayLauncher",
+            {},
+            marks=pytest.mark.skipif(
+                not RAY_INSTALLED,
+                reason="hydra-ray-launcher is not installed here (its own extra: pip install -e '.[ray]')",
+            ),
+        ),
+    ],
+)
+def test_launcher_preset_composes_on_the_plugin(preset, target, keys):
+    launcher = compose_hydra(
+        ["+experiment=stability_grid", f"hydra/launcher={preset}"], return_hydra_config=True
+    ).hydra.launcher
+    assert launcher._target_.endswith(f".{target}")
+    assert {k: launcher[k] for k in keys} == keys

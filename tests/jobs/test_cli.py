@@ -1,5 +1,6 @@
-"""Tests of the command line: config composition, bad-input errors, the output contract of a real
+"""Tests of the command line as a process: bad-input errors, the output contract of a real
 run (files, console, W&B offline runs read back), W&B mode selection, multiruns and progress output.
+(Composition and the same refusals in process: tests/compose/test_options.py.)
 
 Everything that trains runs ``python -m rlexp.train`` in a subprocess with a tiny budget, W&B offline
 or disabled (never the network), and every output under pytest's tmp_path. Subprocesses that do not
@@ -8,42 +9,34 @@ depend on each other run concurrently to keep the file fast on a small machine.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import math
 import os
 import re
-import signal
 import subprocess
-import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import pytest
-import torch
-from composing import compose_config
-from hydra.errors import HydraException
+from launching import (
+    CONF,
+    Launch,
+    describe,
+    message_lines,
+    read_jsonl,
+    read_wandb_run,
+    run_cli,
+    wandb_run_dir,
+)
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
-from rlexp.algos import ALGOS
-from rlexp.cli import ConfigCheck, check_command_line, job_overrides, needs_whole_check
-from rlexp.compose.registry import SCHEMAS
-from rlexp.compose.validate import validate
-from rlexp.config.cells import cell_name, job_settings, swept_keys
-from rlexp.config.schema import NON_CELL_KEYS, ConfigError, EnvConfig
-from rlexp.envs.gym import check_env_id
-from rlexp.envs.marl import is_multi_agent
-from rlexp.run.wandb_files import read_records as read_wandb_records
-from rlexp.run.wandb_files import run_dirs
+from rlexp.config.cells import cell_name
+from rlexp.config.schema import NON_CELL_KEYS
 
-ROOT = Path(__file__).resolve().parents[2]
-CONF = ROOT / "conf"
 GROUPS = (
     "activation",
     "init",
@@ -65,105 +58,12 @@ BUDGET = [
     f"logger.log_every={LOG_EVERY}",
     f"algo.train_frequency={TRAIN_FREQUENCY}",
 ]
-HINT = "Set the environment variable HYDRA_FULL_ERROR"
-TIMEOUT = 600
-
-
-# ====================================================================== helpers
-def options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
-
-
-def needs_box2d(env_id: str) -> bool:
-    """Whether a gymnasium id's entry point is a Box2D world (an id of an optional family, MinAtar or
-    ALE, is not: it is registered only once its package is imported)."""
-    return env_id in gym.registry and "box2d" in str(gym.spec(env_id).entry_point).lower()
-
-
-BOX2D_INSTALLED = importlib.util.find_spec("Box2D") is not None
-
-
-def cli_env(tmp: Path, **extra: str) -> dict[str, str]:
-    """The environment of a CLI subprocess: W&B offline and silent, its dirs under tmp, no forced TTY."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "HYDRA_FULL_ERROR", "WANDB_MODE")
-    }
-    wandb_home = tmp / "wandb_home"
-    env.update(
-        WANDB_MODE="offline",
-        WANDB_SILENT="true",
-        WANDB_CONFIG_DIR=str(wandb_home / "config"),
-        WANDB_CACHE_DIR=str(wandb_home / "cache"),
-        WANDB_DATA_DIR=str(wandb_home / "data"),
-        WANDB_ARTIFACT_DIR=str(wandb_home / "artifacts"),
-        COLUMNS="200",
-        PYTHONFAULTHANDLER="1",  # a fatal signal (a hung run aborted) prints every thread's stack
-    )
-    env.update(extra)
-    return env
-
-
-def run_cli(args: Sequence[str], tmp: Path, **env: str) -> subprocess.CompletedProcess:
-    tmp.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(
-        [sys.executable, "-m", "rlexp.train", *args],
-        cwd=ROOT,
-        env=cli_env(tmp, **env),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
-
-
-class Launch:
-    """A CLI subprocess started in the background (output to files); result() waits for it."""
-
-    def __init__(self, args: Sequence[str], tmp: Path, **env: str) -> None:
-        tmp.mkdir(parents=True, exist_ok=True)
-        self.args = [sys.executable, "-m", "rlexp.train", *args]
-        self.stdout, self.stderr = tmp / "stdout.txt", tmp / "stderr.txt"
-        with open(self.stdout, "w") as out, open(self.stderr, "w") as err:
-            self.proc = subprocess.Popen(
-                self.args, cwd=ROOT, env=cli_env(tmp, **env), stdout=out, stderr=err, stdin=subprocess.DEVNULL
-            )
-
-    def result(self) -> subprocess.CompletedProcess:
-        """Its exit code and output; a process still running after TIMEOUT is aborted (SIGABRT: the
-        fault handler writes every thread's stack to its stderr) and the test fails showing them."""
-        try:
-            code = self.proc.wait(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.proc.send_signal(signal.SIGABRT)
-            code = self.proc.wait(timeout=60)
-            proc = subprocess.CompletedProcess(self.args, code, self.stdout.read_text(), self.stderr.read_text())
-            pytest.fail(f"still running after {TIMEOUT} s, aborted\n{describe(proc)}")
-        return subprocess.CompletedProcess(self.args, code, self.stdout.read_text(), self.stderr.read_text())
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def describe(proc: subprocess.CompletedProcess) -> str:
-    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
 
 
 def expected_cell(overrides: Sequence[str]) -> str:
     """A single run's cell: its overrides in their order minus NON_CELL_KEYS and Hydra's, or 'all'."""
     kept = [o for o in overrides if not o.startswith("hydra.") and o.split("=", 1)[0] not in NON_CELL_KEYS]
     return ",".join(kept) or "all"
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def message_lines(proc: subprocess.CompletedProcess) -> list[str]:
-    """Non-blank lines of stdout and stderr, without Hydra's HYDRA_FULL_ERROR hint."""
-    return [ln for ln in (proc.stdout + "\n" + proc.stderr).splitlines() if ln.strip() and HINT not in ln]
 
 
 def table_rows(stdout: str) -> dict[int, list[str]]:
@@ -176,67 +76,10 @@ def table_rows(stdout: str) -> dict[int, list[str]]:
     return rows
 
 
-def _items(items) -> dict[str, Any]:
-    return {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in items}
-
-
-def wandb_run_dir(member_dir: Path) -> Path:
-    runs = run_dirs(member_dir)
-    assert len(runs) == 1, f"expected one offline W&B run under {member_dir}, found {runs}"
-    return runs[0]
-
-
-def read_wandb_run(member_dir: Path) -> dict[str, Any]:
-    """The run record (config, group, tags), history rows, merged summary and exit code of a member's run."""
-    files = sorted(wandb_run_dir(member_dir).glob("run-*.wandb"))
-    assert len(files) == 1, files
-    run, history, histograms, summary, exit_code, metrics = None, [], [], {}, None, {}
-    for record in read_wandb_records(files[0]):
-        kind = record.WhichOneof("record_type")
-        if kind == "run":
-            run = record.run
-        elif kind == "metric":  # wandb.define_metric
-            metric = record.metric
-            kinds = {f.name for f, v in metric.summary.ListFields() if v} if metric.HasField("summary") else set()
-            metrics[metric.name or metric.glob_name] = (metric.step_metric, kinds)
-        elif kind == "history":
-            row = _items(record.history.item)
-            logged = [key for key in row if not key.startswith("_") and key != "env_step"]
-            # rows of W&B histograms only (hist/...) are W&B's alone: metrics.jsonl has no such rows
-            (histograms if logged and all(key.startswith("hist/") for key in logged) else history).append(row)
-        elif kind == "summary":
-            summary.update(_items(record.summary.update))
-        elif kind == "exit":
-            exit_code = record.exit.exit_code
-    assert run is not None, f"no run record in {files[0]}"
-    return {
-        "config": _items(run.config.update),
-        "group": run.run_group,
-        "name": run.display_name,
-        "job_type": run.job_type,
-        "metrics": metrics,
-        "tags": list(run.tags),
-        "project": run.project,
-        "history": history,
-        "histograms": histograms,
-        "summary": summary,
-        "exit_code": exit_code,
-    }
-
-
 def same_value(a: Any, b: Any) -> bool:
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
         return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
     return a == b
-
-
-def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(d, dict):
-        out: dict[str, Any] = {}
-        for k, v in d.items():
-            out.update(flatten(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: d}
 
 
 # ====================================================================== bad input cases
@@ -374,135 +217,6 @@ def rerun_run(runs):
     return finished(runs, "rerun_run")
 
 
-# ====================================================================== 1. composition
-ALL_OPTIONS = [(g, o) for g in GROUPS for o in options(g)]
-
-
-def test_the_entry_point_imports_without_collections_and_leaves_the_collector_on(tmp_path):
-    """`python -m rlexp.train` imports torch and Hydra with the garbage collector off (start-up speed),
-    then freezes what the imports made and turns the collector back on, whatever the run does next."""
-    probe = (
-        "import gc, runpy, sys\n"
-        "sys.argv = ['rlexp.train', '--help']\n"
-        "try:\n    runpy.run_module('rlexp.train', run_name='__main__')\n"
-        "except SystemExit:\n    pass\n"
-        "print('probe', gc.isenabled(), gc.get_freeze_count())\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", probe], cwd=ROOT, env=cli_env(tmp_path), capture_output=True, text=True, timeout=TIMEOUT
-    )
-    _, enabled, frozen = out.stdout.strip().splitlines()[-1].split()
-    assert enabled == "True"
-    assert int(frozen) > 100_000  # torch's and Hydra's objects, out of every later collection's way
-
-
-def test_every_group_has_options():
-    for group in GROUPS:
-        assert options(group), f"conf/{group}/ has no option"
-
-
-def partners(group: str, option: str, cfg: Any) -> list[str]:
-    """The overrides that make an option valid with the defaults: an algorithm with an env of its kind
-    of actions or agents, a torso with its kind of observations, an env with an algorithm (and torso)
-    that handles it."""
-    if group == "algo" and ALGOS[option].multi_agent:
-        return ["env=simple_spread"]
-    if group == "algo" and "discrete" not in ALGOS[option].action_spaces:
-        return ["env=pendulum"]
-    if group == "network":
-        return {"mlp": [], "lstm": ["algo=ppo"], "cnn": ["env=minatar_breakout"], "nature_cnn": ["env=atari_breakout"]}[
-            option
-        ]
-    if group != "env":
-        return []
-    if is_multi_agent(cfg.env):
-        return ["algo=maddpg"]
-    if cfg.env.id.startswith("MinAtar/"):
-        return ["network=cnn"]
-    if cfg.env.id.startswith("ALE/"):  # a smaller replay than the default's 100k frame stacks
-        return ["network=nature_cnn", "algo.buffer_size=1000"]
-    if not needs_box2d(cfg.env.id) and isinstance(gym.make(cfg.env.id).action_space, gym.spaces.Box):
-        return ["algo=td3"]
-    return []
-
-
-@pytest.mark.parametrize("group,option", ALL_OPTIONS, ids=[f"{g}={o}" for g, o in ALL_OPTIONS])
-def test_every_option_composes_and_validates(group, option):
-    cfg = compose_config([f"{group}={option}"])
-    if with_partners := partners(group, option, cfg):
-        cfg = compose_config([f"{group}={option}", *with_partners])
-    if not is_multi_agent(cfg.env):
-        try:
-            check_env_id(cfg.env.id)  # registers an optional family's ids (MinAtar, ALE)
-        except ConfigError as err:
-            pytest.skip(str(err))  # its extra is missing: the line names the install command
-    node = cfg[group]
-    if group == "env":
-        assert OmegaConf.get_type(node) is EnvConfig
-        if not is_multi_agent(node):
-            assert node.id in gym.registry, f"conf/env/{option}.yaml: {node.id} is not a registered gymnasium id"
-            if needs_box2d(node.id) and not BOX2D_INSTALLED:
-                pytest.skip("needs box2d (its error is tested in test_box2d_env_without_box2d_names_the_extra)")
-    else:
-        assert node.name == option, f"conf/{group}/{option}.yaml names {node.name!r}"
-        # the yaml is backed by its option's schema, so Hydra refuses unknown keys and wrong types
-        assert OmegaConf.get_type(node) is SCHEMAS[group][option]
-    validate(cfg)  # raises ConfigError on a bad value
-
-
-def test_box2d_env_without_box2d_names_the_extra():
-    envs = [compose_config([f"env={o}"]).env for o in options("env")]
-    box2d_options = [o for o, e in zip(options("env"), envs) if not is_multi_agent(e) and needs_box2d(e.id)]
-    if not box2d_options:
-        pytest.skip("no box2d environment in conf/env")
-    if BOX2D_INSTALLED:
-        pytest.skip("box2d is installed")
-    for option in box2d_options:
-        cfg = compose_config([f"env={option}"])
-        with pytest.raises(ConfigError, match=re.escape("rlexp[box2d]")) as err:
-            validate(cfg)
-        assert err.value.key == "env.id"
-        assert cfg.env.id in str(err.value)
-
-
-@pytest.mark.parametrize("algo", options("algo"))
-def test_the_algorithms_lr_applies_to_every_optimizer(algo):
-    """README: each algorithm sets optimizer.lr for whichever optimizer is chosen; the command line wins."""
-    algo_lr = OmegaConf.load(CONF / "algo" / f"{algo}.yaml").optimizer.lr
-    for option in options("optimizer"):
-        assert compose_config([f"algo={algo}", f"optimizer={option}"]).optimizer.lr == algo_lr, option
-    assert compose_config([f"algo={algo}", "optimizer.lr=0.123"]).optimizer.lr == 0.123
-
-
-@pytest.mark.parametrize("preset", sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")))
-def test_experiment_preset_composes_and_applies(preset):
-    raw = OmegaConf.to_container(OmegaConf.load(CONF / "experiment" / f"{preset}.yaml"))
-    defaults = raw.pop("defaults", [])
-    cfg = compose_config([f"+experiment={preset}"])
-    validate(cfg)
-    for entry in defaults:
-        for key, option in entry.items():
-            group = key.replace("override", "").strip().lstrip("/")
-            if group.startswith("hydra/"):  # the sweeper or launcher: not in the job's config
-                continue
-            if group == "env":
-                assert cfg.env.id == OmegaConf.load(CONF / "env" / f"{option}.yaml").id
-            else:
-                assert cfg[group].name == option
-    for key, value in flatten(raw).items():
-        if key.startswith("hydra."):  # the launcher's and sweeper's settings are not in the job's config
-            continue
-        assert OmegaConf.to_container(OmegaConf.create({"v": OmegaConf.select(cfg, key)}))["v"] == value, key
-
-
-@pytest.mark.parametrize("override", ["+optimizer.betaa=1", "+totl_steps=10"])
-def test_appended_unknown_key_is_refused(override):
-    key = override[1:].split("=")[0]
-    with pytest.raises((HydraException, OmegaConfBaseException, ConfigError)) as err:
-        validate(compose_config([override]))
-    assert key.split(".")[-1] in str(err.value)
-
-
 # ====================================================================== 2./3. bad input on the CLI
 @pytest.fixture(scope="module")
 def bad_runs(runs):
@@ -531,77 +245,6 @@ def assert_refused(proc: subprocess.CompletedProcess, run_dir: Path, key: str, w
 def test_hydras_refusals_are_one_line_with_the_fix(bad_runs, case):
     _, key, words = HYDRA_REFUSALS[case]
     assert_refused(*bad_runs[case], key, words)
-
-
-# command line -> words of its one refusal line (in process: rlexp.cli.check_command_line, as the CLI runs it)
-COMMAND_LINE_REFUSALS = {
-    "+total_step=1000": ["config error: total_step: ", "did you mean total_steps=1000?"],
-    "algo.gama=0.9": ["config error: algo.gama: ", "did you mean algo.gamma=0.9?"],
-    "algo=dqnn": ["config error: algo: unknown option 'dqnn'", "did you mean algo=dqn?", "a2c, ddpg, dqn, maddpg"],
-    "+experiment=nan_hunt/tahn": ["config error: experiment: ", "did you mean experiment=nan_hunt/tanh"],
-    "hydra/launcher=rlexp_jobli": ["config error: hydra/launcher: ", "did you mean hydra/launcher=rlexp_joblib"],
-    "algo.double=maybe": ["config error: algo.double: 'maybe' is not true or false", "(default false)"],
-    "network.hidden=abc": ["config error: network.hidden: 'abc' is not a list", "(default [64, 64])"],
-    "optimizer.lr=abc": ["config error: optimizer.lr: 'abc' is not a number"],
-    "activation=relu)": ["config error: activation: cannot parse 'activation=relu)'"],
-    "activation=relu,tanh": ["config error: activation: ", "add -m"],
-    "total_steps=0": ["config error: total_steps: 0 is out of range"],
-    "-m activation=relu,tanh total_steps=0": ["config error: total_steps: 0 is out of range"],
-    "+experiment=stability_grid_small clipping=none,globl_norm": ["did you mean clipping=global_norm?"],
-}
-
-
-@pytest.mark.parametrize("argv", sorted(COMMAND_LINE_REFUSALS))
-def test_command_line_refusal_names_key_value_and_fix(argv):
-    with pytest.raises(ConfigError) as err:
-        check_command_line(argv.split(), CONF)
-    line = str(err.value)
-    assert "\n" not in line
-    for word in COMMAND_LINE_REFUSALS[argv]:
-        assert word in line, (word, line)
-
-
-def test_a_cell_is_named_by_what_the_sweep_varies():
-    sweep = ["activation=relu,tanh", "total_steps=300", "+experiment=nan_hunt/tanh,nan_hunt/elu"]
-    sweep += ["network.hidden=[64,64]", "seed=0,8", "env=cartpole,acrobot"]  # seeds and the env (a task): no cell
-    keys = swept_keys(sweep, {"clipping": "none,global_norm", "init": "he"})
-    assert keys == ["activation", "experiment", "clipping"]
-    job = ["activation=tanh", "total_steps=300", "+experiment=nan_hunt/elu", "network.hidden=[64,64]", "seed=8"]
-    choices = {"activation": "tanh", "clipping": "none", "init": "he", "env": "acrobot", "hydra/launcher": "basic"}
-    assert cell_name(job_settings(choices, job), keys) == "activation=tanh,experiment=nan_hunt/elu,clipping=none"
-    assert cell_name({"activation": "tanh"}, []) == "all"
-
-
-def test_command_line_check_passes_good_sweeps_and_leaves_hydras_options():
-    check_command_line(["-m", "activation=relu,tanh", "init=xavier,he"], CONF)
-    check_command_line(["+experiment=stability_grid_small", "hydra/launcher=rlexp_joblib"], CONF)
-    check_command_line(["--cfg", "job", "activation=rleu"], CONF)  # Hydra answers --cfg (and --help) itself
-    # a sweep of more than PRODUCT_LIMIT jobs is checked value by value: every value appears once
-    lists = [[f"a={i}" for i in range(9)], [f"b={i}" for i in range(9)]]
-    jobs = job_overrides([f"a={','.join(str(i) for i in range(9))}", f"b={','.join(str(i) for i in range(9))}"])
-    assert len(jobs) == 17 and {j[0] for j in jobs} == set(lists[0]) and {j[1] for j in jobs} == set(lists[1])
-    assert len(job_overrides(["a=1,2", "b=1,2,3", "c=4"])) == 6
-    # a plain single run is composed once, by Hydra (ConfigCheck); what may be a multirun is checked whole first
-    assert not needs_whole_check(["total_steps=300", "activation=tanh", "network.hidden=[8,8]"])
-    for argv in (["-m", "seed=0"], ["activation=relu,tanh"], ["+experiment=nan_hunt"], ["hydra.mode=MULTIRUN"]):
-        assert needs_whole_check(argv), argv
-
-
-@pytest.mark.parametrize("case", sorted(BAD_VALUES))
-def test_bad_value_is_one_line_naming_the_key(case, capsys):
-    """As the CLI checks a single run's composed config: one line on stderr and exit code 2."""
-    if case == "cuda_without_cuda" and torch.cuda.is_available():
-        pytest.skip("CUDA is available here")
-    overrides, key, words = BAD_VALUES[case]
-    with pytest.raises(SystemExit) as exited:
-        ConfigCheck().on_run_start(compose_config(overrides))
-    assert exited.value.code == 2
-    out, err = capsys.readouterr()
-    assert out == "" and len(err.splitlines()) == 1, (out, err)
-    line = err.splitlines()[0]
-    assert line.startswith(f"config error: {key}: "), line
-    for word in words:
-        assert word in line, (word, line)
 
 
 @pytest.mark.parametrize("case", BAD_VALUES_AS_PROCESSES)
@@ -821,7 +464,7 @@ def test_rerun_into_same_dir_rewrites_metrics(rerun_run):
     (run_dir / "summary.json").unlink()  # as if the first run had been killed before its end
     second = run_cli([*RERUN_OVERRIDES, "seed=7", f"hydra.run.dir={run_dir}"], base)
     assert second.returncode == 0, describe(second)
-    # the first attempt's files are kept aside (a finished run dir is refused: tests/test_grid.py)
+    # the first attempt's files are kept aside (a finished run dir is refused: tests/jobs/test_grid.py)
     assert json.loads((run_dir / "attempt_1" / "seed_0" / "summary.json").read_text())["seed"] == 0
     summary = json.loads((run_dir / "seed_0" / "summary.json").read_text())
     assert summary["seed"] == 7  # the second run's

@@ -1,9 +1,11 @@
-"""Tests of faults around a job: one writer per dir (a lock, taken over from a dead holder), an
-unwritable output dir, corrupt files on resume, Ctrl-C (twice), resources checked before any work, a
-crash's clean-up, W&B online without a server. The fault table in docs/grids.md names them.
+"""Tests of faults around a job: one writer per dir (a second job refused, a lock taken over from a dead
+holder), an unwritable output dir, a corrupt summary on resume, Ctrl-C (twice, and in a pack), too many
+members for the open files, a crash's clean-up, W&B online without a server. The fault table in
+docs/grids.md names them; their pieces in process are in tests/run/ (test_jobs.py, test_interrupts.py)
+and tests/compose/test_validate.py.
 
-Runs that train use ``python -m rlexp.train`` in a subprocess with a tiny budget and W&B disabled;
-every output is under pytest's tmp_path.
+Runs that train use ``python -m rlexp.train`` in a subprocess with a tiny budget and W&B disabled; every
+output is under pytest's tmp_path.
 """
 
 from __future__ import annotations
@@ -21,25 +23,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
-from test_cli import ROOT, Launch, cli_env, compose_config, describe, message_lines, read_wandb_run, run_cli
-from test_grid import check_crashed_job, check_finished_job, file_hashes, read_json
+from composing import compose_config
+from launching import ROOT, Launch, cli_env, describe, file_hashes, message_lines, read_json, read_wandb_run, run_cli
+from test_grid import check_crashed_job, check_finished_job
 
-from rlexp.compose import validate as build
-from rlexp.compose.validate import FILES_RESERVED, validate
+from rlexp.compose.validate import FILES_RESERVED
 from rlexp.config.schema import ConfigError
-from rlexp.report.main import find_job_dirs, load_job
 from rlexp.run.jobs import (
     CORRUPT,
     LOCK,
-    DeferredInterrupts,
     hold_dir,
-    inspect_job,
-    is_finished,
-    move_aside,
-    release_dir,
-    start_job,
-    write_json,
 )
 from rlexp.train import run_job
 
@@ -82,85 +75,10 @@ def interrupt_when(launch: Launch, ready: Callable[[], bool], signals: int = 1) 
         launch.stop()
 
 
-def make_finished_job(job_dir: Path, seeds: int = 2) -> dict:
-    """A finished job's files as the runner writes them: the job's summary, each member's summary and
-    metrics.jsonl; returns the job's config."""
-    config = OmegaConf.to_container(compose_config([f"num_seeds={seeds}"]), resolve=True)
-    members = []
-    for k in range(seeds):
-        member = {
-            "status": "ok",
-            "seed": k,
-            "member": k,
-            "steps": 600,
-            "final_return": 21.5,
-            "episodes": 30,
-            "wall_s": 1.0,
-            "diverged_at_step": None,
-            "divergence": None,
-        }
-        write_json(job_dir / f"seed_{k}" / "summary.json", member)
-        (job_dir / f"seed_{k}" / "metrics.jsonl").write_text('{"step": 300}\n{"step": 600}\n')
-        members.append(member)
-    write_json(job_dir / "summary.json", {"status": "ok", "num_seeds": seeds, "members": members, "config": config})
-    return config
-
-
 def cut(path: Path, keep: float = 0.5) -> None:
     """Truncate a file to a fraction of its bytes, as a kill or a full disk mid-write would."""
     data = path.read_bytes()
     path.write_bytes(data[: int(len(data) * keep)])
-
-
-def drop_key(path: Path, key: str) -> None:
-    obj = json.loads(path.read_text())
-    del obj[key]
-    path.write_text(json.dumps(obj))
-
-
-# case -> (how the file is damaged, the file, what the printed line says is wrong)
-CORRUPTIONS: dict[str, tuple[Callable[[Path], None], str, str]] = {
-    "truncated": (lambda d: cut(d / "summary.json"), "summary.json", "not JSON"),
-    "garbage": (lambda d: (d / "summary.json").write_bytes(b"\x00\xffPK garbage"), "summary.json", "not JSON"),
-    "list": (lambda d: (d / "summary.json").write_text("[1, 2]\n"), "summary.json", "not an object (an array)"),
-    "missing_status": (lambda d: drop_key(d / "summary.json", "status"), "summary.json", "missing key status"),
-    "unknown_status": (
-        lambda d: (d / "summary.json").write_text('{"status": "fine"}'),
-        "summary.json",
-        "unknown status 'fine'",
-    ),
-    "member_truncated": (lambda d: cut(d / "seed_1" / "summary.json"), "seed_1/summary.json", "not JSON"),
-    "member_missing": (lambda d: (d / "seed_1" / "summary.json").unlink(), "seed_1/summary.json", "missing"),
-    "member_missing_key": (
-        lambda d: drop_key(d / "seed_0" / "summary.json", "steps"),
-        "seed_0/summary.json",
-        "missing key steps",
-    ),
-    "metrics_tail": (
-        lambda d: (d / "seed_1" / "metrics.jsonl").write_text('{"step": 300}\n{"step": 6'),
-        "seed_1/metrics.jsonl",
-        "last line cut off",
-    ),
-    "metrics_tail_garbage": (
-        lambda d: (d / "seed_0" / "metrics.jsonl").write_text('{"step": 300}\n{"st\n'),
-        "seed_0/metrics.jsonl",
-        "last line is not JSON",
-    ),
-}
-
-
-# ====================================================================== one writer per job dir
-def test_the_lock_names_its_holder_and_is_released(tmp_path):
-    job_dir = tmp_path / "run"
-    hold_dir(job_dir)
-    try:
-        hold_dir(job_dir)  # held already by this process: nothing
-        held = json.loads((job_dir / LOCK).read_text())
-        assert held["pid"] > 0 and held["host"]
-    finally:
-        release_dir(job_dir)
-    assert not (job_dir / LOCK).exists()
-    release_dir(job_dir)  # not held: nothing
 
 
 def test_a_second_job_is_refused_while_the_first_holds_the_dir(tmp_path):
@@ -209,18 +127,6 @@ def test_a_killed_holders_lock_is_taken_over(tmp_path):
     assert not list(run_dir.glob("attempt_*"))  # a stale lock alone is no earlier attempt
 
 
-def test_a_stale_lock_confuses_neither_resume_nor_the_report(tmp_path, capsys):
-    config = make_finished_job(tmp_path)
-    (tmp_path / LOCK).write_text('{"pid": 999999999, "host": "gone"}')  # left by a killed holder
-    assert is_finished(tmp_path)
-    assert start_job(tmp_path, config, resume=True)["status"] == "ok"
-    assert find_job_dirs(tmp_path) == [tmp_path] and load_job(tmp_path, tmp_path).status == "ok"
-    (tmp_path / "seed_0" / "summary.json").unlink()  # now an unfinished attempt: moved aside, the lock stays
-    assert move_aside(tmp_path) == tmp_path / "attempt_1"
-    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK, "attempt_1"]
-    assert "resume:" in capsys.readouterr().out
-
-
 # ====================================================================== an unwritable output dir
 def test_an_unwritable_run_dir_is_refused_in_one_line(tmp_path):
     (tmp_path / "afile").write_text("a file, not a dir\n")
@@ -242,30 +148,6 @@ def test_an_unwritable_sweep_dir_is_refused_in_one_line(tmp_path):
     lines = message_lines(proc)
     assert len(lines) == 1 and "Traceback" not in proc.stderr, describe(proc)
     assert lines[0].startswith(f"config error: hydra.sweep.dir: cannot create or write {sweep}: ENOTDIR ("), lines
-
-
-# ====================================================================== corrupt files are named, never mistaken
-def test_an_intact_finished_job_is_finished(tmp_path):
-    make_finished_job(tmp_path)
-    job, problem = inspect_job(tmp_path)
-    assert job is not None and job["status"] == "ok" and problem is None
-
-
-@pytest.mark.parametrize("case", sorted(CORRUPTIONS))
-def test_a_corrupt_job_is_named_moved_aside_and_run_again(tmp_path, capsys, case):
-    damage, file, what = CORRUPTIONS[case]
-    config = make_finished_job(tmp_path)
-    damage(tmp_path)
-    assert not is_finished(tmp_path)
-    assert start_job(tmp_path, config, resume=True) is None  # the job runs again
-    lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 1, lines
-    assert lines[0].startswith(f"corrupt: {tmp_path / file}: {what}"), lines
-    assert "attempt_1/" in lines[0]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["attempt_1"]
-    reason = (tmp_path / "attempt_1" / CORRUPT).read_text()
-    assert reason.startswith(f"{file}: {what}") and reason.endswith("\n")
-    assert (tmp_path / "attempt_1" / "seed_0").is_dir()  # every file kept
 
 
 def test_resume_reruns_a_finished_run_whose_summary_is_corrupt(tmp_path):
@@ -356,42 +238,6 @@ def test_ctrl_c_in_a_packed_grid_records_every_cell_of_the_pack_crashed(tmp_path
         assert not (cell / LOCK).exists()
 
 
-def test_ctrl_c_while_training_is_acted_on_between_env_steps_and_a_third_stops_at_once():
-    """In this process (the main thread, Python's handler in place): while training, the first two
-    SIGINTs only ask the job to stop (the recorder raises at its next env step), the third raises at
-    once; while stopping, one is held until ``restore``."""
-    interrupts = DeferredInterrupts()
-    try:
-        assert interrupts._installed and not interrupts.stop_requested()
-        interrupts.training = True
-        for _ in range(2):
-            signal.raise_signal(signal.SIGINT)  # the handler runs before the next line
-            assert interrupts.stop_requested() and not interrupts.stopping
-        with pytest.raises(KeyboardInterrupt):
-            signal.raise_signal(signal.SIGINT)
-        assert interrupts.stopping
-        signal.raise_signal(signal.SIGINT)  # held
-        assert interrupts.deferred
-    finally:
-        with pytest.raises(KeyboardInterrupt):
-            interrupts.restore(raise_deferred=True)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-
-
-def test_a_ctrl_c_that_training_ended_before_acting_on_is_raised_after_the_clean_up():
-    interrupts = DeferredInterrupts()
-    interrupts.training = True
-    try:
-        signal.raise_signal(signal.SIGINT)
-        interrupts.stopping = True  # the runner's clean-up starts
-    finally:
-        with pytest.raises(KeyboardInterrupt):
-            interrupts.restore(raise_deferred=True)
-    quiet = DeferredInterrupts()
-    quiet.restore(raise_deferred=True)  # nothing noted: nothing raised
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-
-
 # ====================================================================== resources, before any work
 def test_more_members_than_open_files_allow_are_refused_naming_the_largest_that_fits(tmp_path):
     limit = 256  # the child's soft limit; W&B offline: metrics.jsonl and a W&B connection per member
@@ -419,30 +265,6 @@ def test_more_members_than_open_files_allow_are_refused_naming_the_largest_that_
         f"the largest that fits is {fits}; lower num_seeds or raise the limit (ulimit -n)"
     ), lines
     assert not (run_dir / "summary.json").exists() and not list(run_dir.glob("seed_*"))
-
-
-def test_the_largest_population_named_fits_and_one_more_does_not(monkeypatch):
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    monkeypatch.setattr(build.resource, "getrlimit", lambda which: (300, hard))
-    for mode, per_member in (("offline", 2), ("disabled", 1)):
-        fits = (300 - FILES_RESERVED) // per_member
-        validate(compose_config([f"num_seeds={fits}", f"logger.mode={mode}"]))
-        with pytest.raises(ConfigError, match=f"num_seeds: {fits + 1} needs .* the largest that fits is {fits};"):
-            validate(compose_config([f"num_seeds={fits + 1}", f"logger.mode={mode}"]))
-
-
-def test_a_replay_memory_beyond_the_available_memory_is_refused_naming_the_largest_that_fits(monkeypatch):
-    with pytest.raises(ConfigError, match=r"^config error: algo.buffer_size: 1000000000000 with num_seeds=1 needs ~"):
-        validate(compose_config(["algo.buffer_size=1000000000000"]))  # 44 TB of replay
-    monkeypatch.setattr(build, "available_memory", lambda device: 2**30)
-    with pytest.raises(ConfigError, match=r"the largest that fits is (\d+); lower algo.buffer_size") as refused:
-        validate(compose_config(["algo.buffer_size=100000000"]))
-    fits = int(refused.value.args[0].split("the largest that fits is ")[1].split(";")[0])
-    row = (2 * 4 + 1 + 2) * 4  # CartPole: obs | next_obs | action | reward | terminated, float32
-    assert fits * row < 2**30 < (fits + 2) * row + 2**20  # about all of it, nothing more
-    validate(compose_config([f"algo.buffer_size={fits}"]))
-    with pytest.raises(ConfigError, match="algo.buffer_size"):
-        validate(compose_config([f"algo.buffer_size={fits + 1}"]))
 
 
 # ====================================================================== a crash's clean-up

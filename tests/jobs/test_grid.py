@@ -1,4 +1,4 @@
-"""Tests of the stability-grid presets, the launchers, resume and failure isolation.
+"""Tests of the launchers, resume and failure isolation.
 
 Every grid runs for real: ``python -m rlexp.train`` in a subprocess through Hydra's own launcher
 plugins (basic, joblib, submitit local; Ray in its own environment, marked slow), with a tiny budget,
@@ -7,10 +7,8 @@ W&B offline or disabled, and every output under pytest's tmp_path.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import itertools
-import json
 import os
 import re
 import shutil
@@ -22,48 +20,36 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from composing import compose_hydra
-from omegaconf import OmegaConf
-from test_cli import CONF, Launch, compose_config, describe, message_lines, read_jsonl, read_wandb_run, run_cli
+from launching import (
+    Launch,
+    describe,
+    file_hashes,
+    job_dirs,
+    message_lines,
+    read_json,
+    read_jsonl,
+    read_wandb_run,
+    run_cli,
+)
 
-from rlexp.config.schema import ConfigError
-from rlexp.run.jobs import config_difference, move_aside, start_job, write_json
+from rlexp.run.jobs import write_json
 from rlexp.run.loggers import _fit as fit_wandb  # W&B group names: the cell, cut to 128 characters
 
 BUDGET = ["total_steps=600", "algo.learning_starts=200", "logger.log_every=300", "logger.progress=off"]
 SMALL = ["+experiment=stability_grid_small", *BUDGET]
 SMALL_CELLS = sorted(itertools.product(["relu", "tanh"], ["none", "global_norm"]))
-SEEDS = 2  # the small grid's population
+
+
 ROWS = 2  # metrics.jsonl records per member: total_steps / log_every
 JOBLIB = ["hydra/launcher=rlexp_joblib", "hydra.launcher.n_jobs=2"]
 CRASH = "debug.crash_at_step=400"
 CRASHED = "a forced crash at env step 400"
-FULL_GRID = {
-    "activation": ["relu", "elu", "tanh", "softsign"],
-    "init": ["xavier", "he", "orthogonal"],
-    "normalization": ["none", "batch", "layer", "weight"],
-    "clipping": ["none", "global_norm"],
-    "optimizer": ["adam", "rmsprop"],
-}
+
+
 RAY_INSTALLED = importlib.util.find_spec("hydra_plugins.hydra_ray_launcher") is not None
 
 
 # ====================================================================== helpers
-def job_dirs(sweep: Path) -> list[Path]:
-    return sorted((p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
-
-
-def read_json(path: Path) -> dict:
-    return json.loads(path.read_text())
-
-
-def file_hashes(root: Path) -> dict[str, str]:
-    """sha256 of every file under root, by relative path."""
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
 
 
 def check_finished_job(job_dir: Path, wandb: bool = False) -> dict:
@@ -102,92 +88,6 @@ def check_crashed_job(job_dir: Path, error: str, wandb: bool = False) -> dict:
 
 def choices_of(job: dict) -> tuple:
     return job["choices"]["activation"], job["choices"]["clipping"]
-
-
-# ====================================================================== presets compose
-def test_stability_grid_preset_is_the_canonical_grid():
-    cfg = compose_hydra(["+experiment=stability_grid"], return_hydra_config=True)
-    assert cfg.hydra.mode.name == "MULTIRUN"
-    assert cfg.hydra.sweep.dir == "outputs/grids/stability_grid"
-    params = {k: str(v).split(",") for k, v in cfg.hydra.sweeper.params.items()}
-    assert params == FULL_GRID
-    assert len(list(itertools.product(*params.values()))) == 192
-    for group, opts in params.items():
-        assert all((CONF / group / f"{o}.yaml").is_file() for o in opts), group
-    assert (cfg.num_seeds, cfg.total_steps, cfg.algo.name, cfg.env.id) == (8, 50_000, "dqn", "CartPole-v1")
-
-
-def test_small_grid_preset_is_a_few_cells_with_a_tiny_budget():
-    cfg = compose_hydra(["+experiment=stability_grid_small"], return_hydra_config=True)
-    assert cfg.hydra.mode.name == "MULTIRUN"
-    assert cfg.hydra.sweep.dir == "outputs/grids/stability_grid_small"
-    params = {k: str(v).split(",") for k, v in cfg.hydra.sweeper.params.items()}
-    assert sorted(itertools.product(params["activation"], params["clipping"])) == SMALL_CELLS
-    assert (cfg.num_seeds, cfg.total_steps, cfg.algo.learning_starts) == (SEEDS, 2000, 200)
-
-
-def test_resume_does_not_change_the_cell():
-    cfg = compose_hydra(["resume=true"], return_hydra_config=True)
-    assert cfg.resume is True
-    assert "resume" in cfg.hydra.job.config.override_dirname.exclude_keys
-
-
-@pytest.mark.parametrize(
-    "preset, target, keys",
-    [
-        ("rlexp_joblib", "JoblibLauncher", {"n_jobs": -1, "prefer": "processes"}),
-        ("rlexp_packed", "PackedLauncher", {"n_jobs": -1, "max_members": 96}),
-        ("rlexp_submitit_local", "LocalLauncher", {"timeout_min": 60}),
-        ("rlexp_slurm", "SlurmLauncher", {"partition": None, "cpus_per_task": 2, "mem_gb": 4, "array_parallelism": 64}),
-        pytest.param(
-            "rlexp_ray",
-            "RayLauncher",
-            {},
-            marks=pytest.mark.skipif(
-                not RAY_INSTALLED,
-                reason="hydra-ray-launcher is not installed here (its own extra: pip install -e '.[ray]')",
-            ),
-        ),
-    ],
-)
-def test_launcher_preset_composes_on_the_plugin(preset, target, keys):
-    launcher = compose_hydra(
-        ["+experiment=stability_grid", f"hydra/launcher={preset}"], return_hydra_config=True
-    ).hydra.launcher
-    assert launcher._target_.endswith(f".{target}")
-    assert {k: launcher[k] for k in keys} == keys
-
-
-# ====================================================================== job dirs, in process
-def test_move_aside_keeps_every_attempt(tmp_path):
-    (tmp_path / ".hydra").mkdir()
-    (tmp_path / "seed_0").mkdir()
-    (tmp_path / "seed_0" / "metrics.jsonl").write_text("first\n")
-    assert move_aside(tmp_path) == tmp_path / "attempt_1"
-    (tmp_path / "error.txt").write_text("second\n")
-    assert move_aside(tmp_path) == tmp_path / "attempt_2"
-    assert move_aside(tmp_path) is None
-    assert (tmp_path / "attempt_1" / "seed_0" / "metrics.jsonl").read_text() == "first\n"
-    assert (tmp_path / "attempt_2" / "error.txt").read_text() == "second\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".hydra", "attempt_1", "attempt_2"]
-
-
-def test_resume_refuses_a_finished_job_of_another_config(tmp_path):
-    config = OmegaConf.to_container(compose_config(), resolve=True)
-    write_json(tmp_path / "summary.json", {"status": "diverged", "config": config})
-    before = file_hashes(tmp_path)
-    assert (
-        start_job(tmp_path, {**config, "resume": True, "logger": {**config["logger"], "progress": "off"}}, resume=True)[
-            "status"
-        ]
-        == "diverged"
-    )
-    with pytest.raises(ConfigError, match="total_steps"):
-        start_job(tmp_path, {**config, "total_steps": 7}, resume=True)
-    with pytest.raises(ConfigError, match="resume=true"):
-        start_job(tmp_path, config, resume=False)
-    assert file_hashes(tmp_path) == before
-    assert config_difference(config, {**config, "algo": {**config["algo"], "gamma": 0.5}})[0] == "algo.gamma"
 
 
 # ====================================================================== launchers, for real

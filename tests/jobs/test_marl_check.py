@@ -1,6 +1,6 @@
 """scripts/marl_check.py: rlexp and BenchMARL (in its own venv) on VMAS, side by side.
 
-The comparison itself runs with ``python -m pytest -m slow tests/test_marl_check.py``; it needs BenchMARL's
+The comparison itself runs with ``python -m pytest -m slow tests/jobs/test_marl_check.py``; it needs BenchMARL's
 venv (``MARL_CHECK_BENCHMARL_PYTHON``, default the script's /work/venvs/benchmarl/bin/python).
 """
 

@@ -2,24 +2,20 @@
 
 Smoke runs: each continuous-action algorithm family (TD3, DDPG, SAC, PPO) trains a population of two
 on one of the presets for a few hundred steps, its members healthy and with finite losses; without
-MuJoCo installed they skip with the install command. A missing extra is refused in one line naming
-the command that installs it.
+MuJoCo installed they skip with the install command. (A missing extra: tests/envs/test_extras.py.)
 """
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 
 import pytest
-from test_actor_critic import QUIET, compose_config
+from composing import compose_config
 
-from rlexp.compose.validate import validate
-from rlexp.config.schema import ConfigError
-from rlexp.envs.gym import make_env
 from rlexp.train import run_job
 
+QUIET = ["logger.mode=disabled", "logger.progress=off", "device=cpu", "threads=1"]
 SMOKE = {  # algo -> (env preset, its gymnasium id, the algorithm's tiny budget)
     "td3": ("halfcheetah", "HalfCheetah-v5", ["total_steps=120", "algo.learning_starts=60", "algo.batch_size=16"]),
     "ddpg": ("hopper", "Hopper-v5", ["total_steps=120", "algo.learning_starts=60", "algo.batch_size=16"]),
@@ -41,17 +37,3 @@ def test_each_algorithm_family_runs_on_a_mujoco_preset(algo, tmp_path, monkeypat
     records = [json.loads(line) for line in (tmp_path / "seed_1" / "metrics.jsonl").read_text().splitlines()]
     losses = [r[key] for r in records for key in ("train/critic_loss", "train/loss") if key in r]
     assert losses and all(math.isfinite(v) for v in losses)
-
-
-def test_a_missing_mujoco_is_one_line_naming_the_extra(monkeypatch):
-    """gymnasium's MuJoCo modules imported anew with ``import mujoco`` failing, as without the extra."""
-    monkeypatch.setitem(sys.modules, "mujoco", None)
-    for name in [m for m in sys.modules if m.startswith("gymnasium.envs.mujoco")]:
-        monkeypatch.delitem(sys.modules, name)
-    cfg = compose_config(["algo=sac", "env=hopper"])
-    with pytest.raises(ConfigError) as err:
-        validate(cfg)
-    assert err.value.key == "env.id"
-    assert "pip install 'rlexp[mujoco]'" in str(err.value) and "\n" not in str(err.value)
-    with pytest.raises(ConfigError):
-        make_env(cfg.env)

@@ -13,12 +13,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_cli import compose_config, describe, message_lines, read_jsonl, run_cli
-from test_grid import CRASH, CRASHED, SMALL, check_crashed_job, check_finished_job, file_hashes, job_dirs, read_json
+from composing import compose_config
+from launching import describe, file_hashes, job_dirs, message_lines, read_json, read_jsonl, run_cli
+from test_grid import CRASH, CRASHED, SMALL, check_crashed_job, check_finished_job
 
 from rlexp.algos import ALGOS
-from rlexp.config.schema import ConfigError
-from rlexp.run.pack import Cell, pack_key, pack_work, plan_packs, run_pack
+from rlexp.run.pack import Cell, plan_packs, run_pack
 from rlexp.run.runner import run_population
 from rlexp.train import prepare
 
@@ -194,34 +194,6 @@ def test_a_resumed_pack_trains_the_cells_of_each_starting_point_as_one_populatio
             whole, cut = tmp_path / "whole" / str(i) / f"seed_{k}", tmp_path / "cut" / str(i) / f"seed_{k}"
             assert metrics(cut) == metrics(whole) and member_summary(cut) == member_summary(whole), (i, k)
             assert same(without_env(checkpoint(cut)["state"]), without_env(checkpoint(whole)["state"])), (i, k)
-
-
-def test_pack_key_separates_shapes_and_loops_not_per_member_keys():
-    base = compose_config(DQN)
-    same = [["optimizer=rmsprop"], ["init=he", "clipping=agc"], ["seed=7", "num_seeds=3"], ["algo.gamma=0.9"]]
-    different = [["normalization=layer"], ["activation=tanh"], ["network.hidden=[32,32]"], ["total_steps=900"]]
-    key = pack_key(base, member_keys("dqn"))
-    assert all(pack_key(compose_config([*DQN, *v]), member_keys("dqn")) == key for v in same)
-    assert all(pack_key(compose_config([*DQN, *v]), member_keys("dqn")) != key for v in different)
-    # an algorithm without per-member keys packs only equal cells
-    assert pack_key(compose_config([*DQN, "init=he"]), ()) != pack_key(base, ())
-
-
-def test_plan_packs_bounds_members_and_refuses_below_one(tmp_path):
-    cells = cells_of(tmp_path, DQN, [["init=he"], ["init=xavier"], ["init=orthogonal"], ["activation=tanh"]])
-    packs = plan_packs(cells, member_keys, 4)
-    assert sorted(len(p) for p in packs) == [1, 1, 2]  # 3 relu cells of 2 members: 2 + 1; tanh alone
-    with pytest.raises(ConfigError, match="max_members"):
-        plan_packs(cells, member_keys, 0)
-
-
-def test_plan_packs_queues_the_largest_work_first(tmp_path):
-    variants = [["init=he"], ["normalization=layer"], ["normalization=layer", "init=he"], ["total_steps=1200"]]
-    cells = cells_of(tmp_path, DQN, variants)
-    packs = plan_packs(cells, member_keys, 64)
-    # 2 cells x layer norm (7 components), 1 cell x 2x the steps, 1 cell (5 components each)
-    assert [[c.out_dir.name for c in p] for p in packs] == [["1", "2"], ["3"], ["0"]]
-    assert [pack_work(p) for p in packs] == [4 * 600 * 7, 2 * 1200 * 5, 2 * 600 * 5]
 
 
 PPO = ["algo=ppo", "env=cartpole", "total_steps=512", "num_seeds=2", "network.hidden=[16,16]", "algo.num_steps=16"]
