@@ -294,7 +294,6 @@ def flat(cfg, prefix: str = "") -> dict:
     return out
 
 
-@pytest.mark.slow  # composes 12 configs (~8 s)
 def test_seed_marl_fixes_change_one_thing_each():
     presets = sorted(p.stem for p in (Path(CONF_DIR) / "experiment" / "seed_marl").glob("*.yaml"))
     assert sorted(SEED_MARL_CHANGES) == sorted(p.replace("clip_", "clipping_") for p in presets)

@@ -1,6 +1,6 @@
 """Whole-config checks of rlexp/compose/validate.py: image observations need a convolutional torso and
 the reverse; resources (open files, replay memory) are refused before any work, naming the largest
-population or replay that fits."""
+population or replay that fits; an environment's spaces read once per env config."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ from composing import compose_config
 
 from rlexp.compose import validate as build
 from rlexp.compose.validate import FILES_RESERVED, validate
-from rlexp.config.schema import (
-    ConfigError,
-)
+from rlexp.config.schema import ConfigError
+from rlexp.envs.gym import make_env
 
 TINY = ["logger.mode=disabled", "logger.progress=off", "device=cpu", "threads=1", "eval.episodes=1", "eval.every=0"]
 
@@ -56,3 +55,35 @@ def test_a_replay_memory_beyond_the_available_memory_is_refused_naming_the_large
     validate(compose_config([f"algo.buffer_size={fits}"]))
     with pytest.raises(ConfigError, match="algo.buffer_size"):
         validate(compose_config([f"algo.buffer_size={fits + 1}"]))
+
+
+def test_an_envs_spaces_are_read_once_per_env_config_and_a_failure_is_not_kept(monkeypatch):
+    made = []
+
+    def counted(env_cfg):
+        made.append(env_cfg.id)
+        return make_env(env_cfg)
+
+    monkeypatch.setattr(build, "ENV_SPACES", {})
+    monkeypatch.setattr(build, "make_env", counted)
+    pendulum = ["algo=td3", "env=pendulum"]
+    validate(compose_config(pendulum))
+    validate(compose_config([*pendulum, "optimizer.lr=0.1", "num_seeds=3"]))  # another cell, the same env
+    assert made == ["Pendulum-v1"]
+    validate(compose_config([*pendulum, "+env.kwargs.g=3.0"]))  # another env config: made anew
+    assert made == ["Pendulum-v1"] * 2
+    env = make_env(compose_config(pendulum).env)  # what validation read is what the env has
+    spaces = build.env_spaces(compose_config(pendulum).env)
+    assert (spaces.obs_shape, spaces.obs_space, spaces.kind) == (env.observation_space.shape, "Box", "continuous")
+    assert (spaces.action_dim, spaces.frames, spaces.stack) == (env.action_space.shape[0], False, 1)
+    env.close()
+
+    def refused(env_cfg):
+        made.append(env_cfg.id)
+        raise ConfigError("env.id", "cannot be made", "a fix")
+
+    monkeypatch.setattr(build, "make_env", refused)
+    for _ in range(2):  # raised each time, never kept as spaces
+        with pytest.raises(ConfigError, match="cannot be made"):
+            validate(compose_config([*pendulum, "env.max_episode_steps=50"]))
+    assert made == ["Pendulum-v1"] * 2 + ["Pendulum-v1"] * 2

@@ -9,6 +9,7 @@ import sys
 import pytest
 from composing import compose_config
 
+from rlexp.compose import validate as validate_module
 from rlexp.compose.validate import validate
 from rlexp.config.schema import ConfigError
 from rlexp.envs.gym import make_env
@@ -47,7 +48,9 @@ def test_a_missing_extra_names_the_install_command(monkeypatch):
 
 
 def test_a_missing_mujoco_is_one_line_naming_the_extra(monkeypatch):
-    """gymnasium's MuJoCo modules imported anew with ``import mujoco`` failing, as without the extra."""
+    """gymnasium's MuJoCo modules imported anew with ``import mujoco`` failing, as without the extra (in a
+    process that has not made the env yet: no spaces read before)."""
+    monkeypatch.setattr(validate_module, "ENV_SPACES", {})
     monkeypatch.setitem(sys.modules, "mujoco", None)
     for name in [m for m in sys.modules if m.startswith("gymnasium.envs.mujoco")]:
         monkeypatch.delitem(sys.modules, name)
