@@ -21,9 +21,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     that runs a test sets up its fixtures: a module's CLI runs or grid, shared by its tests, would run once per
     worker. A test that uses a module- or session-scoped fixture of a test module goes to that module's group,
     which one worker runs."""
+
+    def is_job(item: pytest.Item) -> bool:
+        return Path(item.path).relative_to(TESTS).parts[0] == "jobs"
+
     for item in items:
-        jobs = Path(item.path).relative_to(TESTS).parts[0] == "jobs"
-        item.add_marker(pytest.mark.job if jobs else pytest.mark.unit)
+        item.add_marker(pytest.mark.job if is_job(item) else pytest.mark.unit)
+    # the whole jobs first, the parts after (each file's tests stay together, in their order): xdist hands the
+    # tests out in this order, so the long ones start early and the short ones fill both workers to the end
+    items.sort(key=lambda item: not is_job(item))
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
