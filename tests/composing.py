@@ -4,7 +4,7 @@ Hydra composes a config in two parts (hydra/_internal/config_loader_impl.py): th
 group choices (``activation=tanh``, ``+experiment=nan_hunt``) select, is loaded and merged (about half a
 second); then the key overrides (``optimizer.lr=0.1``, ``+env.kwargs.x=1``) are applied to the result in
 their order. ``compose_config`` caches the first part per process, by its group choices, and applies the
-key overrides with Hydra's own function. tests/test_config.py checks it against ``hydra.compose``.
+key overrides with Hydra's own function. tests/compose/test_config.py checks it against ``hydra.compose``.
 """
 
 from __future__ import annotations

@@ -4,13 +4,14 @@ Hydra's structured configs already refuse unknown keys and wrong types. ``valida
 non-finite float anywhere, walks the config groups and calls each registry's own check
 (``check_clipping`` beside the clippers, ...), then checks every other key's domain and the
 combinations that cannot work. Every numeric key has a domain, whichever option or algorithm reads it:
-``tests/test_config.py`` tries a value outside it for each.
+``tests/compose/test_config.py`` tries a value outside it for each.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import os
 import re
@@ -29,7 +30,7 @@ from rlexp.config.schema import ConfigError, require, require_choice
 from rlexp.data.buffers import FrameStackReplay
 from rlexp.diagnostics.interventions import check_intervention
 from rlexp.envs.gym import check_env_id, frame_stack, make_env
-from rlexp.envs.marl import MultiAgentPopulationEnv, check_marl_env, is_multi_agent
+from rlexp.envs.marl import AgentSpace, MultiAgentPopulationEnv, check_marl_env, is_multi_agent
 from rlexp.nn.activations import check_activation
 from rlexp.nn.init import check_init
 from rlexp.nn.nets import check_normalization
@@ -330,34 +331,82 @@ def action_kind(space: gym.Space) -> str:
     return type(space).__name__
 
 
+@dataclasses.dataclass(frozen=True)
+class EnvSpaces:
+    """What validation reads of a gymnasium environment's spaces."""
+
+    obs_shape: tuple[int, ...]
+    obs_space: str  # the observation space's class name
+    frames: bool  # uint8 observations
+    stack: int  # frames an observation stacks (``frame_stack``)
+    kind: str  # ``action_kind`` of the action space
+    action_dim: int  # the number of actions of a discrete space, the vector's length of a continuous one
+
+
+# An environment's spaces, by its config (and, for a multi-agent world, the seed it is made with): making the
+# environment is most of a validation's cost (an Atari ROM, a MuJoCo model, a VMAS world), and a sweep's check
+# (rlexp.cli) or a pack (run_pack) validates every cell of one env. Spaces are a function of the config in a
+# process; a failure is raised again on the next call, never kept.
+ENV_SPACES: dict[str, Any] = {}
+
+
+def _env_key(env_cfg: DictConfig, *extra: Any) -> str:
+    return json.dumps([OmegaConf.to_container(env_cfg, resolve=True), *extra], sort_keys=True, default=str)
+
+
+def env_spaces(env_cfg: DictConfig) -> EnvSpaces:
+    """The spaces of ``make_env(env_cfg)``, the environment made (and closed) once per config."""
+    key = _env_key(env_cfg)
+    if key not in ENV_SPACES:
+        env = make_env(env_cfg)
+        try:
+            obs, space = env.observation_space, env.action_space
+            discrete = isinstance(space, gym.spaces.Discrete)
+            ENV_SPACES[key] = EnvSpaces(
+                obs_shape=tuple(obs.shape or ()),
+                obs_space=type(obs).__name__,
+                frames=obs.dtype == np.uint8,
+                stack=frame_stack(env),
+                kind=action_kind(space),
+                action_dim=int(space.n) if discrete else int(np.prod(space.shape or (1,))),
+            )
+        finally:
+            env.close()
+    return ENV_SPACES[key]
+
+
 def _validate_action_space(cfg: DictConfig) -> tuple[int, int, bool, int]:
     """Refuse an env whose spaces the algorithm or the network cannot handle; returns (observation size,
     action size: the number of actions of a discrete space, the vector's length of a continuous one,
     whether observations are uint8 frames, how many frames an observation stacks)."""
     if is_multi_agent(cfg.env) or ALGOS[cfg.algo.name].multi_agent:
         return (*_validate_agents(cfg), False, 1)  # vector observations
-    env = make_env(cfg.env)
-    try:
-        check_observations(cfg.network, env.observation_space.shape, cfg.env.id)
-        frames, stack = env.observation_space.dtype == np.uint8, frame_stack(env)
-        kind = action_kind(env.action_space)
-        obs_dim = int(np.prod(env.observation_space.shape or (1,)))
-        space = env.action_space
-        action_dim = int(space.n) if isinstance(space, gym.spaces.Discrete) else int(np.prod(space.shape or (1,)))
-        if not isinstance(env.observation_space, gym.spaces.Box):
-            raise ConfigError(
-                "env.id",
-                f"{cfg.env.id} has a {type(env.observation_space).__name__} observation space",
-                "use an environment with Box (vector) observations",
-            )
-    finally:
-        env.close()
-    spec = ALGOS[cfg.algo.name]
+    spaces = env_spaces(cfg.env)
+    check_observations(cfg.network, spaces.obs_shape, cfg.env.id)
+    if spaces.obs_space != "Box":
+        raise ConfigError(
+            "env.id",
+            f"{cfg.env.id} has a {spaces.obs_space} observation space",
+            "use an environment with Box (vector) observations",
+        )
+    spec, kind = ALGOS[cfg.algo.name], spaces.kind
     if kind not in spec.action_spaces:
         fits = [name for name, s in ALGOS.items() if kind in s.action_spaces]
         fix = f"use algo={' or algo='.join(fits)}" if fits else f"no algorithm here handles {kind} actions yet"
         raise ConfigError("algo", f"algo={cfg.algo.name} cannot handle {cfg.env.id}'s {kind} action space", fix)
-    return obs_dim, action_dim, frames, stack
+    return int(np.prod(spaces.obs_shape or (1,))), spaces.action_dim, spaces.frames, spaces.stack
+
+
+def _agent_spaces(env_cfg: DictConfig, seed: int) -> tuple[list[AgentSpace], int]:
+    """A multi-agent world's agents' spaces and its joint observation size, the world made once per config."""
+    key = _env_key(env_cfg, seed)
+    if key not in ENV_SPACES:
+        env = MultiAgentPopulationEnv(OmegaConf.to_object(env_cfg), [seed])
+        try:
+            ENV_SPACES[key] = (list(env.agents), env.obs_dim)
+        finally:
+            env.close()
+    return ENV_SPACES[key]
 
 
 def _validate_agents(cfg: DictConfig) -> tuple[int, int]:
@@ -372,18 +421,15 @@ def _validate_agents(cfg: DictConfig) -> tuple[int, int]:
             "use a multi-agent env "
             "(env=simple_spread, simple_adversary, vmas_navigation, vmas_balance, or env.api=pettingzoo|vmas)",
         )
-    env = MultiAgentPopulationEnv(OmegaConf.to_object(env_cfg), [cfg.seed])
-    try:
-        kinds = sorted({"discrete" if a.discrete else "continuous" for a in env.agents})
-        obs_dim, action_dim = env.obs_dim, sum(a.action_dim for a in env.agents)
-    finally:
-        env.close()
+    agents, obs_dim = _agent_spaces(env_cfg, cfg.seed)
+    kinds = sorted({"discrete" if a.discrete else "continuous" for a in agents})
+    action_dim = sum(a.action_dim for a in agents)
     if not spec.multi_agent:
         fits = [name for name in multi if set(kinds) <= set(ALGOS[name].action_spaces)]
         raise ConfigError(
             "algo",
             f"algo={cfg.algo.name} cannot handle {env_cfg.id}'s {'/'.join(kinds)} actions of "
-            f"{len(env.agents)} agents (it is single-agent)",
+            f"{len(agents)} agents (it is single-agent)",
             f"use algo={' or algo='.join(fits)}" if fits else "no multi-agent algorithm here handles them yet",
         )
     if spec.multi_agent and cfg.algo.share_parameters:
@@ -391,7 +437,7 @@ def _validate_agents(cfg: DictConfig) -> tuple[int, int]:
         tanh = cfg.algo.name == "mappo" and cfg.algo.continuous_policy == "tanh_normal"
         spaces = {
             (a.obs_dim, a.discrete, a.action_dim, *((tuple(a.low), tuple(a.high)) if tanh and not a.discrete else ()))
-            for a in env.agents
+            for a in agents
         }
         require(
             len(spaces) == 1,

@@ -1,0 +1,22 @@
+"""rlexp/replay.py's pieces: a member's own non-finite gradient found in its records."""
+
+from __future__ import annotations
+
+import torch
+
+from rlexp import replay
+
+
+def test_member_anomaly_finds_the_members_own_non_finite_gradient():
+    """Two members on the brink in different places: each one's anomaly is its own backward function."""
+    w = torch.tensor([[1e30, 1.0], [1.0, 1.0]], requires_grad=True)  # [P=2, 2]
+    x = torch.tensor([[1.0, 1.0], [0.0, 1.0]], requires_grad=True)
+    found, backward = [], torch.Tensor.backward
+    for member in (0, 1):
+        with replay.MemberAnomaly(member, members=2) as anomaly:
+            y = (w * 1e10).square()  # member 0: overflows to inf here
+            z = x.sqrt() * 0 + y * 0  # member 1: sqrt's gradient at 0 is inf
+            z.sum(1).sum().backward()
+        found.append(anomaly.found[0])
+        assert torch.Tensor.backward is backward and not torch.is_anomaly_enabled()
+    assert found == ["PowBackward0", "SqrtBackward0"], found

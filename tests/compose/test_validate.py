@@ -1,0 +1,89 @@
+"""Whole-config checks of rlexp/compose/validate.py: image observations need a convolutional torso and
+the reverse; resources (open files, replay memory) are refused before any work, naming the largest
+population or replay that fits; an environment's spaces read once per env config."""
+
+from __future__ import annotations
+
+import resource
+
+import pytest
+from composing import compose_config
+
+from rlexp.compose import validate as build
+from rlexp.compose.validate import FILES_RESERVED, validate
+from rlexp.config.schema import ConfigError
+from rlexp.envs.gym import make_env
+
+TINY = ["logger.mode=disabled", "logger.progress=off", "device=cpu", "threads=1", "eval.episodes=1", "eval.every=0"]
+
+
+def test_image_env_needs_a_convolutional_torso_and_the_reverse():
+    """env=minatar_* with network=mlp, and network=cnn on CartPole: one ConfigError naming network."""
+    from rlexp.compose.validate import validate
+    from rlexp.config.schema import ConfigError
+
+    pytest.importorskip("minatar", reason="pip install -e '.[minatar]'")
+    with pytest.raises(ConfigError, match="network=mlp cannot read MinAtar/Breakout-v0's image") as err:
+        validate(compose_config(TINY + ["env=minatar_breakout"]))
+    assert err.value.key == "network"
+    with pytest.raises(ConfigError, match=r"network=cnn needs image observations \[C, H, W\]"):
+        validate(compose_config(TINY + ["network=cnn"]))
+    with pytest.raises(ConfigError, match="does not fit the 1x1 map") as err:
+        validate(compose_config(TINY + ["env=minatar_breakout", "network=nature_cnn"]))
+    assert err.value.key == "network.conv[1]"
+
+
+def test_the_largest_population_named_fits_and_one_more_does_not(monkeypatch):
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    monkeypatch.setattr(build.resource, "getrlimit", lambda which: (300, hard))
+    for mode, per_member in (("offline", 2), ("disabled", 1)):
+        fits = (300 - FILES_RESERVED) // per_member
+        validate(compose_config([f"num_seeds={fits}", f"logger.mode={mode}"]))
+        with pytest.raises(ConfigError, match=f"num_seeds: {fits + 1} needs .* the largest that fits is {fits};"):
+            validate(compose_config([f"num_seeds={fits + 1}", f"logger.mode={mode}"]))
+
+
+def test_a_replay_memory_beyond_the_available_memory_is_refused_naming_the_largest_that_fits(monkeypatch):
+    with pytest.raises(ConfigError, match=r"^config error: algo.buffer_size: 1000000000000 with num_seeds=1 needs ~"):
+        validate(compose_config(["algo.buffer_size=1000000000000"]))  # 44 TB of replay
+    monkeypatch.setattr(build, "available_memory", lambda device: 2**30)
+    with pytest.raises(ConfigError, match=r"the largest that fits is (\d+); lower algo.buffer_size") as refused:
+        validate(compose_config(["algo.buffer_size=100000000"]))
+    fits = int(refused.value.args[0].split("the largest that fits is ")[1].split(";")[0])
+    row = (2 * 4 + 1 + 2) * 4  # CartPole: obs | next_obs | action | reward | terminated, float32
+    assert fits * row < 2**30 < (fits + 2) * row + 2**20  # about all of it, nothing more
+    validate(compose_config([f"algo.buffer_size={fits}"]))
+    with pytest.raises(ConfigError, match="algo.buffer_size"):
+        validate(compose_config([f"algo.buffer_size={fits + 1}"]))
+
+
+def test_an_envs_spaces_are_read_once_per_env_config_and_a_failure_is_not_kept(monkeypatch):
+    made = []
+
+    def counted(env_cfg):
+        made.append(env_cfg.id)
+        return make_env(env_cfg)
+
+    monkeypatch.setattr(build, "ENV_SPACES", {})
+    monkeypatch.setattr(build, "make_env", counted)
+    pendulum = ["algo=td3", "env=pendulum"]
+    validate(compose_config(pendulum))
+    validate(compose_config([*pendulum, "optimizer.lr=0.1", "num_seeds=3"]))  # another cell, the same env
+    assert made == ["Pendulum-v1"]
+    validate(compose_config([*pendulum, "+env.kwargs.g=3.0"]))  # another env config: made anew
+    assert made == ["Pendulum-v1"] * 2
+    env = make_env(compose_config(pendulum).env)  # what validation read is what the env has
+    spaces = build.env_spaces(compose_config(pendulum).env)
+    assert (spaces.obs_shape, spaces.obs_space, spaces.kind) == (env.observation_space.shape, "Box", "continuous")
+    assert (spaces.action_dim, spaces.frames, spaces.stack) == (env.action_space.shape[0], False, 1)
+    env.close()
+
+    def refused(env_cfg):
+        made.append(env_cfg.id)
+        raise ConfigError("env.id", "cannot be made", "a fix")
+
+    monkeypatch.setattr(build, "make_env", refused)
+    for _ in range(2):  # raised each time, never kept as spaces
+        with pytest.raises(ConfigError, match="cannot be made"):
+            validate(compose_config([*pendulum, "env.max_episode_steps=50"]))
+    assert made == ["Pendulum-v1"] * 2 + ["Pendulum-v1"] * 2

@@ -1,0 +1,16 @@
+"""A grid cell's name (rlexp/config/cells.py): what the sweep varies, nothing else."""
+
+from __future__ import annotations
+
+from rlexp.config.cells import cell_name, job_settings, swept_keys
+
+
+def test_a_cell_is_named_by_what_the_sweep_varies():
+    sweep = ["activation=relu,tanh", "total_steps=300", "+experiment=nan_hunt/tanh,nan_hunt/elu"]
+    sweep += ["network.hidden=[64,64]", "seed=0,8", "env=cartpole,acrobot"]  # seeds and the env (a task): no cell
+    keys = swept_keys(sweep, {"clipping": "none,global_norm", "init": "he"})
+    assert keys == ["activation", "experiment", "clipping"]
+    job = ["activation=tanh", "total_steps=300", "+experiment=nan_hunt/elu", "network.hidden=[64,64]", "seed=8"]
+    choices = {"activation": "tanh", "clipping": "none", "init": "he", "env": "acrobot", "hydra/launcher": "basic"}
+    assert cell_name(job_settings(choices, job), keys) == "activation=tanh,experiment=nan_hunt/elu,clipping=none"
+    assert cell_name({"activation": "tanh"}, []) == "all"

@@ -1,0 +1,343 @@
+"""Tests of faults around a job: one writer per dir (a second job refused, a lock taken over from a dead
+holder), an unwritable output dir, a corrupt summary on resume, Ctrl-C (twice, and in a pack), too many
+members for the open files, a crash's clean-up, W&B online without a server. The fault table in
+docs/grids.md names them; their pieces in process are in tests/run/ (test_jobs.py, test_interrupts.py)
+and tests/compose/test_validate.py.
+
+Runs that train use ``python -m rlexp.train`` in a subprocess with a tiny budget and W&B disabled; every
+output is under pytest's tmp_path.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from composing import compose_config
+from launching import ROOT, Launch, cli_env, describe, file_hashes, message_lines, read_json, read_wandb_run, run_cli
+from test_grid import check_crashed_job, check_finished_job
+
+from rlexp.compose.validate import FILES_RESERVED
+from rlexp.config.schema import ConfigError
+from rlexp.run.jobs import (
+    CORRUPT,
+    LOCK,
+    hold_dir,
+)
+from rlexp.train import run_job
+
+BUDGET = ["total_steps=600", "algo.learning_starts=200", "logger.log_every=300", "logger.progress=off"]
+TINY = [*BUDGET, "num_seeds=1", "logger.mode=disabled"]
+# a process that takes a job dir's lock with rlexp's own function, says so, and keeps it
+HOLDER = (
+    "import sys, time; from pathlib import Path; from rlexp.run.jobs import hold_dir; "
+    "hold_dir(Path(sys.argv[1])); print('held', flush=True); time.sleep(600)"
+)
+
+
+# ====================================================================== helpers
+def start_holder(job_dir: Path) -> subprocess.Popen:
+    """A subprocess holding ``job_dir``'s lock (returns once it holds it)."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(job_dir)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def kill(proc: subprocess.Popen) -> None:
+    """SIGKILL: the process gets no chance to clean up."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+
+
+def interrupt_when(launch: Launch, ready: Callable[[], bool], signals: int = 1) -> subprocess.CompletedProcess:
+    """Send the launched CLI ``signals`` SIGINTs 50 ms apart once ``ready()`` (at most 300 s); its result."""
+    try:
+        deadline = time.monotonic() + 300
+        while not ready():
+            assert launch.proc.poll() is None and time.monotonic() < deadline, describe(launch.result())
+            time.sleep(0.05)
+        for k in range(signals):
+            time.sleep(0.05 * (k > 0))
+            launch.proc.send_signal(signal.SIGINT)
+        return launch.result()
+    finally:
+        launch.stop()
+
+
+def cut(path: Path, keep: float = 0.5) -> None:
+    """Truncate a file to a fraction of its bytes, as a kill or a full disk mid-write would."""
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def test_a_second_job_is_refused_while_the_first_holds_the_dir(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "seed_0").mkdir(parents=True)
+    (run_dir / "seed_0" / "metrics.jsonl").write_text('{"step": 300}\n')  # the first job's live file
+    holder = start_holder(run_dir)
+    try:
+        before = file_hashes(run_dir)
+        with pytest.raises(ConfigError, match=f"in use by pid {holder.pid} on host "):
+            hold_dir(run_dir)
+        proc = run_cli([*TINY, f"hydra.run.dir={run_dir}"], tmp_path)
+        assert proc.returncode == 2, describe(proc)
+        lines = message_lines(proc)
+        assert len(lines) == 1 and "Traceback" not in proc.stderr, describe(proc)
+        assert lines[0].startswith(f"config error: hydra.run.dir: {run_dir} is in use by pid {holder.pid}")
+        assert file_hashes(run_dir) == before  # nothing moved, nothing written, the lock's file as it was
+        assert sorted(p.name for p in run_dir.iterdir()) == [LOCK, "seed_0"]
+    finally:
+        kill(holder)
+
+
+def test_a_held_job_dir_fails_that_job_of_a_multirun_and_the_others_run(tmp_path):
+    sweep = tmp_path / "sweep"
+    holder = start_holder(sweep / "0")
+    try:
+        proc = run_cli(["-m", *TINY, "activation=relu,tanh", f"hydra.sweep.dir={sweep}"], tmp_path)
+    finally:
+        kill(holder)
+    assert proc.returncode != 0, describe(proc)
+    assert f"{sweep / '0'} is in use by pid {holder.pid}" in proc.stdout + proc.stderr, describe(proc)
+    assert sorted(p.name for p in (sweep / "0").iterdir()) == [LOCK]  # no .hydra/, no summary
+    assert check_finished_job(sweep / "1")["choices"]["activation"] == "tanh"
+    assert not (sweep / "1" / LOCK).exists()
+
+
+def test_a_killed_holders_lock_is_taken_over(tmp_path):
+    run_dir = tmp_path / "run"
+    holder = start_holder(run_dir)
+    kill(holder)  # the kernel drops its lock; its .lock file and content stay
+    assert json.loads((run_dir / LOCK).read_text())["pid"] == holder.pid
+    proc = run_cli([*TINY, f"hydra.run.dir={run_dir}"], tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    check_finished_job(run_dir)
+    assert not (run_dir / LOCK).exists()  # released at the job's end
+    assert not list(run_dir.glob("attempt_*"))  # a stale lock alone is no earlier attempt
+
+
+# ====================================================================== an unwritable output dir
+def test_an_unwritable_run_dir_is_refused_in_one_line(tmp_path):
+    (tmp_path / "afile").write_text("a file, not a dir\n")
+    run_dir = tmp_path / "afile" / "run"
+    with pytest.raises(ConfigError, match="ENOTDIR"):
+        hold_dir(run_dir)
+    proc = run_cli([*TINY, f"hydra.run.dir={run_dir}"], tmp_path)
+    assert proc.returncode == 2, describe(proc)
+    lines = message_lines(proc)
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, describe(proc)
+    assert lines[0].startswith(f"config error: hydra.run.dir: cannot create or write {run_dir}: ENOTDIR ("), lines
+
+
+def test_an_unwritable_sweep_dir_is_refused_in_one_line(tmp_path):
+    (tmp_path / "afile").write_text("a file, not a dir\n")
+    sweep = tmp_path / "afile" / "sweep"
+    proc = run_cli(["-m", *TINY, "activation=relu,tanh", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert proc.returncode == 2, describe(proc)
+    lines = message_lines(proc)
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, describe(proc)
+    assert lines[0].startswith(f"config error: hydra.sweep.dir: cannot create or write {sweep}: ENOTDIR ("), lines
+
+
+def test_resume_reruns_a_finished_run_whose_summary_is_corrupt(tmp_path):
+    run_dir = tmp_path / "run"
+    first = run_cli([*TINY, f"hydra.run.dir={run_dir}"], tmp_path / "first")
+    assert first.returncode == 0, describe(first)
+    cut(run_dir / "summary.json")
+    second = run_cli([*TINY, "resume=true", f"hydra.run.dir={run_dir}"], tmp_path / "second")
+    assert second.returncode == 0, describe(second)
+    assert f"corrupt: {run_dir / 'summary.json'}: not JSON (" in second.stdout, describe(second)
+    check_finished_job(run_dir)
+    assert (run_dir / "attempt_1" / CORRUPT).read_text().startswith("summary.json: not JSON")
+    assert (run_dir / "attempt_1" / "seed_0" / "metrics.jsonl").exists()
+
+
+# ====================================================================== Ctrl-C
+def test_ctrl_c_records_the_job_crashed_and_resume_runs_it_again(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [
+        "total_steps=200000",
+        "algo.learning_starts=200",
+        "logger.log_every=200",
+        "logger.progress=off",
+        "num_seeds=1",
+        "logger.mode=disabled",
+        f"hydra.run.dir={run_dir}",
+    ]
+    metrics = run_dir / "seed_0" / "metrics.jsonl"
+    first = interrupt_when(
+        Launch(args, tmp_path / "first"), lambda: metrics.exists() and metrics.read_text().count("\n") >= 2
+    )
+    assert first.returncode != 0, describe(first)
+    job = read_json(run_dir / "summary.json")
+    assert job["status"] == "crashed" and job["error"] == "KeyboardInterrupt", job
+    assert read_json(run_dir / "seed_0" / "summary.json")["status"] == "crashed"
+    frames = [ln for ln in (run_dir / "error.txt").read_text().splitlines() if ln.lstrip().startswith("File ")]
+    between_env_steps = "rlexp/run/recorder/schedule.py" in frames[-1] and frames[-1].endswith("in steps")
+    assert between_env_steps, frames[-3:]
+    assert not (run_dir / LOCK).exists()
+    second = run_cli([*TINY, "resume=true", f"hydra.run.dir={run_dir}"], tmp_path / "second")
+    assert second.returncode == 0, describe(second)
+    check_finished_job(run_dir)
+    assert read_json(run_dir / "attempt_1" / "summary.json")["status"] == "crashed"
+
+
+def test_a_second_ctrl_c_during_the_clean_up_waits_for_every_summary(tmp_path):
+    """Two SIGINTs 50 ms apart: the first stops training, the second is held until every summary is
+    on disk and the W&B runs are closed."""
+    run_dir = tmp_path / "run"
+    args = [*BUDGET[1:], "total_steps=200000", "num_seeds=3", "logger.mode=offline", f"hydra.run.dir={run_dir}"]
+    proc = interrupt_when(Launch(args, tmp_path), (run_dir / "seed_2" / "metrics.jsonl").exists, signals=2)
+    assert proc.returncode != 0, describe(proc)
+    job = read_json(run_dir / "summary.json")
+    assert job["status"] == "crashed" and job["error"] == "KeyboardInterrupt", job
+    assert [m["status"] for m in job["members"]] == ["crashed"] * 3
+    for k in range(3):
+        member = read_json(run_dir / f"seed_{k}" / "summary.json")
+        assert member["status"] == "crashed" and member["error"] == "KeyboardInterrupt", member
+    assert read_wandb_run(run_dir / "seed_0")["exit_code"] == 1  # closed, not left to W&B's exit hook
+    assert not (run_dir / LOCK).exists()
+
+
+def test_ctrl_c_in_a_packed_grid_records_every_cell_of_the_pack_crashed(tmp_path):
+    """The packed launcher (in this process: n_jobs=1): one SIGINT while a pack of two cells trains
+    stops it at the next env step; both cells' and all their members' summaries say KeyboardInterrupt,
+    the W&B runs that opened are closed, and no lock is left."""
+    sweep = tmp_path / "sweep"
+    args = [
+        "+experiment=stability_grid_small",
+        *BUDGET[1:],
+        "total_steps=200000",
+        "activation=relu",
+        "clipping=none",
+        "init=he,xavier",
+        "hydra/launcher=rlexp_packed",
+        "hydra.launcher.n_jobs=1",
+        "logger.mode=offline",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    proc = interrupt_when(Launch(args, tmp_path), lambda: len(list(sweep.glob("*/seed_*/metrics.jsonl"))) == 4)
+    assert proc.returncode != 0, describe(proc)
+    assert "interrupt: the job stops at its next env step" in proc.stderr, describe(proc)
+    cells = sorted(d for d in sweep.iterdir() if d.is_dir() and d.name.isdigit())
+    assert len(cells) == 2, cells
+    for cell in cells:
+        job = check_crashed_job(cell, "KeyboardInterrupt", wandb=cell == cells[0])  # its W&B runs closed
+        assert job["error"] == "KeyboardInterrupt" and job["packed_with"] == 2, job
+        assert not (cell / LOCK).exists()
+
+
+# ====================================================================== resources, before any work
+def test_more_members_than_open_files_allow_are_refused_naming_the_largest_that_fits(tmp_path):
+    limit = 256  # the child's soft limit; W&B offline: metrics.jsonl and a W&B connection per member
+    fits = (limit - FILES_RESERVED) // 2
+    run_dir = tmp_path / "run"
+
+    def lower_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    args = [*BUDGET, "num_seeds=500", "logger.mode=offline", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlexp.train", *args],
+        cwd=ROOT,
+        env=cli_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lower_limit,
+    )
+    assert proc.returncode == 2, describe(proc)
+    lines = message_lines(proc)
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, describe(proc)
+    assert lines[0] == (
+        f"config error: num_seeds: 500 needs ~{FILES_RESERVED + 1000} open files (2 per member; limit {limit}); "
+        f"the largest that fits is {fits}; lower num_seeds or raise the limit (ulimit -n)"
+    ), lines
+    assert not (run_dir / "summary.json").exists() and not list(run_dir.glob("seed_*"))
+
+
+# ====================================================================== a crash's clean-up
+def test_a_crash_stops_every_thread_and_closes_every_wandb_run(tmp_path, monkeypatch):
+    """A crash at the first step, while the W&B runs of 20 members are still opening one by one: the
+    run opening then is closed, the ones queued are never opened, no thread of the job is left."""
+    for name in ("CONFIG", "CACHE", "DATA", "ARTIFACT"):
+        monkeypatch.setenv(f"WANDB_{name}_DIR", str(tmp_path / "wandb_home" / name.lower()))
+    before = set(threading.enumerate())
+    members, run_dir = 20, tmp_path / "run"
+    overrides = [*BUDGET[:-1], "logger.progress=rich", f"num_seeds={members}", "logger.mode=offline"]
+    with pytest.raises(RuntimeError, match="a forced crash at env step 1"):
+        run_job(compose_config([*overrides, "debug.crash_at_step=0"]), run_dir)
+    # W&B's own service threads (one set per process, started with the first run) may stay
+    new = set(threading.enumerate()) - before
+    left = [t for t in new if t.is_alive() and not t.name.startswith(("wandb-", "Otel"))]
+    assert not left, left
+    job = read_json(run_dir / "summary.json")
+    assert job["status"] == "crashed" and job["counts"]["crashed"] == members
+    opened = [k for k in range(members) if list((run_dir / f"seed_{k}" / "wandb").glob("offline-run-*"))]
+    assert 0 in opened and len(opened) < members  # ~0.1 s per run: the queue was cancelled, not worked off
+    for k in opened:
+        assert read_wandb_run(run_dir / f"seed_{k}")["exit_code"] == 1
+
+
+# ====================================================================== W&B online without a server
+def silent_server() -> tuple[socket.socket, str]:
+    """A loopback socket that accepts connections (the kernel's backlog) and never answers."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    return server, f"http://127.0.0.1:{server.getsockname()[1]}"
+
+
+def refusing_server() -> tuple[socket.socket, str]:
+    """A closed loopback port: every connection is refused."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{server.getsockname()[1]}"
+    server.close()
+    return server, url
+
+
+def run_online_without(server: Callable[[], tuple[socket.socket, str]], tmp: Path, timeout: float) -> tuple:
+    """A CLI job with W&B online against ``server`` (the socket closed afterwards): (result, wall s, url)."""
+    sock, url = server()
+    args = [*BUDGET, "num_seeds=2", "logger.mode=online", f"logger.init_timeout={timeout}"]
+    args.append(f"hydra.run.dir={tmp / 'run'}")
+    start = time.monotonic()
+    try:
+        proc = run_cli(args, tmp, WANDB_BASE_URL=url, WANDB_API_KEY="x" * 40)
+    finally:
+        sock.close()
+    return proc, time.monotonic() - start, url
+
+
+def test_wandb_online_without_a_server_logs_offline_without_holding_the_job(tmp_path):
+    """A server that accepts and never answers, and one that refuses (both jobs at once): the first
+    failure switches the whole job to offline, said in one line, within the bound of one timeout."""
+    timeout = 3
+    with ThreadPoolExecutor(2) as pool:
+        runs = {
+            name: pool.submit(run_online_without, server, tmp_path / name, timeout)
+            for name, server in (("silent", silent_server), ("refusing", refusing_server))
+        }
+    for name, run in runs.items():
+        proc, wall, url = run.result()
+        run_dir = tmp_path / name / "run"
+        assert proc.returncode == 0, describe(proc)
+        assert wall < timeout + 30, describe(proc)  # a bound on waiting for the network, not a speed test
+        said = [line for line in proc.stderr.splitlines() if line.startswith("W&B:")]
+        assert len(said) == 1 and said[0].startswith(f"W&B: {url} unreachable ("), describe(proc)
+        assert said[0].endswith(f"logging offline — sync later with: wandb sync {run_dir}/seed_*/wandb/offline-run-*")
+        check_finished_job(run_dir, wandb=True)  # each member: one offline run, finished
+        for k in range(2):
+            assert not list((run_dir / f"seed_{k}" / "wandb").glob("run-*"))  # no stray online run dir

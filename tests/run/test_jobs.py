@@ -1,0 +1,180 @@
+"""Job dirs (rlexp/run/jobs.py): the lock names its holder, a stale lock confuses neither resume nor the
+report, finished and corrupt jobs, attempts moved aside, resume refusing a finished job of another
+config."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from composing import compose_config
+from launching import (
+    file_hashes,
+)
+from omegaconf import OmegaConf
+
+from rlexp.config.schema import ConfigError
+from rlexp.report.main import find_job_dirs, load_job
+from rlexp.run.jobs import (
+    CORRUPT,
+    LOCK,
+    config_difference,
+    hold_dir,
+    inspect_job,
+    is_finished,
+    move_aside,
+    release_dir,
+    start_job,
+    write_json,
+)
+
+
+def make_finished_job(job_dir: Path, seeds: int = 2) -> dict:
+    """A finished job's files as the runner writes them: the job's summary, each member's summary and
+    metrics.jsonl; returns the job's config."""
+    config = OmegaConf.to_container(compose_config([f"num_seeds={seeds}"]), resolve=True)
+    members = []
+    for k in range(seeds):
+        member = {
+            "status": "ok",
+            "seed": k,
+            "member": k,
+            "steps": 600,
+            "final_return": 21.5,
+            "episodes": 30,
+            "wall_s": 1.0,
+            "diverged_at_step": None,
+            "divergence": None,
+        }
+        write_json(job_dir / f"seed_{k}" / "summary.json", member)
+        (job_dir / f"seed_{k}" / "metrics.jsonl").write_text('{"step": 300}\n{"step": 600}\n')
+        members.append(member)
+    write_json(job_dir / "summary.json", {"status": "ok", "num_seeds": seeds, "members": members, "config": config})
+    return config
+
+
+def cut(path: Path, keep: float = 0.5) -> None:
+    """Truncate a file to a fraction of its bytes, as a kill or a full disk mid-write would."""
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def drop_key(path: Path, key: str) -> None:
+    obj = json.loads(path.read_text())
+    del obj[key]
+    path.write_text(json.dumps(obj))
+
+
+# case -> (how the file is damaged, the file, what the printed line says is wrong)
+CORRUPTIONS: dict[str, tuple[Callable[[Path], None], str, str]] = {
+    "truncated": (lambda d: cut(d / "summary.json"), "summary.json", "not JSON"),
+    "garbage": (lambda d: (d / "summary.json").write_bytes(b"\x00\xffPK garbage"), "summary.json", "not JSON"),
+    "list": (lambda d: (d / "summary.json").write_text("[1, 2]\n"), "summary.json", "not an object (an array)"),
+    "missing_status": (lambda d: drop_key(d / "summary.json", "status"), "summary.json", "missing key status"),
+    "unknown_status": (
+        lambda d: (d / "summary.json").write_text('{"status": "fine"}'),
+        "summary.json",
+        "unknown status 'fine'",
+    ),
+    "member_truncated": (lambda d: cut(d / "seed_1" / "summary.json"), "seed_1/summary.json", "not JSON"),
+    "member_missing": (lambda d: (d / "seed_1" / "summary.json").unlink(), "seed_1/summary.json", "missing"),
+    "member_missing_key": (
+        lambda d: drop_key(d / "seed_0" / "summary.json", "steps"),
+        "seed_0/summary.json",
+        "missing key steps",
+    ),
+    "metrics_tail": (
+        lambda d: (d / "seed_1" / "metrics.jsonl").write_text('{"step": 300}\n{"step": 6'),
+        "seed_1/metrics.jsonl",
+        "last line cut off",
+    ),
+    "metrics_tail_garbage": (
+        lambda d: (d / "seed_0" / "metrics.jsonl").write_text('{"step": 300}\n{"st\n'),
+        "seed_0/metrics.jsonl",
+        "last line is not JSON",
+    ),
+}
+
+
+# ====================================================================== one writer per job dir
+def test_the_lock_names_its_holder_and_is_released(tmp_path):
+    job_dir = tmp_path / "run"
+    hold_dir(job_dir)
+    try:
+        hold_dir(job_dir)  # held already by this process: nothing
+        held = json.loads((job_dir / LOCK).read_text())
+        assert held["pid"] > 0 and held["host"]
+    finally:
+        release_dir(job_dir)
+    assert not (job_dir / LOCK).exists()
+    release_dir(job_dir)  # not held: nothing
+
+
+def test_a_stale_lock_confuses_neither_resume_nor_the_report(tmp_path, capsys):
+    config = make_finished_job(tmp_path)
+    (tmp_path / LOCK).write_text('{"pid": 999999999, "host": "gone"}')  # left by a killed holder
+    assert is_finished(tmp_path)
+    assert start_job(tmp_path, config, resume=True)["status"] == "ok"
+    assert find_job_dirs(tmp_path) == [tmp_path] and load_job(tmp_path, tmp_path).status == "ok"
+    (tmp_path / "seed_0" / "summary.json").unlink()  # now an unfinished attempt: moved aside, the lock stays
+    assert move_aside(tmp_path) == tmp_path / "attempt_1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK, "attempt_1"]
+    assert "resume:" in capsys.readouterr().out
+
+
+# ====================================================================== corrupt files are named, never mistaken
+def test_an_intact_finished_job_is_finished(tmp_path):
+    make_finished_job(tmp_path)
+    job, problem = inspect_job(tmp_path)
+    assert job is not None and job["status"] == "ok" and problem is None
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPTIONS))
+def test_a_corrupt_job_is_named_moved_aside_and_run_again(tmp_path, capsys, case):
+    damage, file, what = CORRUPTIONS[case]
+    config = make_finished_job(tmp_path)
+    damage(tmp_path)
+    assert not is_finished(tmp_path)
+    assert start_job(tmp_path, config, resume=True) is None  # the job runs again
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"corrupt: {tmp_path / file}: {what}"), lines
+    assert "attempt_1/" in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["attempt_1"]
+    reason = (tmp_path / "attempt_1" / CORRUPT).read_text()
+    assert reason.startswith(f"{file}: {what}") and reason.endswith("\n")
+    assert (tmp_path / "attempt_1" / "seed_0").is_dir()  # every file kept
+
+
+# ====================================================================== job dirs, in process
+def test_move_aside_keeps_every_attempt(tmp_path):
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / "seed_0").mkdir()
+    (tmp_path / "seed_0" / "metrics.jsonl").write_text("first\n")
+    assert move_aside(tmp_path) == tmp_path / "attempt_1"
+    (tmp_path / "error.txt").write_text("second\n")
+    assert move_aside(tmp_path) == tmp_path / "attempt_2"
+    assert move_aside(tmp_path) is None
+    assert (tmp_path / "attempt_1" / "seed_0" / "metrics.jsonl").read_text() == "first\n"
+    assert (tmp_path / "attempt_2" / "error.txt").read_text() == "second\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".hydra", "attempt_1", "attempt_2"]
+
+
+def test_resume_refuses_a_finished_job_of_another_config(tmp_path):
+    config = OmegaConf.to_container(compose_config(), resolve=True)
+    write_json(tmp_path / "summary.json", {"status": "diverged", "config": config})
+    before = file_hashes(tmp_path)
+    assert (
+        start_job(tmp_path, {**config, "resume": True, "logger": {**config["logger"], "progress": "off"}}, resume=True)[
+            "status"
+        ]
+        == "diverged"
+    )
+    with pytest.raises(ConfigError, match="total_steps"):
+        start_job(tmp_path, {**config, "total_steps": 7}, resume=True)
+    with pytest.raises(ConfigError, match="resume=true"):
+        start_job(tmp_path, config, resume=False)
+    assert file_hashes(tmp_path) == before
+    assert config_difference(config, {**config, "algo": {**config["algo"], "gamma": 0.5}})[0] == "algo.gamma"
