@@ -1,14 +1,47 @@
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
-import torch
-
-from rlexp.compose.registry import register
-
-torch.set_num_threads(1)
-register()  # the schemas and resolvers every test that composes a config needs
 
 TESTS = Path(__file__).parent
+COMPOSED = "RLEXP_TESTS_COMPOSED"  # tests/composing.py's SHARED
+
+
+def runs_tests(config: pytest.Config) -> bool:
+    """This process runs tests: an xdist worker, or a run without workers (not the controller of ``-n``)."""
+    return hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In a process that runs tests: one torch thread, rlexp's schemas and resolvers (every test that composes a
+    config needs them); the controller of ``-n`` imports neither torch nor rlexp, so its workers start sooner.
+    The session's compose cache (tests/composing.py): one dir for the session and its xdist workers (which start
+    after this and inherit the environment), removed at the end."""
+    if runs_tests(config):
+        import torch
+
+        from rlexp.compose.registry import register
+
+        torch.set_num_threads(1)
+        register()
+    if not hasattr(config, "workerinput") and COMPOSED not in os.environ:
+        config._composed_dir = tempfile.mkdtemp(prefix="rlexp-composed-")
+        os.environ[COMPOSED] = config._composed_dir
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if hasattr(config, "_composed_dir"):
+        del os.environ[COMPOSED]
+        shutil.rmtree(config._composed_dir, ignore_errors=True)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """``-m unit`` selects no test of tests/jobs/: its modules (and what they import) are not even collected."""
+    if config.getoption("markexpr") == "unit" and collection_path.is_relative_to(TESTS / "jobs"):
+        return True
+    return None
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects by the marks

@@ -3,9 +3,9 @@ one list of non-cell keys, docs/configuration.md generated from the schemas, eve
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
+import pickle
 import typing
 from dataclasses import fields
 from pathlib import Path
@@ -36,8 +36,8 @@ def _with_option(preset_cfg, probes, group: str, option: str):
     an option yaml holds its schema and its name only, and a group's keys are the group's own (both tested here),
     so two options of one schema compose to the same group but for the name."""
     probe = next(p for p in probes if SCHEMAS[group][p[group].name] is SCHEMAS[group][option])
-    cfg = copy.deepcopy(preset_cfg)
-    cfg[group] = copy.deepcopy(probe[group])
+    cfg = pickle.loads(pickle.dumps(preset_cfg))  # a deep copy (copy.deepcopy's, 4x faster)
+    cfg[group] = pickle.loads(pickle.dumps(probe[group]))
     cfg[group].name = option
     return cfg
 
