@@ -62,7 +62,7 @@ def _probes(preset: str) -> list:
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_composes_with_every_stability_option(preset):
     """A preset sets keys of its groups; every option of those groups still composes and validates."""
-    preset_cfg, probes = compose_hydra([f"+experiment={preset}"]), _probes(preset)
+    preset_cfg, probes = compose_config([f"+experiment={preset}"]), _probes(preset)
     for group in STABILITY_GROUPS:
         for option in group_options(group):
             cfg = _with_option(preset_cfg, probes, group, option)
@@ -73,7 +73,7 @@ def test_every_preset_composes_with_every_stability_option(preset):
 def test_a_preset_with_an_option_is_built_as_hydra_composes_it():
     """The construction above against Hydra itself, on the preset that writes keys of the most of these groups."""
     preset = "seed_critic"
-    preset_cfg, probes = compose_hydra([f"+experiment={preset}"]), _probes(preset)
+    preset_cfg, probes = compose_config([f"+experiment={preset}"]), _probes(preset)
     for group in STABILITY_GROUPS:
         for option in group_options(group):
             built = _with_option(preset_cfg, probes, group, option)
