@@ -14,18 +14,23 @@ def runs_tests(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None)
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """In a process that runs tests: one torch thread, rlexp's schemas and resolvers (every test that composes a
-    config needs them); the controller of ``-n`` imports neither torch nor rlexp, so its workers start sooner.
-    The session's compose cache (tests/composing.py): one dir for the session and its xdist workers (which start
-    after this and inherit the environment), removed at the end."""
-    if runs_tests(config):
+@pytest.hookimpl(trylast=True)  # after pytest-cov starts measuring in an xdist worker (its pytest_sessionstart)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """In a process that runs tests, before it collects them: one torch thread, rlexp's schemas and resolvers
+    (every test that composes a config needs them). The controller of ``-n`` imports neither torch nor rlexp,
+    so its workers start sooner."""
+    if runs_tests(session.config):
         import torch
 
         from rlexp.compose.registry import register
 
         torch.set_num_threads(1)
         register()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The session's compose cache (tests/composing.py): one dir for the session and its xdist workers (which start
+    after this and inherit the environment), removed at the end."""
     if not hasattr(config, "workerinput") and COMPOSED not in os.environ:
         config._composed_dir = tempfile.mkdtemp(prefix="rlexp-composed-")
         os.environ[COMPOSED] = config._composed_dir
