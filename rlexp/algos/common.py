@@ -250,11 +250,6 @@ def gae(
     return advantages, advantages + values
 
 
-def masked_mean(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Mean over dim 1 of x [P, B] where w [P, B] is 1 -> [P] (0 for a member with no valid sample)."""
-    return (x * w).sum(1) / w.sum(1).clamp(min=1.0)
-
-
 @dataclass
 class Minibatch:
     obs: torch.Tensor  # [P, M, obs]
@@ -263,7 +258,6 @@ class Minibatch:
     advantages: torch.Tensor  # [P, M]
     returns: torch.Tensor  # [P, M]
     values: torch.Tensor  # [P, M] V(s) when acting
-    valid: torch.Tensor  # [P, M] 1.0 for real transitions
 
 
 def ppo_losses(
@@ -275,25 +269,23 @@ def ppo_losses(
 ) -> dict[str, torch.Tensor]:
     """Per-member losses and statistics ([P] each) of one minibatch: actor_loss, critic_loss,
     policy_loss, value_loss, entropy, approx_kl, clipfrac."""
-    w = mb.valid
     log_ratio = new_log_prob - mb.log_probs
     ratio = log_ratio.exp()
     adv = mb.advantages
-    if algo.norm_adv:
-        mean = masked_mean(adv, w).unsqueeze(1)
-        var = masked_mean((adv - mean).square(), w) * (w.sum(1) / (w.sum(1) - 1).clamp(min=1.0))  # unbiased
-        adv = (adv - mean) / (var.sqrt().unsqueeze(1) + 1e-8)
+    if algo.norm_adv:  # per member, by the unbiased standard deviation (of one sample: 0)
+        std = adv.std(1, keepdim=True, correction=min(1, adv.shape[1] - 1))
+        adv = (adv - adv.mean(1, keepdim=True)) / (std + 1e-8)
     clipped_ratio = ratio.clamp(1 - algo.clip_coef, 1 + algo.clip_coef)
-    policy_loss = masked_mean(torch.maximum(-adv * ratio, -adv * clipped_ratio), w)
+    policy_loss = torch.maximum(-adv * ratio, -adv * clipped_ratio).mean(1)
     value_error = (new_values - mb.returns).square()
     if algo.clip_vloss:
         clipped_values = mb.values + (new_values - mb.values).clamp(-algo.clip_coef, algo.clip_coef)
         value_error = torch.maximum(value_error, (clipped_values - mb.returns).square())
-    value_loss = 0.5 * masked_mean(value_error, w)
-    mean_entropy = masked_mean(entropy, w)
+    value_loss = 0.5 * value_error.mean(1)
+    mean_entropy = entropy.mean(1)
     with torch.no_grad():
-        approx_kl = masked_mean((ratio - 1) - log_ratio, w)
-        clipfrac = masked_mean(((ratio - 1).abs() > algo.clip_coef).float(), w)
+        approx_kl = ((ratio - 1) - log_ratio).mean(1)
+        clipfrac = ((ratio - 1).abs() > algo.clip_coef).float().mean(1)
     return {
         "actor_loss": policy_loss - algo.ent_coef * mean_entropy,
         "critic_loss": algo.vf_coef * value_loss,

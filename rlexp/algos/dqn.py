@@ -289,8 +289,8 @@ def train(ctx: RunContext) -> None:
             actions = np.where(explore, actions, greedy)  # [P, E]
 
         result, reward = ctx.step_env(actions, step)  # reward: reward_norm's scaling
-        buffer.add(obs, actions, reward, result.obs, result.terminated, result.valid)
-        obs = result.obs
+        buffer.add(obs, actions, reward, result.obs, result.terminated, result.terminated | result.truncated)
+        obs = result.next_obs
         recorder.note(epsilon=eps)
 
         # learn

@@ -290,7 +290,7 @@ def train(ctx: RunContext) -> None:
                     window.add(agent.index, action, out)
         result, agent_reward = ctx.step_env(actions, step)  # agent_reward: [P, E, N]
         packed = np.concatenate([*stored, agent_reward.astype(np.float32)], -1)  # [P, E, A + N]
-        buffer.add(obs, packed, result.reward, result.obs, result.terminated, result.valid)
+        buffer.add(obs, packed, result.reward, result.obs, result.terminated, result.terminated | result.truncated)
         obs = result.next_obs
 
         # learn

@@ -216,7 +216,6 @@ def train(ctx: RunContext) -> None:
         ]
         obs_s, logp_s, adv_s, ret_s, val_s = samples  # [P, T*E, ...]
         act_s = [a.transpose(0, 1).reshape(members, batch, *a.shape[3:]) for a in actions_buf]
-        valid = torch.ones(members, size, device=device)
         for _ in range(algo.update_epochs):
             order = torch.from_numpy(np.argsort(ctx.streams.uniform(batch), axis=1)).to(device)  # [P, T*E]
             for m in range(algo.num_minibatches):
@@ -234,7 +233,6 @@ def train(ctx: RunContext) -> None:
                         take(adv_s)[..., i],
                         take(ret_s)[..., i],
                         take(val_s)[..., i],
-                        valid,
                     )
                     for i in range(n)
                 ]

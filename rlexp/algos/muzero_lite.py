@@ -201,7 +201,8 @@ def step_losses(out: Unroll, targets: Targets, algo: MuZeroLiteConfig) -> torch.
     reward = F.pad(targets.reward_weight * (out.rewards - targets.reward).square(), (1, 0))
     cross_entropy = -(targets.policy * torch.log_softmax(out.logits, -1)).sum(-1)
     policy = algo.policy_coef * targets.policy_weight * cross_entropy
-    per_step = (value + reward + policy).mean(1)  # [P, K + 1]
+    # [P, K + 1]: the mean over the batch as an inner reduction, whose sums do not depend on P
+    per_step = (value + reward + policy).transpose(1, 2).contiguous().mean(-1)
     scale = torch.full((K + 1,), 1.0 / K, dtype=per_step.dtype, device=per_step.device)
     scale[0] = 1.0
     return (per_step * scale).T
@@ -340,8 +341,8 @@ def train(ctx: RunContext) -> None:
             actions = np.where(explore, actions, q.argmax(-1).cpu().numpy())
         result, reward = ctx.step_env(actions, step)  # reward: reward_norm's scaling
         done = result.terminated | result.truncated
-        buffer.add(obs, actions, reward, result.obs, result.terminated, done, result.valid)
-        obs = result.obs
+        buffer.add(obs, actions, reward, result.obs, result.terminated, done)
+        obs = result.next_obs
         recorder.note(epsilon=eps)
 
         # learn

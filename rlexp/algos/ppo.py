@@ -10,16 +10,15 @@ epoch over one minibatch: the policy ratio is then 1 and the surrogate's gradien
 policy gradient. Evaluation plays the distribution's deterministic action (``evaluation_policy``): the
 likeliest action, the Gaussian's mean clipped to the action bounds, or tanh_normal's squashed location.
 
-The losses, per member, over the valid samples of a minibatch (w = 1 for real transitions):
+The losses, per member, over the samples of a minibatch:
     ratio = exp(log pi(a|s) - log pi_old(a|s));  A normalized per member when norm_adv
     policy loss = mean max(-A ratio, -A clip(ratio, 1 - clip_coef, 1 + clip_coef))
     value loss  = 0.5 mean max((V - R)^2, (V_old + clip(V - V_old, +-clip_coef) - R)^2)  (clip_vloss)
     actor loss  = policy loss - ent_coef * entropy;  critic loss = vf_coef * value loss
 GAE: delta_t = r_t + gamma (1 - terminated_t) V(s_t+1) - V(s_t);
      A_t = delta_t + gamma lambda (1 - done_t) A_t+1;  R_t = A_t + V(s_t).
-A truncated episode bootstraps from V(final observation), a terminated one from 0, and the sum
-never crosses an episode's end. gymnasium's NEXT_STEP autoreset makes the step after an episode's
-end a reset with no transition: it is masked out of every loss (and of the statistics).
+A truncated episode bootstraps from V(final observation) (the step's ``obs``, valued when it ends), a
+terminated one from 0, and the sum never crosses an episode's end.
 ``value_target=mc``: R_t = r_t + gamma (1 - done_t) R_t+1 with no value after the rollout (pure
 Monte-Carlo, the seed critic's targets), A_t = R_t - V(s_t).
 With network=lstm (``rlexp.nn.recurrent``) acting carries each network's hidden state, zeroed where an
@@ -38,7 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rlexp.algos.common import Actor, Minibatch, gae, masked_mean, ppo_losses
+from rlexp.algos.common import Actor, Minibatch, gae, ppo_losses
 from rlexp.config.schema import ActorCriticConfig, DiagnosticsConfig
 from rlexp.data.buffers import take_rows
 from rlexp.diagnostics.instruments import (
@@ -74,13 +73,9 @@ def evaluation_policy(
     return act
 
 
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """1 - Var(R - V) / Var(R) per member over the valid samples of [P, N] tensors."""
-
-    def var(x: torch.Tensor) -> torch.Tensor:
-        return masked_mean((x - masked_mean(x, w).unsqueeze(1)).square(), w)
-
-    return 1.0 - var(returns - values) / var(returns).clamp(min=1e-12)
+def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> torch.Tensor:
+    """1 - Var(R - V) / Var(R) per member over the samples of [P, N] tensors."""
+    return 1.0 - (returns - values).var(1, correction=0) / returns.var(1, correction=0).clamp(min=1e-12)
 
 
 def histograms(
@@ -110,13 +105,13 @@ def minibatches(
     """``update_epochs`` passes of ``num_minibatches`` minibatches over the rollout ``data`` ([P, T * E, ...]
     time-major), each member shuffling with its own stream: of samples, or with a recurrent ``memory``
     of whole environment sequences, which the networks unroll within the minibatch's context."""
-    members, n = data.valid.shape
+    members, n = data.returns.shape
     if memory is not None:
         size = n // steps // algo.num_minibatches  # environments per minibatch
         for _ in range(algo.update_epochs):
             order = np.argsort(ctx.streams.uniform(n // steps), axis=1)  # [P, E] environments, shuffled
             for start in range(0, size * algo.num_minibatches, size):
-                envs = torch.from_numpy(order[:, start : start + size]).to(data.valid.device)  # [P, n]
+                envs = torch.from_numpy(order[:, start : start + size]).to(data.returns.device)  # [P, n]
                 fields = (take_sequences(getattr(data, f), envs, steps) for f in Minibatch.__dataclass_fields__)
                 yield Minibatch(*fields), memory.unroll(envs)
         return
@@ -125,7 +120,7 @@ def minibatches(
     for _ in range(algo.update_epochs):
         order = np.argsort(ctx.streams.uniform(n), axis=1) + member_rows  # [P, N] rows, shuffled per member
         for start in range(0, size * algo.num_minibatches, size):
-            rows = torch.from_numpy(order[:, start : start + size].reshape(-1)).to(data.valid.device)  # [P * M]
+            rows = torch.from_numpy(order[:, start : start + size].reshape(-1)).to(data.returns.device)  # [P * M]
             fields = (take_rows(getattr(data, f), rows) for f in Minibatch.__dataclass_fields__)
             yield Minibatch(*fields), contextlib.nullcontext()
 
@@ -177,7 +172,8 @@ def train(ctx: RunContext) -> None:
     # until the rollout is complete, then moves to the device at once
     obs_np = np.zeros((*shape, obs_dim), dtype=np.float32)  # [T, P, E, obs] (normalized, as the nets saw them)
     actions_np = np.zeros((*shape, action_dim), dtype=np.float32) if continuous else np.zeros(shape, dtype=np.int64)
-    rewards_np, terminated_np, dones_np, valid_np = (np.zeros(shape, dtype=np.float32) for _ in range(4))
+    rewards_np, terminated_np, dones_np = (np.zeros(shape, dtype=np.float32) for _ in range(3))
+    final_values = torch.zeros(shape, device=device)  # V(the final observation) where an episode was truncated
 
     steps_per_rollout = T * E
     num_updates = max(1, (algo.anneal_steps or cfg.total_steps) // steps_per_rollout)  # lr schedule
@@ -193,7 +189,8 @@ def train(ctx: RunContext) -> None:
         "critic_pipe": critic_pipe,
         "interventions": intervene,
     }
-    collected = (log_probs, values, obs_np, actions_np, rewards_np, terminated_np, dones_np, valid_np)  # [T, P, ...]
+    # the rollout so far, each [T, P, ...]
+    collected = (log_probs, values, obs_np, actions_np, rewards_np, terminated_np, dones_np, final_values)
     loop = ctx.checkpoint_state(
         saved,
         lambda: (
@@ -220,11 +217,17 @@ def train(ctx: RunContext) -> None:
         env_action = actor.env_action(action, low, high) if continuous else action_np
         result, reward = ctx.step_env(env_action, step)  # reward: reward_norm's scaling
         done = result.terminated | result.truncated
+        final_values[t] = 0.0
+        if result.truncated.any():  # the value a truncated episode bootstraps from
+            with torch.no_grad():
+                final_obs = torch.from_numpy(ctx.obs_norm(result.obs)).to(device)
+                final = memory.peek("critic", final_obs, carry_on=True) if recurrent else value_of(final_obs)
+            final_values[t] = torch.where(torch.from_numpy(result.truncated).to(device), final.squeeze(-1), 0.0)
         if recurrent:
-            memory.end(done, result.valid)
+            memory.end(done)
         obs_np[t], actions_np[t], log_probs[t], values[t] = obs_in, action_np, log_prob, value
-        rewards_np[t], terminated_np[t], dones_np[t], valid_np[t] = reward, result.terminated, done, result.valid
-        obs = result.obs
+        rewards_np[t], terminated_np[t], dones_np[t] = reward, result.terminated, done
+        obs = result.next_obs
         t += 1
         if t < T:
             continue
@@ -236,14 +239,12 @@ def train(ctx: RunContext) -> None:
             for pipe in (actor_pipe, critic_pipe):
                 pipe.scale_lr(max(0.0, 1.0 - (rollout - 1) / num_updates))  # each member's lr
             recorder.note(lr=lr * max(0.0, 1.0 - (rollout - 1) / num_updates))
-        rewards, terminated, dones, valid = (
-            torch.from_numpy(x).to(device)  # [T, P, E]
-            for x in (rewards_np, terminated_np, dones_np, valid_np)
-        )
+        rewards, terminated, dones = (torch.from_numpy(x).to(device) for x in (rewards_np, terminated_np, dones_np))
         with torch.no_grad():
             last_obs = torch.from_numpy(ctx.obs_norm(obs)).to(device)
             last_value = (memory.peek("critic", last_obs) if recurrent else value_of(last_obs)).squeeze(-1)  # [P, E]
-            next_values = torch.cat([values[1:], last_value.unsqueeze(0)])
+            next_values = torch.cat([values[1:], last_value.unsqueeze(0)])  # [T, P, E]
+            next_values = torch.where(dones > terminated, final_values, next_values)  # truncated: V(final obs)
             advantages, returns = gae(rewards, values, next_values, terminated, dones, gamma, gae_lambda)
             if algo.value_target == "mc":  # Monte-Carlo: no value bootstraps the returns
                 returns = mc_returns(rewards, dones, gamma)
@@ -259,9 +260,8 @@ def train(ctx: RunContext) -> None:
             flat(advantages),
             flat(returns),
             flat(values),
-            flat(valid),
         )
-        rollout_stats = {"explained_variance": explained_variance(data.values, data.returns, data.valid)}
+        rollout_stats = {"explained_variance": explained_variance(data.values, data.returns)}
         for mb, unrolled in minibatches(data, ctx, algo, T, memory if recurrent else None):
             with unrolled:
                 diagnose = recorder.diagnose(updates)

@@ -199,8 +199,8 @@ def train(ctx: RunContext) -> None:
             a, _ = squashed_sample(out, noise, algo.log_std_min, algo.log_std_max)
             actions = np.clip((squash.center + squash.half_range * a).cpu().numpy(), low, high)
         result, reward = ctx.step_env(actions, step)  # reward: reward_norm's scaling
-        buffer.add(obs, actions, reward, result.obs, result.terminated, result.valid)
-        obs = result.obs
+        buffer.add(obs, actions, reward, result.obs, result.terminated, result.terminated | result.truncated)
+        obs = result.next_obs
 
         # learn
         if step <= learn_from or step // algo.train_frequency == prev_step // algo.train_frequency:

@@ -137,8 +137,8 @@ def train(ctx: RunContext) -> None:
             noise = normal(u, u.shape, torch.device("cpu")).numpy() * algo.exploration_noise * (high - low) / 2
             actions = np.clip(mu + noise, low, high)
         result, reward = ctx.step_env(actions, step)  # reward: reward_norm's scaling
-        buffer.add(obs, actions, reward, result.obs, result.terminated, result.valid)
-        obs = result.obs
+        buffer.add(obs, actions, reward, result.obs, result.terminated, result.terminated | result.truncated)
+        obs = result.next_obs
 
         # learn
         if step <= learn_from or step // algo.train_frequency == prev_step // algo.train_frequency:

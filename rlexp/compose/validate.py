@@ -538,9 +538,9 @@ def check_resources(cfg: DictConfig, obs_dim: int, action_dim: int, frames: bool
     if free is None or members * (replay + other) <= free:
         return
     need_text = f"needs ~{_gib(members * (replay + other))} of memory ({_gib(free)} available)"
-    row = replay // (cfg.algo.buffer_size + 1)
+    row = replay // cfg.algo.buffer_size  # bytes a transition takes (a frame stack's few extra rows spread over them)
     if replay > other and free // members - other >= 2 * row:  # the replay memory is what does not fit
-        fits = (free // members - other) // row - 1
+        fits = (free // members - other) // row
         raise ConfigError(
             "algo.buffer_size",
             f"{cfg.algo.buffer_size} with num_seeds={members} {need_text}; the largest that fits is {fits}",

@@ -30,7 +30,6 @@ class ReplayBuffer:
 
     A row packs (obs, next_obs, action, reward, terminated) as float32, so one step is one write and
     one minibatch one gather. ``action_dim`` 0 stores a discrete action index, A > 0 a vector.
-    Invalid rows (autoreset steps) go to a spare row past the end that is never sampled.
     With ``frames`` (uint8 image observations: MinAtar, Atari) obs | next_obs go to a uint8 tensor of
     their own (``frames``, a quarter of the float32 bytes) and come back as float32 when sampled.
     """
@@ -45,7 +44,6 @@ class ReplayBuffer:
         frames: bool = False,
     ) -> None:
         self.capacity = capacity
-        self.rows = capacity + 1  # + the spare row for invalid transitions
         self.obs_dim = obs_dim
         self.action_dim = action_dim
         self._action_width = max(action_dim, 1)
@@ -53,14 +51,14 @@ class ReplayBuffer:
         self._obs_width = 0 if frames else obs_dim  # float32 columns of obs (and of next_obs)
         # a row: obs | next_obs | action | reward | terminated
         self._reward_col = 2 * self._obs_width + self._action_width
-        self.data = torch.zeros(members, self.rows, self._reward_col + 2, device=device)  # [P, C+1, F]
-        self.frames = (  # [P, C+1, 2 * obs] uint8: obs | next_obs
-            torch.zeros(members, self.rows, 2 * obs_dim, dtype=torch.uint8, device=device) if frames else None
+        self.data = torch.zeros(members, capacity, self._reward_col + 2, device=device)  # [P, C, F]
+        self.frames = (  # [P, C, 2 * obs] uint8: obs | next_obs
+            torch.zeros(members, capacity, 2 * obs_dim, dtype=torch.uint8, device=device) if frames else None
         )
         self.ptr = np.zeros(members, dtype=np.int64)  # next row to write, per member (host)
-        self.size = np.zeros(members, dtype=np.int64)  # valid rows held, per member (host)
+        self.size = np.zeros(members, dtype=np.int64)  # rows held, per member (host)
         self._filling = True  # some member's memory is not full yet
-        self._row_base = np.arange(members)[:, None] * self.rows  # [P, 1]
+        self._row_base = np.arange(members)[:, None] * capacity  # [P, 1]
         self._member_np = np.arange(members)[:, None]  # [P, 1]
         self._host = self.data.numpy() if self.data.device.type == "cpu" else None  # shares memory
         self._host_frames = self.frames.numpy() if self.frames is not None and self._host is not None else None
@@ -72,7 +70,7 @@ class ReplayBuffer:
         """Bytes one member's memory takes, as ``__init__`` lays it out (``stack``, ``num_envs``: unused)."""
         obs_width = 0 if frames else obs_dim
         floats = 2 * obs_width + max(action_dim, 1) + 2  # obs | next_obs | action | reward | terminated
-        return (capacity + 1) * (4 * floats + (2 * obs_dim if frames else 0))
+        return capacity * (4 * floats + (2 * obs_dim if frames else 0))
 
     def add(
         self,
@@ -81,20 +79,17 @@ class ReplayBuffer:
         rewards: np.ndarray,
         next_obs: np.ndarray,
         terminated: np.ndarray,
-        valid: np.ndarray,
+        done: np.ndarray,
     ) -> None:
         """Store one step of E environments per member: obs [P, E, obs], actions [P, E] or [P, E, A],
-        the others [P, E].
+        the others [P, E] (``done``: the episode ended, by termination or truncation; the transition
+        replay keeps no episodes and does not read it).
 
-        Inputs are host arrays (CPU tensors work too); ``valid`` marks real transitions. On the
-        CPU the rows are written through a numpy view of the storage; on a GPU they go over in one
-        copy.
+        Inputs are host arrays (CPU tensors work too). On the CPU the rows are written through a numpy
+        view of the storage; on a GPU they go over in one copy.
         """
-        valid = np.asarray(valid, dtype=bool)
-        members, num_envs = valid.shape
-        valid_count = valid.cumsum(1)  # [P, E]
-        pos = np.where(valid, (self.ptr[:, None] + valid_count - 1) % self.capacity, self.capacity)
-        added = valid_count[:, -1]
+        members, num_envs = np.shape(rewards)
+        pos = (self.ptr[:, None] + np.arange(num_envs)) % self.capacity  # [P, E]
         rows = self._rows(obs, actions, rewards, next_obs, terminated)
         frames = None
         if self.frames is not None:
@@ -102,9 +97,9 @@ class ReplayBuffer:
             frames[..., : self.obs_dim] = obs
             frames[..., self.obs_dim :] = next_obs
         self._write(pos, rows, frames)
-        self.ptr = (self.ptr + added) % self.capacity
+        self.ptr = (self.ptr + num_envs) % self.capacity
         if self._filling:  # the size stops changing once every member's memory is full
-            self.size = np.minimum(self.size + added, self.capacity)
+            self.size = np.minimum(self.size + num_envs, self.capacity)
             self._filling = bool((self.size < self.capacity).any())
 
     def _rows(
@@ -193,13 +188,12 @@ class FrameStackReplay(ReplayBuffer):
         self.ptr = np.zeros(members, dtype=np.int64)  # as ReplayBuffer's: the next logical row
         self.size = np.zeros(members, dtype=np.int64)
         self._filling = True
-        self.rows = self.ring + 1  # + the spare row for invalid transitions
-        self.data = torch.zeros(members, self.rows, self._reward_col + 2, device=device)  # [P, R+1, F]
-        self.frames = torch.zeros(members, self.rows, 2, self.frame, dtype=torch.uint8, device=device)
-        self.prev = np.full((members, self.rows), -1, dtype=np.int64)  # [P, R+1] previous row, same episode
+        self.data = torch.zeros(members, self.ring, self._reward_col + 2, device=device)  # [P, R, F]
+        self.frames = torch.zeros(members, self.ring, 2, self.frame, dtype=torch.uint8, device=device)
+        self.prev = np.full((members, self.ring), -1, dtype=np.int64)  # [P, R] previous row, same episode
         self.last = np.full((members, num_envs), -1, dtype=np.int64)  # [P, E] newest row of an episode going on
         self.count = np.zeros(members, dtype=np.int64)
-        self._row_base = np.arange(members)[:, None] * self.rows  # [P, 1]
+        self._row_base = np.arange(members)[:, None] * self.ring  # [P, 1]
         self._member_np = np.arange(members)[:, None]  # [P, 1]
         self._host = self.data.numpy() if self.data.device.type == "cpu" else None
         self._host_frames = self.frames.numpy() if self._host is not None else None
@@ -208,9 +202,9 @@ class FrameStackReplay(ReplayBuffer):
     def member_bytes(
         cls, capacity: int, obs_dim: int, action_dim: int = 0, frames: bool = True, stack: int = 4, num_envs: int = 1
     ) -> int:
-        """Bytes one member's memory takes, as ``__init__`` lays it out: per row of the ring (and the spare
-        row) action | reward | terminated as float32, two uint8 frames and the int64 link ``prev``."""
-        rows = capacity + (stack - 1) * num_envs + 1
+        """Bytes one member's memory takes, as ``__init__`` lays it out: per row of the ring action | reward |
+        terminated as float32, two uint8 frames and the int64 link ``prev``."""
+        rows = capacity + (stack - 1) * num_envs
         return rows * (4 * 3 + 2 * (obs_dim // stack) + 8)
 
     def add(
@@ -220,23 +214,21 @@ class FrameStackReplay(ReplayBuffer):
         rewards: np.ndarray,
         next_obs: np.ndarray,
         terminated: np.ndarray,
-        valid: np.ndarray,
+        done: np.ndarray,
     ) -> None:
-        """Store one step of E environments per member (as ``ReplayBuffer.add``): each valid transition's
-        newest frames and its link to the environment's previous transition; an invalid one (the
-        autoreset step after an episode's end) starts the environment's next episode."""
-        valid = np.asarray(valid, dtype=bool)
-        members, num_envs = valid.shape
-        valid_count = valid.cumsum(1)  # [P, E]
-        pos = np.where(valid, (self.count[:, None] + valid_count - 1) % self.ring, self.ring)
+        """Store one step of E environments per member (as ``ReplayBuffer.add``): each transition's newest
+        frames and its link to the environment's previous transition; after a ``done`` [P, E] the
+        environment's next transition starts its next episode."""
+        members, num_envs = np.shape(rewards)
+        pos = (self.count[:, None] + np.arange(num_envs)) % self.ring  # [P, E]
         rows = self._rows(obs, actions, rewards, next_obs, terminated)  # [P, E, 3]: action | reward | terminated
         newest = np.empty((members, num_envs, 2, self.frame), dtype=np.uint8)  # [P, E, 2, frame]
         newest[:, :, 0] = np.asarray(obs).reshape(members, num_envs, self.stack, self.frame)[:, :, -1]
         newest[:, :, 1] = np.asarray(next_obs).reshape(members, num_envs, self.stack, self.frame)[:, :, -1]
-        self.prev[self._member_np, pos] = np.where(valid, self.last, -1)
-        self.last = np.where(valid, pos, -1)
+        self.prev[self._member_np, pos] = self.last
+        self.last = np.where(done, -1, pos)
         self._write(pos, rows, newest)
-        self.count += valid_count[:, -1]
+        self.count += num_envs
         self.ptr = self.count % self.capacity
         self.size = np.minimum(self.count, self.capacity)
         self._filling = bool((self.size < self.capacity).any())
@@ -254,7 +246,7 @@ class FrameStackReplay(ReplayBuffer):
         for k in range(self.stack - 2, -1, -1):  # back through the episode; its first frame repeats
             back = self.prev[self._member_np, chain[..., k + 1]]
             chain[..., k] = np.where(back >= 0, back, chain[..., k + 1])
-        # frames [P, R+1, 2, frame] as [P * (R+1) * 2, frame]: obs's frames (slot 0 of the chain's rows), then
+        # frames [P, R, 2, frame] as [P * R * 2, frame]: obs's frames (slot 0 of the chain's rows), then
         # next_obs's newest (slot 1 of the row)
         frame_index = np.concatenate([chain * 2, row[..., None] * 2 + 1], -1) + self._row_base[..., None] * 2
         flat = torch.from_numpy(frame_index.reshape(-1)).to(self.device)
@@ -268,7 +260,7 @@ class FrameStackReplay(ReplayBuffer):
         return Batch(obs, actions, rows[..., a], next_obs, rows[..., a + 1])
 
     def state_dict(self) -> dict[str, Any]:
-        """``ReplayBuffer``'s, and the links: ``prev`` [P, R+1], ``last`` [P, E], ``count`` [P]."""
+        """``ReplayBuffer``'s, and the links: ``prev`` [P, R], ``last`` [P, E], ``count`` [P]."""
         return super().state_dict() | {"prev": self.prev, "last": self.last, "count": self.count}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -294,24 +286,22 @@ class SequenceReplay(ReplayBuffer):
     the order they happened, so a window of consecutive steps is one gather (unrolled models).
 
     A row packs obs | next_obs | action | reward | terminated | done | n (the environment's count of
-    stored steps at this one). Autoreset steps (``valid`` False) are not stored, so consecutive rows
-    of a ring are consecutive steps. ``ptr`` [P, E] counts the steps stored per environment (the
-    ring's write position is ptr % capacity), ``size`` [P, E] the rows held; its state (``state_dict``)
-    is theirs and ``data``'s, as for the transition replay.
+    stored steps at this one): consecutive rows of a ring are consecutive steps. ``ptr`` [P, E] counts
+    the steps stored per environment (the ring's write position is ptr % capacity), ``size`` [P, E] the
+    rows held; its state (``state_dict``) is theirs and ``data``'s, as for the transition replay.
     """
 
     def __init__(self, members: int, capacity: int, num_envs: int, obs_dim: int, device: torch.device) -> None:
         self.ring = max(capacity // num_envs, 1)  # steps per environment
         self.num_envs, self.obs_dim, self.device = num_envs, obs_dim, device
         self.capacity = self.ring * num_envs
-        self.rows = self.capacity
         self._reward_col = 2 * obs_dim + 1
-        self.data = torch.zeros(members, self.rows, self._reward_col + 4, device=device)  # [P, E * ring, F]
+        self.data = torch.zeros(members, self.capacity, self._reward_col + 4, device=device)  # [P, E * ring, F]
         self.ptr = np.zeros((members, num_envs), dtype=np.int64)
         self.size = np.zeros((members, num_envs), dtype=np.int64)
         self._filling = True  # kept for the state dict's layout (ReplayBuffer's)
         self.frames = None  # observations are stored as float32 rows (no uint8 frames)
-        self._row_base = np.arange(members)[:, None] * self.rows  # [P, 1]
+        self._row_base = np.arange(members)[:, None] * self.capacity  # [P, 1]
         self._env_base = np.arange(num_envs)[None, :] * self.ring  # [1, E]
 
     @classmethod
@@ -322,7 +312,7 @@ class SequenceReplay(ReplayBuffer):
         ``capacity // num_envs`` rows of obs | next_obs | action | reward | terminated | done | n."""
         return max(capacity // num_envs, 1) * num_envs * 4 * (2 * obs_dim + 5)
 
-    def add(  # type: ignore[override]
+    def add(
         self,
         obs: np.ndarray,
         actions: np.ndarray,
@@ -330,12 +320,9 @@ class SequenceReplay(ReplayBuffer):
         next_obs: np.ndarray,
         terminated: np.ndarray,
         done: np.ndarray,
-        valid: np.ndarray,
     ) -> None:
-        """Store one step of E environments per member (host arrays: obs [P, E, obs], the others [P, E]);
-        rows where ``valid`` is False (autoreset steps) are skipped."""
-        valid = np.asarray(valid, dtype=bool)
-        members, num_envs = valid.shape
+        """Store one step of E environments per member (host arrays: obs [P, E, obs], the others [P, E])."""
+        members, num_envs = np.shape(rewards)
         rows = np.empty((members, num_envs, self.data.shape[-1]), dtype=np.float32)  # [P, E, F]
         o, a = self.obs_dim, self._reward_col
         rows[..., :o] = obs
@@ -345,12 +332,11 @@ class SequenceReplay(ReplayBuffer):
         rows[..., a + 1] = terminated
         rows[..., a + 2] = done
         rows[..., a + 3] = self.ptr
-        member, env = np.nonzero(valid)
-        pos = self._env_base[0, env] + self.ptr[member, env] % self.ring
-        flat = torch.from_numpy(self._row_base[member, 0] + pos).to(self.device)
-        values = torch.from_numpy(rows[member, env]).to(self.device)
+        pos = self._row_base + self._env_base + self.ptr % self.ring  # [P, E]
+        flat = torch.from_numpy(pos.reshape(-1)).to(self.device)
+        values = torch.from_numpy(rows.reshape(members * num_envs, -1)).to(self.device)
         self.data.view(-1, self.data.shape[-1]).index_copy_(0, flat, values)
-        self.ptr += valid
+        self.ptr += 1
         self.size = np.minimum(self.ptr, self.ring)
 
     def sample_windows(self, uniform: np.ndarray, length: int) -> SequenceBatch:

@@ -1,12 +1,14 @@
 """Population environments: P x E gymnasium environments, each member seeded on its own.
 
-The P * E environments are stepped with gymnasium's NEXT_STEP autoreset (the default of its vector
-environments): the step after an episode ends only resets that environment, so it carries no real
-transition (reward 0, not done) and is flagged ``valid = False``. Results go into preallocated arrays
-with each member's episode bookkeeping kept in the same pass. Everything stays on the host as numpy
+Every step is one transition of every environment, as Stable-Baselines3 and CleanRL count them
+(gymnasium's SAME_STEP autoreset): an environment whose episode ends at a step is reset within it, so the
+step returns both the episode's final observation (``obs``, what a truncated episode bootstraps from) and
+the next episode's first (``next_obs``, what the next step acts on). No step is spent on a reset. Each
+member's episode bookkeeping is kept in the same pass. Everything stays on the host as numpy
 arrays ([P, E, ...]): the per-step path does no tensor work, and the algorithm moves what it needs.
 
-Two ways of stepping, with the same results (tests step both against gymnasium's SyncVectorEnv):
+Two ways of stepping, with the same results (tests step both against gymnasium's SyncVectorEnv with
+SAME_STEP autoreset):
 - one environment after another (any environment), a bare loop without SyncVectorEnv's overhead;
 - CartPole's physics for all P * E environments at once in numpy (``CartPoles``), from 4 environments
   up, where it is the faster of the two: the same float64 arithmetic in the same order as gymnasium's CartPoleEnv, so
@@ -212,11 +214,11 @@ def time_limit(env: gym.Env) -> int:
 class EnvStep:
     """One step of every environment; arrays are [P, E]."""
 
-    obs: np.ndarray  # [P, E, obs] float32 observation after the step (the final one at a done)
+    obs: np.ndarray  # [P, E, obs] float32 observation after the step (the episode's final one where it ended)
     reward: np.ndarray
     terminated: np.ndarray
     truncated: np.ndarray
-    valid: np.ndarray  # False where the step only reset the environment (NEXT_STEP autoreset)
+    next_obs: np.ndarray  # [P, E, obs] what the next step acts on: the next episode's first where one ended
 
 
 def episode_ends(
@@ -335,7 +337,6 @@ class PopulationEnv:
         self.cartpoles: CartPoles | None = CartPoles(self.envs) if together else None
         self.max_steps = time_limit(self.envs[0])  # stepping together truncates episodes by it
         self.timeout_terminal = cfg.timeout_terminal
-        self._done = np.zeros(n, dtype=bool)  # the env's last step ended an episode: its next step resets it
         self._ep_return = np.zeros(n)
         self._ep_length = np.zeros(n, dtype=np.int64)
         self._obs = np.zeros((n, self.obs_dim), dtype=np.float32)
@@ -351,84 +352,73 @@ class PopulationEnv:
         """The latest observations [P, E, obs] (a copy): after a step, or the new episodes' first."""
         return self._shaped(self._obs.copy())
 
-    def _reset_env(self, i: int, seed: int | None = None) -> None:
-        self._obs[i] = np.ravel(self.envs[i].reset(seed=seed)[0])
+    def _reset_env(self, i: int, seed: int | None = None) -> np.ndarray:
+        """Start environment i's next episode (from ``seed``, else its own generator); returns its first observation."""
+        obs = np.ravel(self.envs[i].reset(seed=seed)[0])
         if self.cartpoles is not None:
             self.cartpoles.set_state(i, self.envs[i])
-        self._done[i], self._ep_return[i], self._ep_length[i] = False, 0.0, 0
+        self._ep_return[i], self._ep_length[i] = 0.0, 0
+        return obs
 
-    def _finish_episode(self, i: int) -> None:
-        """Environment i's episode ended at this step: record it for its member."""
-        member = i // self.num_envs
-        episode = (float(self._ep_return[i]), int(self._ep_length[i]))
-        self.episodes[member].append(episode)
-        self.last_returns[member].append(episode[0])
-        self.episode_count[member] += 1
+    def _finish_episodes(self, obs: np.ndarray, ended: np.ndarray) -> np.ndarray:
+        """The environments ``ended`` [n] (indices) finished their episode at this step with observations
+        ``obs`` [n, obs]: record each for its member and reset it. Returns the observations the next step
+        acts on (``obs`` itself when no episode ended)."""
+        if len(ended) == 0:
+            return obs
+        next_obs = obs.copy()
+        for i in ended:
+            member = i // self.num_envs
+            episode = (float(self._ep_return[i]), int(self._ep_length[i]))
+            self.episodes[member].append(episode)
+            self.last_returns[member].append(episode[0])
+            self.episode_count[member] += 1
+            next_obs[i] = self._reset_env(i)
+        return next_obs
 
     def reset(self) -> np.ndarray:
         """Reset every environment with its own seed; returns observations [P, E, obs]."""
         self._obs = np.zeros_like(self._obs)  # the last step's observations stay the caller's
         for i, seed in enumerate(self.seeds):
-            self._reset_env(i, seed)
+            self._obs[i] = self._reset_env(i, seed)
         return self._shaped(self._obs.copy())
 
     def step(self, actions: np.ndarray) -> EnvStep:
-        """Step every environment with actions [P, E] (or [P, E, A] for Box actions); records
-        finished episodes per member."""
+        """Step every environment with actions [P, E] (or [P, E, A] for Box actions); an environment
+        whose episode ends is reset within the step. Records finished episodes per member."""
         n = len(self.envs)
         actions = np.asarray(actions).reshape(n, *self.action_space.shape)
         if self.cartpoles is not None:
             return self._step_together(actions)
         if not self.action_space.shape:
             actions = actions.tolist()  # Python ints: the cheapest to step with
+        obs = np.empty_like(self._obs)
         reward = np.zeros(n)
         terminated = np.zeros(n, dtype=bool)
         truncated = np.zeros(n, dtype=bool)
-        valid = np.ones(n, dtype=bool)
-        obs, done, ep_return, ep_length = self._obs, self._done, self._ep_return, self._ep_length
         for i, env in enumerate(self.envs):
-            if done[i]:  # NEXT_STEP autoreset: this step only resets the environment
-                self._reset_env(i)
-                valid[i] = False
-                continue
-            o, r, term, trunc, _ = env.step(actions[i])
+            o, reward[i], terminated[i], truncated[i], _ = env.step(actions[i])
             obs[i] = np.ravel(o)
-            reward[i], terminated[i], truncated[i] = r, term, trunc
-            ep_return[i] += r
-            ep_length[i] += 1
-            if term or trunc:
-                done[i] = True
-                self._finish_episode(i)
-        terminated, truncated = episode_ends(terminated, truncated, self.timeout_terminal)
-        return EnvStep(
-            self._shaped(obs.copy()),
-            self._shaped(reward),
-            self._shaped(terminated),
-            self._shaped(truncated),
-            self._shaped(valid),
-        )
+        return self._stepped(obs, reward, terminated, truncated)
 
     def _step_together(self, actions: np.ndarray) -> EnvStep:
-        """``step`` for CartPoles: all physics at once, then the resets the NEXT_STEP rule asks for."""
-        resetting = self._done.copy()  # [n] these environments only reset at this step
-        self._obs, reward, terminated = self.cartpoles.step(actions)  # a new array: returned as it is
+        """``step`` for CartPoles: all physics at once (their time limit applied here), then the resets."""
+        obs, reward, terminated = self.cartpoles.step(actions)
+        truncated = self._ep_length + 1 >= self.max_steps
+        return self._stepped(obs, reward, terminated, truncated)
+
+    def _stepped(self, obs: np.ndarray, reward: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> EnvStep:
+        """The step's results [n, ...] (``obs`` a new array): episodes counted, the ended ones recorded and reset."""
         self._ep_return += reward
         self._ep_length += 1
-        truncated = self._ep_length >= self.max_steps
-        if resetting.any():
-            for i in np.flatnonzero(resetting):
-                self._reset_env(i)  # writes its observation into self._obs
-            reward[resetting], terminated[resetting], truncated[resetting] = 0.0, False, False
-        np.logical_or(terminated, truncated, out=self._done)
-        for i in np.flatnonzero(self._done):
-            self._finish_episode(i)
+        self._obs = self._finish_episodes(obs, np.flatnonzero(terminated | truncated))
         terminated, truncated = episode_ends(terminated, truncated, self.timeout_terminal)
         return EnvStep(
-            self._shaped(self._obs),
+            self._shaped(obs),
             self._shaped(reward),
             self._shaped(terminated),
             self._shaped(truncated),
-            self._shaped(~resetting),
+            self._shaped(self._obs),
         )
 
     def take_episodes(self) -> list[list[tuple[float, int]]]:
@@ -443,7 +433,6 @@ class PopulationEnv:
         if self.cartpoles is not None:
             self.cartpoles.write_back(self.envs, self._ep_length)
         state = {
-            "done": self._done.reshape(P, E),
             "ep_return": self._ep_return.reshape(P, E),
             "ep_length": self._ep_length.reshape(P, E),
             "obs": self._obs.reshape(P, E, -1),
@@ -459,7 +448,6 @@ class PopulationEnv:
         attributes (MuJoCo, Box2D, Atari) is not saved exactly: then every environment starts a new
         episode from its restored generator (the interrupted ones are dropped) and ``restarted`` is set."""
         n = self.members * self.num_envs
-        self._done = state["done"].numpy().reshape(n).copy()
         self._ep_return = state["ep_return"].numpy().reshape(n).copy()
         self._ep_length = state["ep_length"].numpy().reshape(n).copy()
         self._obs = state["obs"].numpy().reshape(n, -1).copy()
@@ -474,7 +462,7 @@ class PopulationEnv:
         self.restarted = not all(exact_state(e) for e in self.envs)
         if self.restarted:
             for i in range(n):
-                self._reset_env(i)  # an episode boundary: the interrupted episodes are dropped
+                self._obs[i] = self._reset_env(i)  # an episode boundary: the interrupted episodes are dropped
 
     def close(self) -> None:
         for env in self.envs:

@@ -14,7 +14,7 @@ continuous one). Rewards come back per agent (``agent_reward`` [P, E, N]) and as
 
 Episodes end for all agents at once (any agent terminated: terminated; all truncated: truncated) and
 reset at the same step (``next_obs`` holds the first observation of the next episode where one ended,
-``obs`` the last of the finished one), so every step is a real transition (``valid`` is all True).
+``obs`` the last of the finished one), so every step is a transition, as in the single-agent worlds.
 Seeding is per member: a PettingZoo environment is reset with its ``env_seeds`` seed first and its own
 generator afterwards; each member's VMAS batch (E environments) is made and reset with the member's
 seed and draws from a random state of its own, swapped in around its calls (VMAS keeps one for all its
@@ -124,7 +124,6 @@ class MultiAgentStep(EnvStep):
     """``EnvStep`` of a multi-agent population; ``reward`` is the team's sum over agents."""
 
     agent_reward: np.ndarray  # [P, E, N]
-    next_obs: np.ndarray  # [P, E, D] what to act on next: the new episode's first observation where one ended
 
 
 class MultiAgentPopulationEnv:
@@ -284,9 +283,8 @@ class MultiAgentPopulationEnv:
             self._shaped(agent_reward.sum(1)),
             self._shaped(terminated),
             self._shaped(truncated),
-            self._shaped(np.ones(n, dtype=bool)),
-            self._shaped(agent_reward),
             self._shaped(next_obs),
+            self._shaped(agent_reward),
         )
 
     def take_episodes(self) -> list[list[tuple[float, int]]]:

@@ -26,22 +26,17 @@ class RunningMeanStd:
         self.var = np.ones((members, dim))
         self.count = np.full(members, 1e-4)  # as gymnasium's RunningMeanStd: no division by zero
 
-    def update(self, x: np.ndarray, mask: np.ndarray | None = None) -> None:
-        """Fold in x [P, N, D]; ``mask`` [P, N] keeps only True entries (a member with none is unchanged)."""
+    def update(self, x: np.ndarray) -> None:
+        """Fold in x [P, N, D]."""
         x = np.asarray(x, dtype=np.float64)
-        weight = np.ones(x.shape[:2]) if mask is None else np.asarray(mask, dtype=np.float64)  # [P, N]
-        n = weight.sum(1)  # [P]
-        has = n > 0
-        safe_n = np.where(has, n, 1.0)[:, None]
-        batch_mean = (weight[..., None] * x).sum(1) / safe_n  # [P, D]
-        batch_var = (weight[..., None] * (x - batch_mean[:, None]) ** 2).sum(1) / safe_n
+        n = x.shape[1]
+        batch_mean, batch_var = x.mean(1), x.var(1)  # [P, D]
         total = self.count + n
         delta = batch_mean - self.mean
-        mean = self.mean + delta * (n / total)[:, None]
-        m2 = self.var * self.count[:, None] + batch_var * n[:, None] + delta**2 * (self.count * n / total)[:, None]
-        self.mean = np.where(has[:, None], mean, self.mean)
-        self.var = np.where(has[:, None], m2 / total[:, None], self.var)
-        self.count = np.where(has, total, self.count)
+        self.mean = self.mean + delta * (n / total)[:, None]
+        m2 = self.var * self.count[:, None] + batch_var * n + delta**2 * (self.count * n / total)[:, None]
+        self.var = m2 / total[:, None]
+        self.count = total
 
     def state_dict(self) -> dict[str, Any]:
         """The statistics: mean [P, D], var [P, D], count [P]."""
@@ -119,12 +114,12 @@ class RewardScaler:
         self.returns = np.zeros((members, num_envs))
         self.stats = RunningMeanStd(members, 1)
 
-    def __call__(self, reward: np.ndarray, done: np.ndarray, valid: np.ndarray) -> np.ndarray:
-        """Scale one step's rewards [P, E]; ``done`` ends episodes, ``valid`` False skips autoreset steps."""
+    def __call__(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
+        """Scale one step's rewards [P, E]; ``done`` ends episodes."""
         if not self.enabled:
             return reward
-        self.returns = np.where(valid, self.returns * self.gamma + reward, self.returns)
-        self.stats.update(self.returns[..., None], mask=valid)
+        self.returns = self.returns * self.gamma + reward
+        self.stats.update(self.returns[..., None])
         scaled = reward / np.sqrt(self.stats.var[:, 0:1] + 1e-8)
         self.returns = np.where(done, 0.0, self.returns)
         return np.clip(scaled, -self.clip, self.clip).astype(np.float32)

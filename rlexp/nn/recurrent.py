@@ -258,9 +258,9 @@ class RolloutMemory:
     """The hidden states of a recurrent actor-critic's rollouts (``ppo``, ``a2c`` with network=lstm).
 
     Acting carries each network's state [P, E, 2, H] across steps (``stepper``), zeroed before an
-    observation that starts an episode (the first, and each after a step that ended one or only reset
-    the environment); ``starts`` [T, P, E] records those flags and ``initial`` each network's state at the
-    rollout's first step, from which the update unrolls the rollout again (truncated BPTT).
+    observation that starts an episode (the first, and each after a step that ended one); ``starts``
+    [T, P, E] records those flags and ``initial`` each network's state at the rollout's first step, from
+    which the update unrolls the rollout again (truncated BPTT).
     """
 
     def __init__(self, nets: dict[str, RecurrentNet], steps: int, envs: int) -> None:
@@ -280,20 +280,22 @@ class RolloutMemory:
             if t == 0:
                 self.initial[name].copy_(state)
 
-    def end(self, done: np.ndarray, valid: np.ndarray) -> None:
-        """After the environments stepped: done, valid [P, E] decide the next observation's start flag."""
-        np.logical_or(done, ~valid, out=self.starting)
+    def end(self, done: np.ndarray) -> None:
+        """After the environments stepped: where ``done`` [P, E], the next observation starts an episode."""
+        self.starting[...] = done
 
     def stepper(self, name: str) -> Callable[[torch.Tensor], torch.Tensor]:
         """Acting's forward of network ``name``: x [P, E, in] -> [P, E, out], advancing its state."""
         net, state = self.nets[name], self.state[name]
         return lambda x: net.step(x, state)
 
-    def peek(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        """Network ``name``'s output for the next observations x [P, E, in], its state left as it is
-        (the bootstrap value after the rollout)."""
+    def peek(self, name: str, x: torch.Tensor, carry_on: bool = False) -> torch.Tensor:
+        """Network ``name``'s output for the next observations x [P, E, in], its state left as it is (the
+        bootstrap value after the rollout); ``carry_on``: x continues this step's episodes (a truncated
+        episode's final observation), so no state starts anew."""
         state = self.state[name].clone()
-        reset_state_(state, torch.from_numpy(self.starting).to(state.device))
+        if not carry_on:
+            reset_state_(state, torch.from_numpy(self.starting).to(state.device))
         return self.nets[name].peek(x, state)
 
     def unroll(self, envs: torch.Tensor) -> contextlib.ExitStack:

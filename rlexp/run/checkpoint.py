@@ -38,7 +38,7 @@ from rlexp.config.schema import ConfigError
 from rlexp.config.state import PLAIN, PerMember, Shared, Stateful
 from rlexp.run.jobs import config_difference
 
-FORMAT = "rlexp-checkpoint/3"
+FORMAT = "rlexp-checkpoint/4"
 FILE = "checkpoint.pt"
 KEYS = ("member", "members", "step", "replay", "config", "state", "shared")  # besides format
 # keys that may differ between the job that wrote a checkpoint and the one continuing from it

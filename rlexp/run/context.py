@@ -245,7 +245,7 @@ class RunContext:
         """One vector step of the training environments, as every algorithm takes it: the result
         checked (fault injection, non-finite observations), the observation statistics updated, and
         the reward the algorithm learns from, whose largest magnitude ``reward_range`` keeps: the
-        team reward [P, E] scaled by ``reward_norm`` (autoreset steps skipped), or a multi-agent
+        team reward [P, E] scaled by ``reward_norm``, or a multi-agent
         world's per-agent rewards [P, E, N] as they are. Returns (the env's step result, that reward)."""
         result = self.env.step(actions)
         self.recorder.check_observations(result.obs, step)
@@ -254,8 +254,8 @@ class RunContext:
             reward = result.agent_reward
             self.reward_range.update(np.abs(reward).max((1, 2)))
         else:
-            reward = self.reward_norm(result.reward, result.terminated | result.truncated, result.valid)
-            self.reward_range.update(np.where(result.valid, np.abs(reward), 0.0).max(1))
+            reward = self.reward_norm(result.reward, result.terminated | result.truncated)
+            self.reward_range.update(np.abs(reward).max(1))
         return result, reward
 
     def state_parts(self) -> dict[str, Stateful]:

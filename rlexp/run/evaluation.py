@@ -104,7 +104,7 @@ class Evaluator:
             returns += np.where(running, result.reward, 0.0)
             lengths += running
             running &= ~(result.terminated | result.truncated)
-            obs = result.obs
+            obs = result.next_obs
         self.env.take_episodes()  # the environments' own record of episodes is not kept
         return Evaluation(returns, lengths)
 

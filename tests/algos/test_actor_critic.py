@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from composing import compose_config
 
 import rlexp.config.schema  # noqa: F401  (registers the structured-config schemas with Hydra)
-from rlexp.algos.common import Actor, Minibatch, ScaledTanh, gae, masked_mean, ppo_losses
+from rlexp.algos.common import Actor, Minibatch, ScaledTanh, gae, ppo_losses
 from rlexp.algos.ppo import explained_variance
 from rlexp.algos.td3 import td3_target
 from rlexp.compose.validate import validate
@@ -191,7 +191,6 @@ def test_gae_with_lambda_one_is_the_discounted_return_bootstrapped_at_the_end():
 
 def make_minibatch(P=2, M=64, seed=0) -> Minibatch:
     g = torch.Generator().manual_seed(seed)
-    valid = (torch.rand(P, M, generator=g) > 0.2).float()
     return Minibatch(
         obs=torch.randn(P, M, 3, generator=g),
         actions=torch.randint(0, 2, (P, M), generator=g),
@@ -199,7 +198,6 @@ def make_minibatch(P=2, M=64, seed=0) -> Minibatch:
         advantages=torch.randn(P, M, generator=g),
         returns=torch.randn(P, M, generator=g),
         values=torch.randn(P, M, generator=g),
-        valid=valid,
     )
 
 
@@ -214,23 +212,22 @@ def test_ppo_losses_match_the_written_out_formulas(norm_adv, clip_vloss):
     entropy = torch.rand(mb.log_probs.shape, generator=g)
     new_values = mb.values + torch.randn(mb.values.shape, generator=g)
     out = ppo_losses(new_log_prob, entropy, new_values, mb, algo)
-    for k in range(mb.valid.shape[0]):
-        keep = mb.valid[k].bool()
-        lp, old, adv = new_log_prob[k][keep], mb.log_probs[k][keep], mb.advantages[k][keep]
+    for k in range(mb.values.shape[0]):
+        lp, old, adv = new_log_prob[k], mb.log_probs[k], mb.advantages[k]
         if norm_adv:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         ratio = torch.exp(lp - old)
         assert ((ratio - 1).abs() > 0.2).any() and ((ratio - 1).abs() <= 0.2).any()
         surrogate = torch.stack([adv * ratio, adv * torch.clamp(ratio, 0.8, 1.2)]).min(0).values
         policy_loss = -surrogate.mean()
-        v, v_old, ret = new_values[k][keep], mb.values[k][keep], mb.returns[k][keep]
+        v, v_old, ret = new_values[k], mb.values[k], mb.returns[k]
         unclipped = (v - ret) ** 2
         if clip_vloss:
             clipped = (v_old + torch.clamp(v - v_old, -0.2, 0.2) - ret) ** 2
             value_loss = 0.5 * torch.stack([unclipped, clipped]).max(0).values.mean()
         else:
             value_loss = 0.5 * unclipped.mean()
-        ent = entropy[k][keep].mean()
+        ent = entropy[k].mean()
         torch.testing.assert_close(out["policy_loss"][k], policy_loss)
         torch.testing.assert_close(out["value_loss"][k], value_loss)
         torch.testing.assert_close(out["actor_loss"][k], policy_loss - 0.01 * ent)
@@ -239,25 +236,19 @@ def test_ppo_losses_match_the_written_out_formulas(norm_adv, clip_vloss):
         torch.testing.assert_close(out["clipfrac"][k], ((ratio - 1).abs() > 0.2).float().mean())
 
 
-def test_ppo_losses_ignore_invalid_samples():
-    algo = ActorCriticConfig(name="ppo")
-    mb = make_minibatch()
-    new_lp, ent, new_v = mb.log_probs + 0.1, torch.rand(mb.log_probs.shape), mb.values + 0.3
-    before = ppo_losses(new_lp, ent, new_v, mb, algo)
-    invalid = mb.valid == 0
-    changed = copy.copy(mb)
-    changed.advantages = torch.where(invalid, 1e6, mb.advantages)
-    changed.returns = torch.where(invalid, -1e6, mb.returns)
-    after = ppo_losses(torch.where(invalid, 50.0, new_lp), ent, new_v, changed, algo)
-    for key in before:
-        torch.testing.assert_close(before[key], after[key])
+def test_ppo_losses_normalize_one_sample_to_zero_not_nan():
+    """norm_adv over a minibatch of one sample per member: the advantage becomes 0 (no NaN from its std)."""
+    algo = ActorCriticConfig(name="ppo", norm_adv=True)
+    mb = make_minibatch(M=1)
+    out = ppo_losses(mb.log_probs, torch.zeros_like(mb.log_probs), mb.values, mb, algo)
+    assert all(torch.isfinite(v).all() for v in out.values())
+    assert (out["policy_loss"] == 0.0).all()
 
 
 def test_a2c_gradient_is_the_plain_policy_gradient():
     """One epoch on the rollout's own minibatch: ratio = 1, so d(policy loss) = -mean(A grad log pi)."""
     algo = ActorCriticConfig(name="a2c", norm_adv=False, ent_coef=0.0)
     mb = make_minibatch(P=1)
-    mb.valid = torch.ones_like(mb.valid)
     logits = torch.randn(1, 64, 2, requires_grad=True)
     log_prob = F.log_softmax(logits, -1).gather(-1, mb.actions.unsqueeze(-1)).squeeze(-1)
     mb.log_probs = log_prob.detach()
@@ -272,13 +263,10 @@ def test_a2c_gradient_is_the_plain_policy_gradient():
 def test_explained_variance_matches_its_definition():
     g = torch.Generator().manual_seed(1)
     ret, val = torch.randn(2, 50, generator=g), torch.randn(2, 50, generator=g)
-    w = (torch.rand(2, 50, generator=g) > 0.3).float()
-    ev = explained_variance(val, ret, w)
+    ev = explained_variance(val, ret)
     for k in range(2):
-        keep = w[k].bool()
-        r, v = ret[k][keep].numpy(), val[k][keep].numpy()
+        r, v = ret[k].numpy(), val[k].numpy()
         assert ev[k].item() == pytest.approx(1 - np.var(r - v) / np.var(r), rel=1e-4)
-    assert masked_mean(torch.ones(1, 3), torch.zeros(1, 3)).item() == 0.0  # no valid sample: 0, not NaN
 
 
 def test_policy_log_prob_and_entropy_match_torch_distributions():

@@ -234,7 +234,6 @@ def test_mappo_clipped_objective_is_the_direct_computation(shared):
             torch.randn(P, M, generator=gen),
             torch.randn(P, M, generator=gen),
             torch.randn(P, M, generator=gen),
-            torch.ones(P, M),
         )
         for _ in range(n)
     ]

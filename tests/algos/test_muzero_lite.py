@@ -90,19 +90,19 @@ def test_the_unroll_scales_the_gradient_through_each_dynamics_step():
 
 
 # ---------------------------------------------------------------- replay of trajectories
-def test_windows_are_consecutive_steps_of_one_environment_without_autoreset_steps():
+def test_windows_are_consecutive_steps_of_one_environment():
     buffer = SequenceReplay(members=2, capacity=12, num_envs=2, obs_dim=1, device=torch.device("cpu"))
-    for t in range(9):  # env 1 of member 0 autoresets at t = 4; member 1's envs store everything
-        valid = np.ones((2, 2), dtype=bool)
-        valid[0, 1] = t != 4
+    for t in range(9):  # env 1 of member 0 ends an episode at t = 4: its next row is the next episode's first
+        done = np.zeros((2, 2))
+        done[0, 1] = t == 4
         obs = np.full((2, 2, 1), float(t)) + np.array([[0.0, 100.0], [200.0, 300.0]])[..., None]
-        buffer.add(obs, np.zeros((2, 2)), obs[..., 0], obs + 1, np.zeros((2, 2)), np.zeros((2, 2)), valid)
-    assert buffer.ptr.tolist() == [[9, 8], [9, 9]] and buffer.size.tolist() == [[6, 6], [6, 6]]
-    u = np.array([[0.99, 0.0, 0.0], [0.0, 0.99, 0.0]])  # member 0: env 1, from its oldest row; member 1: env 0
-    u = np.concatenate([u[:, :1], np.array([[0.0], [0.99]])], 1)  # one window each: (env, start)
+        buffer.add(obs, np.zeros((2, 2)), obs[..., 0], obs + 1, np.zeros((2, 2)), done)
+    assert buffer.ptr.tolist() == [[9, 9], [9, 9]] and buffer.size.tolist() == [[6, 6], [6, 6]]
+    u = np.array([[0.99, 0.0], [0.0, 0.99]])  # one window each: (env, start); member 0: env 1 from its oldest row
     batch = buffer.sample_windows(u, 4)
-    # member 0, env 1 holds steps t = 2, 3, 5, 6, 7, 8 (t = 4 was the autoreset): the oldest first
-    assert batch.obs[0, 0, :, 0].tolist() == [102.0, 103.0, 105.0, 106.0]
+    # member 0, env 1 holds steps t = 3 ... 8, the episode's end at t = 4 marked by ``done``
+    assert batch.obs[0, 0, :, 0].tolist() == [103.0, 104.0, 105.0, 106.0]
+    assert batch.done[0, 0].tolist() == [0.0, 1.0, 0.0, 0.0]
     # member 1, env 0: the newest row starts the window; the rest is not stored yet
     assert batch.obs[1, 0, 0, 0].item() == 208.0
     assert batch.stored[1, 0].tolist() == [True, False, False, False]

@@ -278,7 +278,7 @@ def random_minibatch(
     actor: Actor, critic: PopMLP, continuous: bool, seed: int, dtype: torch.dtype, M: int = 64
 ) -> Minibatch:
     """Old log-probs and values away from the current ones (so both clips act on part of the
-    samples); a few invalid samples per member."""
+    samples)."""
     g = torch.Generator().manual_seed(seed)
 
     def randn(*shape):
@@ -297,20 +297,18 @@ def random_minibatch(
         advantages=1.0 + randn(P, M),
         returns=values + 2.0 * randn(P, M),
         values=values + 0.3 * randn(P, M),
-        valid=(torch.rand(P, M, generator=g) > 0.15).to(dtype),
     )
 
 
 def plain_ppo_losses(
     policy: nn.Module, log_std: nn.Parameter | None, value_fn: nn.Module, mb: Minibatch, k: int, algo: ActorCriticConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Member k's actor and critic losses over its valid samples only, written out:
+    """Member k's actor and critic losses over its samples, written out:
     actor = -mean min(A ratio, A clip(ratio)) - ent_coef mean entropy (A normalized with the mean and
     unbiased std); critic = vf_coef * 0.5 mean max((V - R)^2, (V_old + clip(V - V_old) - R)^2)."""
-    keep = mb.valid[k].bool()
-    obs, actions = mb.obs[k][keep], mb.actions[k][keep]
-    old_log_prob, adv = mb.log_probs[k][keep], mb.advantages[k][keep]
-    returns, old_values = mb.returns[k][keep], mb.values[k][keep]
+    obs, actions = mb.obs[k], mb.actions[k]
+    old_log_prob, adv = mb.log_probs[k], mb.advantages[k]
+    returns, old_values = mb.returns[k], mb.values[k]
     out = policy(obs)
     if log_std is None:
         dist = torch.distributions.Categorical(logits=out)

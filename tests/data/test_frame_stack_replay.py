@@ -50,28 +50,28 @@ class _Frames(gym.Env):
 
 
 def _stacked_steps(members: int, num_envs: int, steps: int, seed: int = 0):
-    """(obs, actions, rewards, next_obs, terminated, valid) of ``steps`` vector steps of gymnasium's
+    """(obs, actions, rewards, next_obs, terminated, done) of ``steps`` vector steps of gymnasium's
     FrameStackObservation (4 frames, the first repeated at an episode's start) over ``_Frames``, stepped
-    as PopulationEnv steps its environments: an episode's end, then an autoreset step (not valid)."""
+    as PopulationEnv steps its environments: an episode that ends is reset within the step, and the next
+    transition starts from the new episode's first stack."""
     from gymnasium.wrappers import FrameStackObservation
 
     P, E = members, num_envs
     envs = [FrameStackObservation(_Frames(), 4) for _ in range(P * E)]
     obs = np.stack([env.reset(seed=seed + k)[0] for k, env in enumerate(envs)]).reshape(P, E, 24)
-    done = np.zeros(P * E, dtype=bool)
     rng = np.random.default_rng(seed)
     for _ in range(steps):
-        actions, valid = rng.integers(0, 3, (P, E)), ~done.reshape(P, E)
-        next_obs, terminated = np.zeros((P * E, 24), np.uint8), np.zeros(P * E, dtype=bool)
+        actions = rng.integers(0, 3, (P, E))
+        next_obs, acting = np.zeros((P * E, 24), np.uint8), np.zeros((P * E, 24), np.uint8)
+        terminated, done = np.zeros(P * E, dtype=bool), np.zeros(P * E, dtype=bool)
         for k, env in enumerate(envs):
-            if done[k]:  # the autoreset step: the next episode's first stack, not a transition
-                next_obs[k], done[k] = env.reset()[0].reshape(-1), False
-            else:
-                frame, _, terminated[k], truncated, _ = env.step(actions.flat[k])
-                next_obs[k], done[k] = frame.reshape(-1), terminated[k] or truncated
-        next_obs = next_obs.reshape(P, E, 24)
-        yield obs, actions, rng.random((P, E)), next_obs, terminated.reshape(P, E), valid
-        obs = next_obs
+            frame, _, terminated[k], truncated, _ = env.step(actions.flat[k])
+            next_obs[k] = acting[k] = frame.reshape(-1)
+            done[k] = terminated[k] or truncated
+            if done[k]:  # reset within the step: the next transition starts from the new episode's stack
+                acting[k] = env.reset()[0].reshape(-1)
+        yield obs, actions, rng.random((P, E)), next_obs.reshape(P, E, 24), terminated.reshape(P, E), done.reshape(P, E)
+        obs = acting.reshape(P, E, 24)
 
 
 def test_frame_stack_replay_samples_what_the_plain_replay_samples_bit_for_bit():
@@ -93,13 +93,13 @@ def test_frame_stack_replay_samples_what_the_plain_replay_samples_bit_for_bit():
     for step in _stacked_steps(P, E, 200):
         plain.add(*step)
         shared.add(*step)
-        resets += (~step[-1]).sum()
+        resets += step[-1].sum()
         uniform = rng.random((P, 64))
         want, got = plain.sample(uniform), shared.sample(uniform)
         for field in ("obs", "actions", "rewards", "next_obs", "terminated"):
             assert torch.equal(getattr(got, field), getattr(want, field)), field
     assert (shared.count > 20 * C).all()  # wrapped many times
-    assert resets > 100 and (shared.prev[:, :-1] == -1).any(1).all()  # many episodes, starts in the rows held
+    assert resets > 100 and (shared.prev == -1).any(1).all()  # many episodes, starts in the rows held
 
 
 def test_frame_stack_replay_goes_on_bitwise_from_its_checkpoint_state():
@@ -126,12 +126,12 @@ def test_frame_stack_replay_goes_on_bitwise_from_its_checkpoint_state():
 
 def test_the_memory_check_counts_two_frames_a_row_for_stacked_frames():
     """The replay memory a member of the zoo's Atari DQN needs: 2 of the 4 x 84 x 84 frames, the
-    action | reward | terminated floats and the link per row, over buffer_size + 3 x num_envs + 1 rows."""
+    action | reward | terminated floats and the link per row, over buffer_size + 3 x num_envs rows."""
     from rlexp.compose.validate import memory_per_member
 
     cfg = compose_config(["+experiment=zoo_dqn_atari"])
-    frame, rows = 84 * 84, cfg.algo.buffer_size + 3 * cfg.env.num_envs + 1
+    frame, rows = 84 * 84, cfg.algo.buffer_size + 3 * cfg.env.num_envs
     shared, _ = memory_per_member(cfg, 4 * frame, 4, frames=True, stack=4)
     plain, _ = memory_per_member(cfg, 4 * frame, 4, frames=True)
     assert shared == rows * (3 * 4 + 2 * frame + 8)
-    assert plain == (cfg.algo.buffer_size + 1) * (3 * 4 + 8 * frame)
+    assert plain == cfg.algo.buffer_size * (3 * 4 + 8 * frame)

@@ -3,8 +3,6 @@ formulas, per member, with masks."""
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 import torch
@@ -20,21 +18,17 @@ torch.set_num_threads(1)
 
 
 # ====================================================================== normalization
-def test_running_mean_std_matches_numpy_per_member_with_masks():
+def test_running_mean_std_matches_numpy_per_member():
     g = np.random.default_rng(0)
     chunks = [g.normal(3.0, 2.0, size=(2, 5, 4)) for _ in range(6)]
-    masks = [g.random((2, 5)) > 0.3 for _ in range(6)]
     rms = RunningMeanStd(2, 4)
-    for x, m in zip(chunks, masks):
-        rms.update(x, m)
+    for x in chunks:
+        rms.update(x)
     for k in range(2):
-        data = np.concatenate([x[k][m[k]] for x, m in zip(chunks, masks)])
+        data = np.concatenate([x[k] for x in chunks])
         np.testing.assert_allclose(rms.mean[k], data.mean(0), rtol=1e-4)
         np.testing.assert_allclose(rms.var[k], data.var(0), rtol=1e-3)
         assert rms.count[k] == pytest.approx(len(data) + 1e-4)
-    untouched = copy.deepcopy(rms)
-    rms.update(chunks[0], np.zeros((2, 5), dtype=bool))  # nothing valid: unchanged
-    np.testing.assert_array_equal(rms.mean, untouched.mean)
 
 
 def test_observation_normalizer_is_x_minus_mean_over_std_plus_eps_clipped():
@@ -58,7 +52,7 @@ def test_reward_scaler_divides_by_the_std_of_the_discounted_return():
     scaler = RewardScaler(RewardNormConfig(enabled=True, clip=100.0), P, E, gamma)
     returns, seen = np.zeros((P, E)), []
     for t in range(T):
-        out = scaler(rewards[t], dones[t], np.ones((P, E), dtype=bool))
+        out = scaler(rewards[t], dones[t])
         returns = returns * gamma + rewards[t]
         seen.extend(returns[0].tolist())
         np.testing.assert_allclose(out, rewards[t] / np.sqrt(np.var(seen) + 1e-8), rtol=1e-4)

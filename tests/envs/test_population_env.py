@@ -1,6 +1,7 @@
-"""Population environments (rlexp/envs/gym.py): autoreset steps invalid and episode statistics from the
-rewards, stepping exactly as gymnasium's SyncVectorEnv, CartPoles stepped together or one by one (and a
-state continued either way), the step limit as a termination, member seeds, reset."""
+"""Population environments (rlexp/envs/gym.py): every step a transition (an ending episode reset within
+it) and episode statistics from the rewards, stepping exactly as gymnasium's SyncVectorEnv, CartPoles
+stepped together or one by one (and a state continued either way), the step limit as a termination,
+member seeds, reset."""
 
 from __future__ import annotations
 
@@ -18,41 +19,40 @@ from rlexp.envs.gym import PopulationEnv
 torch.set_num_threads(1)
 
 
-# ---------------------------------------------------------------- environments: autoreset
+# ---------------------------------------------------------------- environments: every step a transition
 def _fixed_actions(t: int, P: int, E: int) -> torch.Tensor:
     # per env its own pattern: constant pushes (terminate fast) and alternation (survive)
     patterns = [lambda t: 0, lambda t: t % 2, lambda t: 1, lambda t: (t // 2) % 2]
     return torch.tensor([[patterns[(p * E + e) % 4](t) for e in range(E)] for p in range(P)])
 
 
-def test_population_env_autoreset_step_is_invalid_and_episode_stats_match_rewards():
+def test_every_step_is_a_transition_and_episode_stats_match_rewards():
+    """An episode's ending step returns its final observation (``obs``) and the next episode's first
+    (``next_obs``); no step only resets. Episode returns and lengths are the rewards' sums and counts."""
     P, E = 2, 2
     env = PopulationEnv(EnvConfig(id="CartPole-v1", num_envs=E, max_episode_steps=5), member_seeds=[0, 1])
     obs = env.reset()
     assert obs.shape == (P, E, 4)
-    prev_done = np.zeros((P, E), dtype=bool)
     ret, length = np.zeros((P, E)), np.zeros((P, E), dtype=int)
     expected = [[] for _ in range(P)]
-    seen_invalid = 0
+    ended = 0
     for t in range(23):
         res = env.step(_fixed_actions(t, P, E))
-        assert res.obs.shape == (P, E, 4)
-        np.testing.assert_array_equal(res.valid, ~prev_done)  # invalid exactly after a done
-        for p in range(P):
-            for e in range(E):
-                if not res.valid[p, e]:
-                    seen_invalid += 1
-                    assert res.reward[p, e] == 0.0 and not res.terminated[p, e] and not res.truncated[p, e]
-                    assert (np.abs(res.obs[p, e]) <= 0.05).all()  # a fresh CartPole start state
-                    ret[p, e], length[p, e] = 0.0, 0
-                    continue
-                ret[p, e] += res.reward[p, e]
-                length[p, e] += 1
-                if res.terminated[p, e] or res.truncated[p, e]:
-                    expected[p].append((ret[p, e], length[p, e]))
-        prev_done = res.terminated | res.truncated
+        assert res.obs.shape == res.next_obs.shape == (P, E, 4)
+        assert (res.reward == 1.0).all()  # every step a transition of CartPole
+        done = res.terminated | res.truncated
+        np.testing.assert_array_equal(res.next_obs[~done], res.obs[~done])
+        assert (np.abs(res.next_obs[done]) <= 0.05).all()  # a fresh CartPole start state
+        assert (res.next_obs[done] != res.obs[done]).any(-1).all()  # the final observation kept apart
+        ret += res.reward
+        length += 1
+        for p, e in zip(*np.nonzero(done)):
+            expected[p].append((ret[p, e], length[p, e]))
+            ret[p, e], length[p, e] = 0.0, 0
+            ended += 1
+        np.testing.assert_array_equal(env.observations(), res.next_obs)
     env.close()
-    assert seen_invalid >= 4
+    assert ended >= 8
     episodes = env.take_episodes()
     for p in range(P):
         # member order of episodes within one step is env order, as in ``expected``
@@ -74,32 +74,43 @@ def test_population_env_autoreset_step_is_invalid_and_episode_stats_match_reward
     ],
 )
 def test_population_env_steps_exactly_as_gymnasium_sync_vector_env(env_id, P, E, kwargs, limit, steps, together):
-    """Both ways of stepping return what gymnasium's SyncVectorEnv (NEXT_STEP autoreset) returns for
-    the same seeds and actions: observations, rewards and flags, bit for bit, through autoresets."""
+    """Both ways of stepping return what gymnasium's SyncVectorEnv with SAME_STEP autoreset returns for
+    the same seeds and actions: observations (the final ones as its ``final_obs``), rewards and flags, bit
+    for bit, through autoresets."""
     cfg = EnvConfig(id=env_id, num_envs=E, max_episode_steps=limit, kwargs=kwargs)
     env = PopulationEnv(cfg, member_seeds=[4, 9, 1, 7, 3, 8, 2, 6][:P])
     assert (env.cartpoles is not None) == together
-    sync = gym.make_vec(env_id, num_envs=P * E, vectorization_mode="sync", max_episode_steps=limit, **kwargs)
+    sync = gym.make_vec(
+        env_id,
+        num_envs=P * E,
+        vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+        max_episode_steps=limit,
+        **kwargs,
+    )
     np.testing.assert_array_equal(env.reset(), sync.reset(seed=env.seeds)[0].reshape(P, E, -1))
     rng = np.random.default_rng(0)
-    prev_done, resets, terminations = np.zeros(P * E, dtype=bool), 0, 0
+    resets, terminations = 0, 0
     for _ in range(steps):
         if env_id == "CartPole-v1":
             actions = rng.integers(0, 2, (P, E))
         else:
             actions = rng.uniform(-2, 2, (P, E, 1)).astype(np.float32)
         res = env.step(actions)
-        obs, reward, terminated, truncated, _ = sync.step(actions.reshape(P * E, *env.action_space.shape))
-        np.testing.assert_array_equal(res.obs, obs.reshape(P, E, -1))
+        obs, reward, terminated, truncated, info = sync.step(actions.reshape(P * E, *env.action_space.shape))
+        done = terminated | truncated
+        final = obs.copy()
+        if done.any():
+            final[done] = np.stack(info["final_obs"][done])
+        np.testing.assert_array_equal(res.next_obs, obs.reshape(P, E, -1))
+        np.testing.assert_array_equal(res.obs, final.reshape(P, E, -1))
         np.testing.assert_array_equal(res.reward, reward.reshape(P, E))
         np.testing.assert_array_equal(res.terminated, terminated.reshape(P, E))
         np.testing.assert_array_equal(res.truncated, truncated.reshape(P, E))
-        np.testing.assert_array_equal(res.valid, ~prev_done.reshape(P, E))
         if together:  # the float64 states too, which float32 observations would round away
             np.testing.assert_array_equal(env.cartpoles.state.T, [e.unwrapped.state for e in sync.envs])
-        resets += int(prev_done.sum())
+        resets += int(done.sum())
         terminations += int(terminated.sum())
-        prev_done = terminated | truncated
     assert resets >= P * E  # the comparison went through autoresets
     assert terminations > 0 or limit is not None  # the thresholds ended episodes, too
     env.close()
@@ -135,7 +146,7 @@ def test_a_cartpole_state_continues_whichever_way_the_next_population_steps(save
     again = stepped(True, actions[:57])
     for a in actions[57:]:
         expected, result = again.step(a), resumed.step(a)
-        for name in ("obs", "reward", "terminated", "truncated", "valid"):
+        for name in ("obs", "reward", "terminated", "truncated", "next_obs"):
             np.testing.assert_array_equal(getattr(result, name), getattr(expected, name), err_msg=name)
         ended += int((expected.terminated | expected.truncated).sum())
     assert ended > 2 and reference.episode_count.tolist() == resumed.episode_count.tolist()
@@ -154,7 +165,7 @@ def test_timeout_terminal_turns_the_step_limit_into_a_termination(E):
         runs.append([env.step(rng.integers(0, 2, (1, E))) for _ in range(40)])
     for plain, terminal in zip(*runs):
         np.testing.assert_array_equal(terminal.obs, plain.obs)
-        np.testing.assert_array_equal(terminal.valid, plain.valid)
+        np.testing.assert_array_equal(terminal.next_obs, plain.next_obs)
         np.testing.assert_array_equal(terminal.terminated, plain.terminated | plain.truncated)
         assert not terminal.truncated.any()
     assert sum(r.truncated.sum() for r in runs[0]) > 0

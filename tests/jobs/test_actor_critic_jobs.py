@@ -143,3 +143,43 @@ def test_short_run_returns_rise_above_a_random_policy(algo, tmp_path):
     assert saved["obs"]["count"] == pytest.approx(
         job["members"][0]["steps"] + compose_config(overrides).env.num_envs, abs=1e-3
     )
+
+
+@pytest.mark.parametrize("network", ["mlp", "lstm"])
+def test_ppo_bootstraps_a_truncated_episode_from_its_final_observation(network, monkeypatch, tmp_path):
+    """Every step a transition: where an episode is truncated, the value GAE bootstraps from is V(the
+    episode's final observation), as acting's critic gives it (the LSTM's state carried on), not V(the
+    next episode's first); elsewhere it is the next step's value."""
+    import inspect
+
+    from rlexp.algos import ppo
+    from rlexp.envs.gym import PopulationEnv
+
+    steps = []  # every training step's result, in order (evaluation is off)
+    real_step, real_gae = PopulationEnv.step, ppo.gae
+    monkeypatch.setattr(PopulationEnv, "step", lambda env, actions: steps.append(real_step(env, actions)) or steps[-1])
+    truncations = []
+
+    def gae(rewards, values, next_values, terminated, dones, *args):
+        loop = inspect.currentframe().f_back.f_locals  # ppo.train's, between its rollout and its update
+        T = values.shape[0]
+        for t, res in enumerate(steps[-T:]):
+            truncated = torch.from_numpy(res.truncated & ~res.terminated)  # terminated: no bootstrap
+            if truncated.any():
+                final = loop["final_values"][t]
+                assert torch.equal(next_values[t][truncated], final[truncated])
+                if network == "mlp":  # the critic on the final observations (obs_norm off: as they are)
+                    with torch.no_grad():
+                        direct = loop["value_of"](torch.from_numpy(res.obs)).squeeze(-1)
+                    assert torch.equal(final[truncated], direct[truncated])
+                truncations.append(int(truncated.sum()))
+            following = values[t + 1] if t + 1 < T else loop["last_value"]
+            assert torch.equal(next_values[t][~truncated], following[~truncated])
+        return real_gae(rewards, values, next_values, terminated, dones, *args)
+
+    monkeypatch.setattr(ppo, "gae", gae)
+    overrides = ["algo=ppo", "total_steps=512", "algo.num_steps=32", "env.num_envs=2", "env.max_episode_steps=12"]
+    overrides += [f"network={network}", "algo.num_minibatches=2", "num_seeds=2", "eval.episodes=0", *QUIET]
+    job = run_job(compose_config(overrides), tmp_path)
+    assert job["status"] == "ok" and len(steps) == 512 // 2
+    assert sum(truncations) > 10  # episodes were truncated inside rollouts

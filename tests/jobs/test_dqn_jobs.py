@@ -1,4 +1,4 @@
-"""DQN jobs through rlexp.train.run_job: the loop stores exactly the valid transitions (truncation
+"""DQN jobs through rlexp.train.run_job: the loop stores every step as a transition (truncation
 bootstraps, termination does not), the output contract of a tiny run, a divergence is a result,
 threads=-1, gradients written without autograd only where exact."""
 
@@ -60,7 +60,7 @@ class _EnvRecorder:
             rec.actions.append(torch.as_tensor(actions).clone())
             res = real_step(env, actions)
             recorded = copy.deepcopy(res)
-            recorded.obs = torch.as_tensor(recorded.obs)
+            recorded.obs, recorded.next_obs = torch.as_tensor(recorded.obs), torch.as_tensor(recorded.next_obs)
             rec.steps.append(recorded)
             return res
 
@@ -122,22 +122,22 @@ def _expected_transitions(envrec, P, E):
     for actions, res in zip(envrec.actions, envrec.steps):
         for p in range(P):
             for e in range(E):
-                if res.valid[p, e]:
-                    row = _row(prev[p, e], actions[p, e], res.reward[p, e], res.obs[p, e], float(res.terminated[p, e]))
-                    out[p].append((e, row, bool(res.terminated[p, e]), bool(res.truncated[p, e])))
-        prev = res.obs
+                row = _row(prev[p, e], actions[p, e], res.reward[p, e], res.obs[p, e], float(res.terminated[p, e]))
+                out[p].append((e, row, bool(res.terminated[p, e]), bool(res.truncated[p, e])))
+        prev = res.next_obs
     return out
 
 
-def test_training_loop_stores_exactly_the_valid_transitions(recorded_dqn_run):
+def test_training_loop_stores_every_step_as_a_transition(recorded_dqn_run):
+    """Every step of every environment is stored, the ending ones with their final observation: 400 env
+    steps per member make 400 transitions (no step only resets)."""
     job, buf, envrec = recorded_dqn_run
     assert job["status"] == "ok"
     P, E = 2, 2
     assert len(envrec.steps) == 400 // E
     expected = _expected_transitions(envrec, P, E)
-    n_invalid = sum(int((~s.valid).sum()) for s in envrec.steps)
-    assert n_invalid > 0  # autoreset steps happened and ...
-    assert sum(len(x) for x in expected) == P * len(envrec.steps) * E - n_invalid  # ... were left out
+    assert sum(int((s.terminated | s.truncated).sum()) for s in envrec.steps) > 10  # episodes ended and ...
+    assert [len(x) for x in expected] == [400] * P  # ... every step is a transition
     for p in range(P):
         assert int(buf.size[p]) == len(expected[p]) <= buf.capacity
         for j, (_, row, _, _) in enumerate(expected[p]):
@@ -226,12 +226,10 @@ def test_tiny_training_run_writes_the_output_contract(tmp_path, monkeypatch):
     running = np.zeros(P)
     for res in envrec.steps:
         for p in range(P):
-            if not res.valid[p, 0]:
-                running[p] = 0.0
-                continue
             running[p] += res.reward[p, 0]
             if res.terminated[p, 0] or res.truncated[p, 0]:
                 returns[p].append(running[p])
+                running[p] = 0.0
     assert len(envrec.steps) == total
 
     # update phases: steps s > learning_starts where s // train_frequency ticks

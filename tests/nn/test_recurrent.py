@@ -155,9 +155,9 @@ def test_instruments_and_location_see_the_lstm_output():
 
 
 def test_the_update_unrolls_the_rollout_as_acting_stepped_it_and_the_mc_loss_is_direct():
-    """Values acting computed step by step (states carried, zeroed after an episode's end or a reset step)
-    are what the update's unroll of a minibatch of environment sequences gives again; the
-    critic loss on Monte-Carlo returns is vf_coef * 0.5 * mean over valid samples of (V - R)^2."""
+    """Values acting computed step by step (states carried, zeroed after an episode's end) are what the
+    update's unroll of a minibatch of environment sequences gives again; the critic loss on Monte-Carlo
+    returns is vf_coef * 0.5 * mean over the samples of (V - R)^2."""
     from rlexp.algos.common import Minibatch, ppo_losses
     from rlexp.config.schema import A2CConfig
     from rlexp.nn.recurrent import RolloutMemory
@@ -167,14 +167,13 @@ def test_the_update_unrolls_the_rollout_as_acting_stepped_it_and_the_mc_loss_is_
     gen = torch.Generator().manual_seed(9)
     obs = torch.randn(T, P, N, N_IN, generator=gen)
     done = torch.rand(T, P, N, generator=gen) < 0.25
-    valid = torch.rand(T, P, N, generator=gen) > 0.15
-    rewards = torch.randn(T, P, N, generator=gen) * valid
+    rewards = torch.randn(T, P, N, generator=gen)
     values = torch.zeros(T, P, N)
     forward = memory.stepper("critic")
     for t in range(T):
         memory.begin(t)
         values[t] = forward(obs[t]).squeeze(-1)[..., 0]
-        memory.end(done[t].numpy(), valid[t].numpy())
+        memory.end(done[t].numpy())
     assert memory.starts[1:].any() and not memory.starts[1:].all()
 
     def flat(x: torch.Tensor) -> torch.Tensor:  # [T, P, N, ...] -> [P, T*N, ...]
@@ -182,9 +181,7 @@ def test_the_update_unrolls_the_rollout_as_acting_stepped_it_and_the_mc_loss_is_
 
     returns = mc_returns(rewards, done.float(), 0.9)
     envs = torch.tensor([[2, 0], [1, 3], [3, 2]])
-    mb_obs, mb_values, mb_returns, mb_valid = (
-        take_sequences(flat(x), envs, T) for x in (obs, values, returns, valid.float())
-    )
+    mb_obs, mb_values, mb_returns = (take_sequences(flat(x), envs, T) for x in (obs, values, returns))
     with memory.unroll(envs):
         new_values = net(mb_obs)[..., 0]
     # the same arithmetic on other row counts (the matmuls' blocking differs): equal to rounding, and far
@@ -193,12 +190,11 @@ def test_the_update_unrolls_the_rollout_as_acting_stepped_it_and_the_mc_loss_is_
     memory.starts[:] = False
     with memory.unroll(envs):
         assert not torch.allclose(net(mb_obs)[..., 0].detach(), mb_values, rtol=1e-3, atol=1e-4)
-    mb = Minibatch(mb_obs, mb_values, mb_values, mb_returns - mb_values, mb_returns, mb_values, mb_valid)
+    mb = Minibatch(mb_obs, mb_values, mb_values, mb_returns - mb_values, mb_returns, mb_values)
     algo = A2CConfig(name="a2c", vf_coef=2.0)
     losses = ppo_losses(torch.zeros_like(mb_values), torch.zeros_like(mb_values), new_values, mb, algo)
     for k in range(P):
-        w = mb_valid[k].bool()
-        direct = ((new_values[k][w] - mb_returns[k][w]) ** 2).mean()  # the seed's mean squared advantage
+        direct = ((new_values[k] - mb_returns[k]) ** 2).mean()  # the seed's mean squared advantage
         torch.testing.assert_close(losses["critic_loss"][k], direct, rtol=1e-6, atol=0)
 
 
