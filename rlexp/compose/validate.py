@@ -116,6 +116,10 @@ def _check_widths(hidden: Any, key: str, fallback: str = "") -> None:
     require(all(h >= 1 for h in widths), key, widths, f"a list of widths >= 1{fallback}")
 
 
+WANDB_NAME_FORBIDS = "/\\#?%:"  # characters W&B refuses in a project (or entity) name
+WANDB_NAME_MAX = 128
+
+
 def validate(cfg: DictConfig) -> None:
     """Check every value of a composed config; raises ConfigError on the first bad one."""
     _check_known_keys(cfg)
@@ -161,6 +165,13 @@ def validate(cfg: DictConfig) -> None:
     require_choice(log.progress, "logger.progress", ("auto", "rich", "plain", "off"))
     require(log.log_every >= 1, "logger.log_every", log.log_every, "an integer >= 1 (env steps)")
     require(log.init_timeout > 0, "logger.init_timeout", log.init_timeout, "a value > 0 (seconds)")
+    for key, name in (("logger.project", log.project), ("logger.entity", log.entity)):
+        if name is not None and not (0 < len(name) <= WANDB_NAME_MAX and not set(name) & set(WANDB_NAME_FORBIDS)):
+            raise ConfigError(  # what W&B would refuse once training has started, refused before it
+                key,
+                f"{name!r} ({len(name)} characters) is not a name W&B accepts",
+                f"use 1 to {WANDB_NAME_MAX} characters, none of {' '.join(WANDB_NAME_FORBIDS)}",
+            )
 
     env = cfg.env
     require(env.num_envs >= 1, "env.num_envs", env.num_envs, "an integer >= 1")

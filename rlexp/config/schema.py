@@ -671,8 +671,8 @@ class PBTConfig:
 @dataclass
 class LoggerConfig:
     mode: str | None = knob(None, "W&B: offline | online | disabled; null = $WANDB_MODE, else offline")
-    project: str = knob("rlexp", "W&B project")
-    entity: str | None = knob(None, "W&B entity (null = your default)")
+    project: str = knob("rlexp", "W&B project: 1 to 128 characters, none of / \\ # ? % :")
+    entity: str | None = knob(None, "W&B entity (null = your default); the same rule as logger.project")
     log_every: int = knob(1_000, "env steps per member between log records")
     progress: str = knob("auto", "console progress: auto | rich | plain | off")
     init_timeout: float = knob(20.0, "seconds an online W&B run may wait for the server")

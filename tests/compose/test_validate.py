@@ -87,3 +87,20 @@ def test_an_envs_spaces_are_read_once_per_env_config_and_a_failure_is_not_kept(m
         with pytest.raises(ConfigError, match="cannot be made"):
             validate(compose_config([*pendulum, "env.max_episode_steps=50"]))
     assert made == ["Pendulum-v1"] * 2 + ["Pendulum-v1"] * 2
+
+
+@pytest.mark.parametrize("name", ["a/b", "x#y", "q?", "100%", "c:d", "back\\slash", "p" * 129, ""])
+@pytest.mark.parametrize("key", ["logger.project", "logger.entity"])
+def test_a_name_wandb_refuses_is_refused_before_any_work(key, name):
+    """A W&B project or entity W&B would refuse once training started is one ConfigError naming the key;
+    W&B's own settings refuse the same project names and take the one that passes."""
+    wandb = pytest.importorskip("wandb")
+    with pytest.raises(ConfigError, match="is not a name W&B accepts; use 1 to 128 characters") as err:
+        validate(compose_config(TINY + [f"{key}='{name}'"]))
+    assert err.value.key == key
+    if name:  # W&B's settings take an empty project as unset
+        with pytest.raises(Exception, match="Invalid project name"):
+            wandb.Settings(project=name)
+    fine = "my-project_1.v2 (x)"
+    validate(compose_config(TINY + [f"{key}='{fine}'"]))
+    assert wandb.Settings(project=fine).project == fine
