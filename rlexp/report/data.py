@@ -130,6 +130,7 @@ class Report:
     curves: list[Curve] = field(default_factory=list)
     divergences: list[dict[str, Any]] = field(default_factory=list)  # one per diverged member (grid rows)
     figures: dict[str, Path] = field(default_factory=dict)
+    unreadable: dict[Path, list[int]] = field(default_factory=dict)  # metrics.jsonl -> line numbers not read
     curve_metric: str = "episode/return_last10"  # per-member learning curves' metric
     return_metric: str = "eval/return"  # the aggregate return curves' metric
     last_n: int = 20  # log steps before a divergence drawn against a healthy member

@@ -239,6 +239,11 @@ def render_html(report: Report) -> str:
         )
     if "aggregate_curves" not in figures and "learning_curves" not in figures:
         parts.append("<p>No metrics.jsonl to draw.</p>")
+    for path, numbers in report.unreadable.items():
+        parts.append(
+            f'<p class="note">Unreadable lines left out of the curves: {escape(str(path))}, '
+            f"line{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))}.</p>"
+        )
 
     curves = [k[len("curve/") :] for k in figures if k.startswith("curve/")]
     if curves:

@@ -111,20 +111,23 @@ def read_yaml(path: Path) -> Any:
         return None
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl; lines that do not parse (a truncated last line) are skipped."""
+def read_metrics(path: Path, skipped: list[int] | None = None) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl; a line that is not a JSON object (a truncated last line, a
+    corrupted one) is left out, its number (from 1) appended to ``skipped``."""
     records: list[dict[str, Any]] = []
     try:
         lines = path.read_text().splitlines()
     except OSError:
         return records
-    for line in lines:
+    for number, line in enumerate(lines, 1):
         try:
             record = json.loads(line)
         except ValueError:
-            continue
+            record = None
         if isinstance(record, dict):
             records.append(record)
+        elif skipped is not None:
+            skipped.append(number)
     return records
 
 
@@ -499,10 +502,18 @@ def build_report(
 
 
 class _Records(dict):
-    """metrics.jsonl records by path, each file read once."""
+    """metrics.jsonl records by path, each file read once; ``skipped``: the line numbers of each file's
+    lines that could not be read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.skipped: dict[Path, list[int]] = {}
 
     def __missing__(self, path: Path) -> list[dict[str, Any]]:
-        self[path] = records = read_metrics(path)
+        skipped: list[int] = []
+        self[path] = records = read_metrics(path, skipped)
+        if skipped:
+            self.skipped[path] = skipped
         return records
 
 
@@ -641,6 +652,7 @@ def draw_figures(report: Report, scores: dict[str, np.ndarray], curves: Sequence
     aggregate), the ``curves`` instruments (``curve_<metric>.png``, ``aggregate_<metric>.png``) and the
     windows before divergences."""
     records = _Records()
+    report.unreadable = records.skipped  # filled as the figures read the files
     instruments = instrument_panels(report, curves, records)  # bad input before any file is written
     root, rows, figures = report.root, report.rows, report.figures
     rng = np.random.default_rng(report.seed)
@@ -826,6 +838,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"report: error: {err}", file=sys.stderr)
         return 2
     html = write_outputs(report)
+    for path, numbers in report.unreadable.items():  # their points are missing from the curves
+        lines = ", ".join(map(str, numbers[:10])) + (", ..." if len(numbers) > 10 else "")
+        print(f"report: warning: {path}: skipped {len(numbers)} unreadable line(s): {lines}", file=sys.stderr)
     run_dir = log_to_wandb(report, resolve_mode(args.wandb_mode), args.wandb_timeout)
     c = report.status_counts
     print(

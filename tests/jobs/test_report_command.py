@@ -165,6 +165,16 @@ def test_crashed_jobs_and_damage_are_reported(damaged, damaged_report):
     assert "report: 6 jobs, 18 members (ok 10, diverged 2, crashed 6), 4 cells" in damaged_report.stdout
 
 
+def test_every_unreadable_metrics_line_is_named(damaged, damaged_report):
+    """The truncated last line of job 0's member 0 is left out of the curves and named, with its file and
+    line number, on stderr and in the page."""
+    path = damaged / "0" / "seed_0" / "metrics.jsonl"
+    number = len(path.read_text().splitlines())  # the truncated line is the last
+    assert f"report: warning: {path}: skipped 1 unreadable line(s): {number}" in damaged_report.stderr
+    assert damaged_report.stderr.count("unreadable line") == 1  # the other files read whole
+    assert f"Unreadable lines left out of the curves: {path}, line {number}." in (damaged / "report.html").read_text()
+
+
 def test_wandb_summary_run_read_back(damaged, damaged_report):
     runs = sorted((damaged / "report_wandb" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("run-*.wandb"))
