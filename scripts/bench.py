@@ -395,12 +395,24 @@ def build_cases(
         cases.append((name, figure, run))
         commands[name] = [Path(command[0]).name, *command[1:]]
 
+    def rlexp_case(overrides: list[str], mode: str = "disabled") -> Callable[[int], Sample]:
+        """An rlexp run of ``overrides`` for a round's seed, its values bound now (not when it runs)."""
+        return lambda r: rlexp_run(overrides + [f"seed={r}"], workdir, mode=mode)
+
+    def grid_case(overrides: list[str]) -> Callable[[int], Sample]:
+        return lambda r: grid_run(overrides + [f"seed={r}"], workdir)
+
+    def sb3_case(algo: str, steps: int, learning_starts: int = 0) -> Callable[[int], Sample]:
+        """An SB3 run for a round's seed, its values bound now: a later section rebinding a name the
+        section used (``starts``) cannot change what an earlier section's case runs."""
+        return lambda r: sb3_run(algo, steps, r, workdir, learning_starts)
+
     if "dqn_vs_sb3" in sections:
-        add("dqn_rlexp", whole, lambda r: rlexp_run(dqn + [f"seed={r}"], workdir), rlexp_command(dqn, "disabled"))
+        add("dqn_rlexp", whole, rlexp_case(dqn), rlexp_command(dqn, "disabled"))
         add(
             "dqn_sb3",
             whole,
-            lambda r: sb3_run("dqn", steps, r, workdir, dqn_starts),
+            sb3_case("dqn", steps, dqn_starts),
             sb3_command("dqn", steps, 0, dqn_starts),
         )
     if "population" in sections:
@@ -409,28 +421,28 @@ def build_cases(
             add(
                 f"population_p{p}",
                 loop,
-                lambda r, over=over: rlexp_run(over + [f"seed={r}"], workdir),
+                rlexp_case(over),
                 rlexp_command(over, "disabled"),
             )
     if "diagnostics" in sections:
         add(
             "diagnostics_default",
             loop,
-            lambda r: rlexp_run(diag + [f"seed={r}"], workdir),
+            rlexp_case(diag),
             rlexp_command(diag, "disabled"),
         )
         off = diag + ["diagnostics.every=0"]
-        add("diagnostics_off", loop, lambda r: rlexp_run(off + [f"seed={r}"], workdir), rlexp_command(off, "disabled"))
+        add("diagnostics_off", loop, rlexp_case(off), rlexp_command(off, "disabled"))
     if "startup" in sections:
         add(
             "startup_to_first_step",
             lambda s: s.startup_s,
-            lambda r: rlexp_run(startup + [f"seed={r}"], workdir, mode="offline"),
+            rlexp_case(startup, mode="offline"),
             rlexp_command(startup, "offline"),
         )
     if "ppo_vs_sb3" in sections:
-        add("ppo_rlexp", whole, lambda r: rlexp_run(ppo + [f"seed={r}"], workdir), rlexp_command(ppo, "disabled"))
-        add("ppo_sb3", whole, lambda r: sb3_run("ppo", ppo_steps, r, workdir), sb3_command("ppo", ppo_steps, 0))
+        add("ppo_rlexp", whole, rlexp_case(ppo), rlexp_command(ppo, "disabled"))
+        add("ppo_sb3", whole, sb3_case("ppo", ppo_steps), sb3_command("ppo", ppo_steps, 0))
     if "packing" in sections:
         budget = grid_budget(pack_steps)
         for launcher in ("unpacked", "packed"):
@@ -439,7 +451,7 @@ def build_cases(
             add(
                 f"grid24_{launcher}",
                 whole,
-                lambda r, over=over: grid_run(over + [f"seed={r}"], workdir),
+                grid_case(over),
                 grid_command(over, Path("<sweep dir>")),
             )
         for p in pack_populations:
@@ -449,19 +461,17 @@ def build_cases(
             add(
                 f"pack_p{p}",
                 loop,
-                lambda r, over=over: grid_run(over + [f"seed={r}"], workdir),
+                grid_case(over),
                 grid_command(over, Path("<sweep dir>")),
             )
     if "sac_mujoco_vs_sb3" in sections:
         sac = sac_mujoco_overrides(mujoco_steps)
         starts = scaled_learning_starts(mujoco_steps, ZOO_MUJOCO_LEARNING_STARTS)
-        add(
-            "sac_mujoco_rlexp", whole, lambda r: rlexp_run(sac + [f"seed={r}"], workdir), rlexp_command(sac, "disabled")
-        )
+        add("sac_mujoco_rlexp", whole, rlexp_case(sac), rlexp_command(sac, "disabled"))
         add(
             "sac_mujoco_sb3",
             whole,
-            lambda r: sb3_run("sac_hopper", mujoco_steps, r, workdir, starts),
+            sb3_case("sac_hopper", mujoco_steps, starts),
             sb3_command("sac_hopper", mujoco_steps, 0, starts),
         )
     if "minatar_vs_sb3" in sections:
@@ -470,13 +480,13 @@ def build_cases(
         add(
             "minatar_rlexp",
             whole,
-            lambda r: rlexp_run(minatar + [f"seed={r}"], workdir),
+            rlexp_case(minatar),
             rlexp_command(minatar, "disabled"),
         )
         add(
             "minatar_sb3",
             whole,
-            lambda r: sb3_run("minatar_dqn", minatar_steps, r, workdir, starts),
+            sb3_case("minatar_dqn", minatar_steps, starts),
             sb3_command("minatar_dqn", minatar_steps, 0, starts),
         )
     return cases, commands
