@@ -228,8 +228,9 @@ def _train(group: list[Started], prepare: Prepare, alone: bool) -> dict[int, dic
             raise  # the summaries below are written on the way out
     finally:
         interrupts.stopping = True
+        summaries: list[tuple[Started, dict[str, Any]]] = []
         try:
-            members = recorder.close(error)  # the members' summaries, then the cells', then W&B
+            members = recorder.close(error)  # the members' summaries first: nothing can lose them
             wall = time.perf_counter() - recorder.start_time
             threads = torch.get_num_threads()
             first = 0
@@ -241,14 +242,18 @@ def _train(group: list[Started], prepare: Prepare, alone: bool) -> dict[int, dic
                 )
                 if not alone:
                     summary["packed_with"] = len(group)  # cells trained in this population
-                write_json(s.cell.out_dir / "summary.json", summary)
-                results[s.index] = summary
-                if not alone:
-                    print(cell_line(s.cell, summary), flush=True)
+                summaries.append((s, summary))
         finally:
             try:
                 recorder.close_wandb()
                 ctx.env.close()
+                # the jobs' summaries last: a job dir with its summary.json is finished, its W&B runs closed
+                # (a kill before this leaves the job unfinished, and resume runs it again)
+                for s, summary in summaries:
+                    write_json(s.cell.out_dir / "summary.json", summary)
+                    results[s.index] = summary
+                    if not alone:
+                        print(cell_line(s.cell, summary), flush=True)
             finally:
                 interrupts.restore(raise_deferred=error is None)
         if alone:

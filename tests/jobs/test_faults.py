@@ -164,6 +164,29 @@ def test_resume_reruns_a_finished_run_whose_summary_is_corrupt(tmp_path):
 
 
 # ====================================================================== Ctrl-C
+def test_a_job_killed_before_its_wandb_runs_closed_is_not_finished(tmp_path):
+    """The job's summary.json is written last, after every W&B run closed: a SIGKILL between the
+    members' summaries and the W&B close leaves no job summary, so resume runs the job again (the
+    killed attempt moved aside) instead of taking it for finished."""
+    run_dir = tmp_path / "run"
+    killed_there = (
+        "import os, runpy, signal; from rlexp.run.recorder import Recorder; "
+        "Recorder.close_wandb = lambda self: os.kill(os.getpid(), signal.SIGKILL); "
+        "runpy.run_module('rlexp.train', run_name='__main__', alter_sys=True)"  # as python -m rlexp.train
+    )
+    args = [*BUDGET, "num_seeds=2", "logger.mode=offline", f"hydra.run.dir={run_dir}"]
+    first = subprocess.run(
+        [sys.executable, "-c", killed_there, *args], cwd=ROOT, env=cli_env(tmp_path), capture_output=True, text=True
+    )
+    assert first.returncode == -signal.SIGKILL, describe(first)
+    assert not (run_dir / "summary.json").exists()  # not finished ...
+    assert all(read_json(run_dir / f"seed_{k}" / "summary.json")["status"] == "ok" for k in range(2))  # ... kept
+    second = run_cli([*args, "resume=true"], tmp_path / "second")
+    assert second.returncode == 0, describe(second)
+    check_finished_job(run_dir, wandb=True)
+    assert (run_dir / "attempt_1" / "seed_0" / "summary.json").exists()  # the killed attempt, moved aside
+
+
 def test_ctrl_c_records_the_job_crashed_and_resume_runs_it_again(tmp_path):
     run_dir = tmp_path / "run"
     args = [
