@@ -298,6 +298,14 @@ class RunContext:
         # the recorder's state was restored by the job runner, before the members' logs opened
         context = {name: part for name, part in self.state_parts().items() if name != "recorder"}
         checkpoints.restore(context | algorithm)
+        # bitwise as uninterrupted when every part was restored: the replay (if the algorithm keeps one)
+        # and the environments (not restarted)
+        keeps_replay = any(isinstance(obj, ReplayBuffer) for obj in objects.values())
+        self.recorder.resumed = {
+            "from_step": checkpoints.step,
+            "replay_restored": keeps_replay and replay,
+            "as_uninterrupted": (replay or not keeps_replay) and not self.env.restarted,
+        }
         restored = loop_state.restored
         if self.env.restarted and isinstance(restored.get("obs"), np.ndarray):
             restored["obs"][...] = self.env.observations().reshape(restored["obs"].shape)  # new episodes' first

@@ -239,7 +239,7 @@ def _train(group: list[Started], prepare: Prepare, alone: bool) -> dict[int, dic
                 first += job.members
                 summary = trained_summary(
                     s.config, s.cell.name, s.cell.choices, own, wall, error, recorder.first_step_at, threads
-                )
+                ) | {"resumed": recorder.resumed}
                 if not alone:
                     summary["packed_with"] = len(group)  # cells trained in this population
                 summaries.append((s, summary))

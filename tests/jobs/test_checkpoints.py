@@ -238,15 +238,18 @@ def metrics(member_dir: Path) -> list[dict]:
 
 
 def member_summary(member_dir: Path) -> dict:
-    return {k: v for k, v in json.loads((member_dir / "summary.json").read_text()).items() if k != "wall_s"}
+    """A member's summary less what differs between an uninterrupted and a resumed job by design."""
+    summary = json.loads((member_dir / "summary.json").read_text())
+    return {k: v for k, v in summary.items() if k not in ("wall_s", "resumed")}
 
 
 def checkpoint(member_dir: Path) -> dict:
-    """A member's checkpoint, its finished summary's wall time aside."""
+    """A member's checkpoint, its finished summary's wall time and resume record aside."""
     content = torch.load(member_dir / FILE, weights_only=True)
     summary = content["state"]["recorder/outputs"]["summaries"]
     if summary is not None:
         summary.pop("wall_s")
+        summary.pop("resumed")
     return content
 
 
@@ -287,6 +290,13 @@ def test_an_interrupted_job_resumed_from_its_checkpoint_ends_bitwise_as_the_unin
     summary = run([*overrides, "resume=true"], job)
     assert summary["status"] in ("ok", "diverged") and summary["counts"]["crashed"] == 0
     assert_same_job(tmp_path / "whole", job, 2)
+    resumed = summary["resumed"]  # recorded as what it is: bitwise as the uninterrupted job
+    assert resumed["from_step"] == saved_at and resumed["as_uninterrupted"] is True
+    for k in range(2):  # a member that finished before the checkpoint keeps its summary as written then
+        member = json.loads((job / f"seed_{k}" / "summary.json").read_text())
+        before = member["diverged_at_step"] is not None and member["diverged_at_step"] < saved_at
+        assert member["resumed"] == (None if before else resumed), k
+    assert json.loads((tmp_path / "whole" / "summary.json").read_text())["resumed"] is None
     assert sorted(p.name for p in (job / "attempt_1").iterdir()) == ["error.txt", "summary.json"]  # the crash record
     assert json.loads((job / "attempt_1" / "summary.json").read_text())["status"] == "crashed"
 
@@ -294,7 +304,9 @@ def test_an_interrupted_job_resumed_from_its_checkpoint_ends_bitwise_as_the_unin
 def test_without_the_replay_a_resumed_dqn_refills_it_and_logs_to_a_new_wandb_run(tmp_path):
     overrides = [*DQN_EVAL, "num_seeds=1", "checkpoint.replay=false", "logger.mode=offline"]
     crash(overrides, tmp_path, 450)
-    run([*overrides, "resume=true"], tmp_path)
+    job = run([*overrides, "resume=true"], tmp_path)
+    # recorded as not equal to an uninterrupted run: the replay was not restored
+    assert job["resumed"] == {"from_step": 400, "replay_restored": False, "as_uninterrupted": False}
     records = metrics(tmp_path / "seed_0")
     assert [r["step"] for r in records] == [100, 200, 300, 400, 500, 600]
     updates = {r["step"]: r["train/updates"] for r in records}

@@ -70,6 +70,7 @@ class Recorder:
         self.outputs = Outputs(cfg.logger, cfg.total_steps, seeds)
         self.window: Any = None  # multi-agent: rlexp.diagnostics.collapse.ActionWindow, read at each log step
         self.population: Any = None  # population-based training (rlexp.run.pbt): its rounds at log steps
+        self.resumed: dict[str, Any] | None = None  # how a job continued from a checkpoint (RunContext notes it)
         if self.faults.crash_at >= 0:  # debug.crash_at_step
             self.schedule.before_step.append(self.faults.crash)
         self.schedule.at_log_step += [self._evaluate, self._pbt_round, self._record]
@@ -291,6 +292,7 @@ class Recorder:
             "wall_s": round(self.outputs.wall_s(), 3),
             "diverged_at_step": None,
             "divergence": None,
+            "resumed": self.resumed,
         }
         if diverged_at is not None:
             summary["diverged_at_step"] = diverged_at
