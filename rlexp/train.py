@@ -26,6 +26,7 @@ if __name__ == "__main__":
     gc.disable()  # the imports below make ~200k objects (torch, hydra) that all live on: no collections meanwhile
 
 import os
+import signal
 import traceback
 import warnings
 from pathlib import Path
@@ -47,6 +48,7 @@ from rlexp.compose.validate import resolve_device, validate
 from rlexp.config.cells import cell_name, is_cell_key, job_settings, parse_overrides, sweep_cell_keys
 from rlexp.config.schema import ConfigError
 from rlexp.run.context import Algorithm
+from rlexp.run.jobs import Terminated
 from rlexp.run.loggers import resolve_wandb_mode
 from rlexp.run.runner import run_population
 
@@ -205,5 +207,16 @@ def hydra_report(err: BaseException) -> NoReturn:
     raise SystemExit(1)
 
 
+def main_process() -> None:
+    """``python -m rlexp.train``: ``cli()``; a job a SIGTERM stopped (its summaries written, ``Terminated``
+    in its crash record) exits as a process that signal ends would, 143, with one line instead of a
+    traceback (``error.txt`` holds it)."""
+    try:
+        cli()
+    except Terminated:
+        print("terminated (SIGTERM): the job is recorded crashed; resume=true goes on with it", file=sys.stderr)
+        raise SystemExit(128 + signal.SIGTERM) from None
+
+
 if __name__ == "__main__":
-    cli()
+    main_process()

@@ -7,8 +7,8 @@ Starting a job there is refused unless ``resume=true``, which returns the record
 touches no file (Hydra skips its ``.hydra/`` record there too: see ``hydra_subdir``). An earlier
 attempt that did not finish (interrupted, killed, crashed) or whose files are corrupt loses nothing:
 its files move into ``attempt_<n>/`` before the job starts again (its W&B runs renamed ``attempt-<name>``,
-so that syncing never uploads them). A Ctrl-C while a job trains stops it between two env steps
-and waits for its summaries (``DeferredInterrupts``).
+so that syncing never uploads them). A Ctrl-C or a SIGTERM while a job trains stops it between two env
+steps and waits for its summaries (``DeferredInterrupts``).
 """
 
 from __future__ import annotations
@@ -531,33 +531,49 @@ def record_crash(
     return job
 
 
-class DeferredInterrupts:
-    """SIGINT while a job runs (main thread, Python's default handler only).
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM (a scheduler's preemption or time limit, ``timeout``, ``docker stop``, a cancelled task):
+    a job handles it as a Ctrl-C, and its crash record says ``Terminated: SIGTERM``."""
 
-    - Before and after training: the first raises KeyboardInterrupt at once, as usual.
-    - While the algorithm trains (``training``): it is noted (``requested``) and the recorder raises
-      KeyboardInterrupt at the next env step, so no call in progress (a W&B message half sent, a lock
-      held, a file half written) is cut; a third one while the job has not yet stopped raises at once.
+
+class DeferredInterrupts:
+    """SIGINT and SIGTERM while a job runs (main thread, the default handlers only).
+
+    - Before and after training: the first raises KeyboardInterrupt (``Terminated`` for a SIGTERM) at
+      once, as usual.
+    - While the algorithm trains (``training``): it is noted (``requested``) and the recorder raises it
+      at the next env step, so no call in progress (a W&B message half sent, a lock held, a file half
+      written) is cut; a third one while the job has not yet stopped raises at once.
     - While the job is stopping (``stopping``: the clean-up): held back until ``restore`` — after the
-      summaries are written and the W&B runs closed — which puts the default handler back.
+      W&B runs are closed and the summaries written — which puts the default handlers back.
     """
+
+    SIGNALS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}  # with their defaults
 
     def __init__(self) -> None:
         self.stopping = False
         self.training = False
-        self.requested = 0  # Ctrl-Cs noted while training, not yet acted on
+        self.requested = 0  # interrupts noted while training, not yet acted on
         self.deferred = False
-        self._installed = False
+        self.terminated = False  # a SIGTERM came: the interruption is recorded as Terminated
+        self._installed: list[signal.Signals] = []
         if threading.current_thread() is threading.main_thread():
-            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-                signal.signal(signal.SIGINT, self._handle)
-                self._installed = True
+            for signum, default in self.SIGNALS.items():
+                if signal.getsignal(signum) is default:
+                    signal.signal(signum, self._handle)
+                    self._installed.append(signum)
 
-    def stop_requested(self) -> bool:
-        """True once a Ctrl-C asks the training job to stop (the recorder asks at every env step)."""
-        return self.requested > 0
+    def interruption(self) -> KeyboardInterrupt:
+        """What stops the job: ``Terminated("SIGTERM")`` once a SIGTERM came, else KeyboardInterrupt."""
+        return Terminated("SIGTERM") if self.terminated else KeyboardInterrupt()
+
+    def stop_requested(self) -> KeyboardInterrupt | None:
+        """The interruption to raise once one asked the training job to stop (the recorder asks at every
+        env step), else None."""
+        return self.interruption() if self.requested > 0 else None
 
     def _handle(self, signum: int, frame: Any) -> None:
+        self.terminated |= signum == signal.SIGTERM
         if self.stopping:
             if not self.deferred:
                 _say("interrupt: finishing the summaries first; the job stops right after")
@@ -567,21 +583,21 @@ class DeferredInterrupts:
             _say(
                 "interrupt: the job stops at its next env step"
                 if self.requested == 1
-                else "interrupt: still stopping; Ctrl-C once more stops at once"
+                else "interrupt: still stopping; once more stops at once"
             )
         else:
             self.stopping = True
-            raise KeyboardInterrupt
+            raise self.interruption()
 
     def restore(self, raise_deferred: bool) -> None:
-        """Put Python's default handler back; then raise KeyboardInterrupt for a deferred SIGINT (or one
-        noted while training that training ended before acting on) when ``raise_deferred`` (no
-        exception is on its way out already)."""
-        if self._installed:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            self._installed = False
+        """Put the default handlers back; then raise the interruption deferred (or one noted while training
+        that training ended before acting on) when ``raise_deferred`` (no exception is on its way out
+        already)."""
+        for signum in self._installed:
+            signal.signal(signum, self.SIGNALS[signum])
+        self._installed = []
         if (self.deferred or self.requested) and raise_deferred:
-            raise KeyboardInterrupt
+            raise self.interruption()
 
 
 def _say(line: str) -> None:

@@ -60,8 +60,17 @@ def kill(proc: subprocess.Popen) -> None:
     proc.wait(timeout=60)
 
 
-def interrupt_when(launch: Launch, ready: Callable[[], bool], signals: int = 1) -> subprocess.CompletedProcess:
-    """Send the launched CLI ``signals`` SIGINTs 50 ms apart once ``ready()`` (at most 300 s); its result."""
+def logged(paths: Callable[[], list[Path]], count: int) -> Callable[[], bool]:
+    """Ready once ``count`` metrics files hold a record: training has started (a file exists from before,
+    when the member's logs open)."""
+    return lambda: len(files := paths()) == count and all(f.stat().st_size > 0 for f in files)
+
+
+def interrupt_when(
+    launch: Launch, ready: Callable[[], bool], signals: int = 1, signum: int = signal.SIGINT
+) -> subprocess.CompletedProcess:
+    """Send the launched CLI ``signals`` signals ``signum`` 50 ms apart once ``ready()`` (at most 300 s); its
+    result."""
     try:
         deadline = time.monotonic() + 300
         while not ready():
@@ -69,7 +78,7 @@ def interrupt_when(launch: Launch, ready: Callable[[], bool], signals: int = 1) 
             time.sleep(0.05)
         for k in range(signals):
             time.sleep(0.05 * (k > 0))
-            launch.proc.send_signal(signal.SIGINT)
+            launch.proc.send_signal(signum)
         return launch.result()
     finally:
         launch.stop()
@@ -216,6 +225,27 @@ def test_ctrl_c_records_the_job_crashed_and_resume_runs_it_again(tmp_path):
     assert read_json(run_dir / "attempt_1" / "summary.json")["status"] == "crashed"
 
 
+def test_sigterm_stops_the_job_as_a_ctrl_c_does_and_records_it_terminated(tmp_path):
+    """SIGTERM (a scheduler's preemption, ``timeout``, ``docker stop``): the job stops between two env
+    steps, writes every summary (crashed, ``Terminated: SIGTERM``), closes its W&B runs, releases its
+    lock and exits 143 with one line; resume=true then runs it again."""
+    run_dir = tmp_path / "run"
+    args = [*BUDGET[1:], "total_steps=200000", "num_seeds=2", "logger.mode=offline", f"hydra.run.dir={run_dir}"]
+    ready = logged(lambda: list(run_dir.glob("seed_*/metrics.jsonl")), 2)
+    first = interrupt_when(Launch(args, tmp_path / "first"), ready, signum=signal.SIGTERM)
+    assert first.returncode == 128 + signal.SIGTERM, describe(first)
+    assert "terminated (SIGTERM): the job is recorded crashed; resume=true goes on with it" in first.stderr
+    assert "Traceback" not in first.stderr
+    job = check_crashed_job(run_dir, "Terminated: SIGTERM", wandb=True)
+    assert job["error"] == "rlexp.run.jobs.Terminated: SIGTERM"
+    frames = [ln for ln in (run_dir / "error.txt").read_text().splitlines() if ln.lstrip().startswith("File ")]
+    assert "rlexp/run/recorder/schedule.py" in frames[-1] and frames[-1].endswith("in steps")  # between env steps
+    assert not (run_dir / LOCK).exists()
+    second = run_cli([*TINY, "resume=true", f"hydra.run.dir={run_dir}"], tmp_path / "second")
+    assert second.returncode == 0, describe(second)
+    check_finished_job(run_dir)
+
+
 def test_a_second_ctrl_c_during_the_clean_up_waits_for_every_summary(tmp_path):
     """Two SIGINTs 50 ms apart: the first stops training, the second is held until every summary is
     on disk and the W&B runs are closed."""
@@ -250,7 +280,7 @@ def test_ctrl_c_in_a_packed_grid_records_every_cell_of_the_pack_crashed(tmp_path
         "logger.mode=offline",
         f"hydra.sweep.dir={sweep}",
     ]
-    proc = interrupt_when(Launch(args, tmp_path), lambda: len(list(sweep.glob("*/seed_*/metrics.jsonl"))) == 4)
+    proc = interrupt_when(Launch(args, tmp_path), logged(lambda: list(sweep.glob("*/seed_*/metrics.jsonl")), 4))
     assert proc.returncode != 0, describe(proc)
     assert "interrupt: the job stops at its next env step" in proc.stderr, describe(proc)
     cells = sorted(d for d in sweep.iterdir() if d.is_dir() and d.name.isdigit())

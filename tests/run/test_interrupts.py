@@ -1,5 +1,5 @@
-"""Ctrl-C during a job (rlexp/run/jobs.py's DeferredInterrupts), in this process: acted on between env
-steps, the third at once; one noted before the clean-up is raised after it."""
+"""Ctrl-C and SIGTERM during a job (rlexp/run/jobs.py's DeferredInterrupts), in this process: acted on
+between env steps, the third at once; one noted before the clean-up is raised after it."""
 
 from __future__ import annotations
 
@@ -46,3 +46,23 @@ def test_a_ctrl_c_that_training_ended_before_acting_on_is_raised_after_the_clean
     quiet = DeferredInterrupts()
     quiet.restore(raise_deferred=True)  # nothing noted: nothing raised
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_sigterm_is_handled_as_a_ctrl_c_and_named_terminated():
+    """SIGTERM while training asks the job to stop as a Ctrl-C does, and the interruption it raises is
+    ``Terminated`` (a KeyboardInterrupt, so every path that cleans up after one does after it too);
+    ``restore`` puts the default SIGTERM disposition back."""
+    from rlexp.run.jobs import Terminated
+
+    interrupts = DeferredInterrupts()
+    try:
+        assert signal.getsignal(signal.SIGTERM) == interrupts._handle
+        interrupts.training = True
+        signal.raise_signal(signal.SIGTERM)
+        stop = interrupts.stop_requested()
+        assert isinstance(stop, Terminated) and isinstance(stop, KeyboardInterrupt) and str(stop) == "SIGTERM"
+        interrupts.stopping = True
+    finally:
+        with pytest.raises(Terminated):
+            interrupts.restore(raise_deferred=True)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL

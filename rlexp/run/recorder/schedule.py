@@ -1,11 +1,12 @@
 """The step loop's schedule: env steps, log steps and what happens at them, in order.
 
 ``Schedule.steps()`` is the iterator an algorithm's loop runs on (``ctx.recorder.steps()``). Before each
-vector step it stops when ``stop_requested()`` (a Ctrl-C) and runs ``before_step`` (``debug.crash_at_step``);
-after a vector step that crosses a multiple of ``logger.log_every`` (or reaches ``total_steps``) it runs
-``at_log_step``'s events in their order (the recorder's: evaluation, a PBT round, the log record), then
-writes a checkpoint when one is due (the first log step at or after each multiple of ``checkpoint.every``,
-and the last), and ends the loop early once ``finished()`` (every member finished).
+vector step it raises what ``stop_requested()`` gives (a Ctrl-C's or a SIGTERM's interruption) and runs
+``before_step`` (``debug.crash_at_step``); after a vector step that crosses a multiple of
+``logger.log_every`` (or reaches ``total_steps``) it runs ``at_log_step``'s events in their order (the
+recorder's: evaluation, a PBT round, the log record), then writes a checkpoint when one is due (the first
+log step at or after each multiple of ``checkpoint.every``, and the last), and ends the loop early once
+``finished()`` (every member finished).
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ def _never() -> bool:
     return False
 
 
+def _no_stop() -> BaseException | None:
+    return None
+
+
 class Schedule:
     """When things happen in a job's step loop; its state: the latest log step."""
 
@@ -44,7 +49,7 @@ class Schedule:
         self.checkpoint_every = checkpoint_every
         self.last_log_step = 0  # the env step of the latest log step
         self.first_step_at: str | None = None  # ISO 8601 UTC time of the first env step
-        self.stop_requested: Callable[[], bool] = _never  # a Ctrl-C asks the job to stop
+        self.stop_requested: Callable[[], BaseException | None] = _no_stop  # a Ctrl-C or SIGTERM: stop
         self.before_step: list[Callable[[int], None]] = []  # called with the coming step; may raise
         self.at_log_step: list[Callable[[LogStep], None]] = []  # the events of a log step, in order
         self.checkpoint: Callable[[int], None] | None = None  # writes a checkpoint at an env step
@@ -64,8 +69,8 @@ class Schedule:
         step = self.last_log_step
         self.first_step_at = datetime.now(timezone.utc).isoformat()
         while step < self.total_steps:
-            if self.stop_requested():  # a Ctrl-C, acted on between two env steps
-                raise KeyboardInterrupt
+            if (stop := self.stop_requested()) is not None:  # a Ctrl-C or SIGTERM, acted on between env steps
+                raise stop
             for check in self.before_step:
                 check(step + self.per_step)
             step += self.per_step
