@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import csv
 import difflib
+import importlib.util
 import json
 import math
 import re
@@ -824,11 +825,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+REPORT_EXTRA = ("rliable", "matplotlib", "pandas", "arch")  # the report extra's packages (pyproject.toml)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns the exit code (2 on bad input, with one line on stderr)."""
+    """CLI entry point; returns the exit code (2 on bad input or a missing extra, with one line on stderr)."""
     from rlexp.report.wandb_run import log_to_wandb, resolve_mode
 
     args = parse_args(argv)
+    missing = [name for name in REPORT_EXTRA if importlib.util.find_spec(name) is None]
+    if missing:  # before any file is written
+        print(f"report: error: needs {', '.join(missing)}; pip install -e '.[report]'", file=sys.stderr)
+        return 2
     try:
         report = build_report(
             args.dir, args.rows, args.cols, args.compare, args.reps, args.seed, args.curves,

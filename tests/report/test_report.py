@@ -309,3 +309,21 @@ def test_normalization_falls_back_to_the_grid_where_the_table_has_no_reference()
         (breakout[0], 9.0, "random"),
         (3.0, 9.0, "grid"),
     ]
+
+
+def test_a_missing_report_extra_is_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    """Without the report extra (here rliable hidden from the import system) the command names what is
+    missing and the extra in one line, exit code 2, before it reads or writes anything."""
+    import importlib.util
+
+    from rlexp.report.main import main
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "rliable" else find_spec(name, *a)
+    )
+    (tmp_path / "0").mkdir()
+    assert main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["report: error: needs rliable; pip install -e '.[report]'"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0"]  # nothing written
