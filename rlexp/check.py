@@ -118,7 +118,8 @@ def check(root: Path) -> tuple[list[str], int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlexp.check", description=__doc__.split("\n\n")[0])
+    description = __doc__.split("\n\n")[0].replace("``", "")  # plain text, as every command's --help
+    parser = argparse.ArgumentParser(prog="python -m rlexp.check", description=description)
     parser.add_argument("dir", type=Path, help="a sweep dir (its jobs) or a job's run dir")
     args = parser.parse_args(argv)
     if not args.dir.is_dir():

@@ -168,6 +168,9 @@ def log_to_wandb(
 def main(argv: list[str] | None = None) -> None:
     """The command line (see the module docstring); bad input is one line and exit code 2."""
     args = sys.argv[1:] if argv is None else argv
+    if {"-h", "--help"} & set(args):  # usage, as every command gives it: plain text, exit 0
+        print(__doc__.replace("``", ""))
+        return
     try:
         run_dir, member, episodes, video = parse(args)
         if video:

@@ -284,8 +284,12 @@ def member_index(job: dict[str, Any], options: dict[str, str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     from rlexp.train import prepare  # the entry point's: imports the algorithms, registers the config
 
+    args = sys.argv[1:] if argv is None else argv
+    if {"-h", "--help"} & set(args):  # usage, as every command gives it: plain text, exit 0
+        print(__doc__.replace("``", ""))
+        return 0
     try:
-        run_dir, options = parse(sys.argv[1:] if argv is None else argv)
+        run_dir, options = parse(args)
         job = load_job(run_dir)
         member = member_index(job, options)
         anomaly = options.get("anomaly", "false").lower()

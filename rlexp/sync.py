@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     wandb_args = argv[argv.index("--") + 1 :] if "--" in argv else []  # after --: options for wandb sync
     parser = argparse.ArgumentParser(
         prog="python -m rlexp.sync",
-        description=__doc__.split("\n\n")[0],
+        description=__doc__.split("\n\n")[0].replace("``", ""),  # plain text, as every command's --help
         epilog="Options after -- go to wandb sync (e.g. -- --project other).",
     )
     parser.add_argument("dir", type=Path, help="a sweep dir (its jobs) or a job's run dir")
