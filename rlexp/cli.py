@@ -51,10 +51,42 @@ def _close(word: str, options: Sequence[str]) -> list[str]:
     return difflib.get_close_matches(word, list(options), n=3, cutoff=0.6)
 
 
+# the field's other names for rlexp's options
+OTHER_NAMES = {
+    "kaiming": "he",
+    "kaiming_normal": "he_normal",
+    "kaiming_uniform": "he_uniform",
+    "glorot": "xavier",
+    "glorot_normal": "xavier_normal",
+    "glorot_uniform": "xavier_uniform",
+    "batchnorm": "batch",
+    "layernorm": "layer",
+    "rmsnorm": "rms",
+    "weightnorm": "weight",
+    "spectralnorm": "spectral",
+}
+
+
 def _did_you_mean(word: str, options: Sequence[str], template: str = "{}") -> str:
-    close = _close(word, options)
+    """The "did you mean …? " of ``word``: the option it names in another case or by another name the
+    field uses (``kaiming`` -> ``he``), else the close matches; "" when none."""
+    plain = word.lower().replace("-", "_")
+    alias = OTHER_NAMES.get(plain) or OTHER_NAMES.get(plain.replace("_", ""))
+    same = [o for o in options if o.lower() == plain or o == alias]
+    close = same or _close(word, options)
     guesses = " or ".join(template.replace("{}", c) for c in close)
     return f"did you mean {guesses}? " if close else ""
+
+
+def _paths_ending(tree: Any, name: str, prefix: str = "") -> list[str]:
+    """The dotted paths of ``tree``'s (nested dicts') keys named ``name``, below its top level."""
+    found = []
+    for key, value in tree.items() if isinstance(tree, dict) else ():
+        path = f"{prefix}{key}"
+        if key == name and prefix:
+            found.append(path)
+        found += _paths_ending(value, name, path + ".")
+    return found
 
 
 def _value_of(key: str, overrides: Sequence[str]) -> str:
@@ -95,7 +127,11 @@ def translate(err: Exception, overrides: Sequence[str], without: Callable[[str],
                 keys = [k for k in keys if k != "hydra"]
             where = parent or "the top level"
             prefix = f"{parent}." if parent else ""
-            fix = _did_you_mean(name, keys, prefix + "{}=" + value).strip() or f"{where} takes: {', '.join(keys)}"
+            guess = _did_you_mean(name, keys, prefix + "{}=" + value)
+            if not guess and not parent:  # a key of a group given at the top level: lr -> optimizer.lr
+                nested = _paths_ending(OmegaConf.to_container(without(full_key), resolve=False), name)
+                guess = f"did you mean {' or '.join(f'{p}={value}' for p in nested)}?" if nested else ""
+            fix = guess.strip() or f"{where} takes: {', '.join(keys)}"
             return ConfigError(full_key, f"unknown key ({full_key}={value})", fix)
         kind = next((kind for word, kind in TYPE_NAMES.items() if word in text), None)
         default = OmegaConf.select(without(full_key), full_key, default=None)

@@ -402,7 +402,7 @@ def _validate_action_space(cfg: DictConfig) -> tuple[int, int, bool, int]:
         )
     spec, kind = ALGOS[cfg.algo.name], spaces.kind
     if kind not in spec.action_spaces:
-        fits = [name for name, s in ALGOS.items() if kind in s.action_spaces]
+        fits = [name for name, s in ALGOS.items() if kind in s.action_spaces and not s.multi_agent]  # a gym env
         fix = f"use algo={' or algo='.join(fits)}" if fits else f"no algorithm here handles {kind} actions yet"
         raise ConfigError("algo", f"algo={cfg.algo.name} cannot handle {cfg.env.id}'s {kind} action space", fix)
     return int(np.prod(spaces.obs_shape or (1,))), spaces.action_dim, spaces.frames, spaces.stack

@@ -29,6 +29,14 @@ COMMAND_LINE_REFUSALS = {
     "total_steps=0": ["config error: total_steps: 0 is out of range"],
     "-m activation=relu,tanh total_steps=0": ["config error: total_steps: 0 is out of range"],
     "+experiment=stability_grid_small clipping=none,globl_norm": ["did you mean clipping=global_norm?"],
+    # the field's other names, another case, a group's key given at the top level
+    "init=kaiming": ["config error: init: unknown option 'kaiming'", "did you mean init=he?"],
+    "init=Glorot_Uniform": ["did you mean init=xavier_uniform?"],
+    "normalization=LayerNorm": ["did you mean normalization=layer?"],
+    "normalization=batchnorm": ["did you mean normalization=batch?"],
+    "activation=ReLU": ["did you mean activation=relu?"],
+    "lr=1e-3": ["config error: lr: unknown key (lr=1e-3)", "did you mean optimizer.lr=1e-3"],
+    "gamma=0.9": ["did you mean algo.gamma=0.9?"],
 }
 
 

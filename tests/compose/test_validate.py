@@ -104,3 +104,15 @@ def test_a_name_wandb_refuses_is_refused_before_any_work(key, name):
     fine = "my-project_1.v2 (x)"
     validate(compose_config(TINY + [f"{key}='{fine}'"]))
     assert wandb.Settings(project=fine).project == fine
+
+
+@pytest.mark.parametrize("algo,env", [("dqn", "pendulum"), ("td3", "cartpole")])
+def test_an_algorithm_refused_for_an_action_space_is_offered_only_ones_that_fit(algo, env):
+    """The refusal names the algorithms that handle the env's actions, single-agent ones for a gymnasium
+    env, and each of them is then taken."""
+    with pytest.raises(ConfigError, match=f"algo={algo} cannot handle") as err:
+        validate(compose_config(TINY + [f"algo={algo}", f"env={env}"]))
+    offered = str(err.value).split("; use ")[1].split(" or ")
+    assert offered and "algo=maddpg" not in offered and "algo=mappo" not in offered
+    for option in offered:
+        validate(compose_config(TINY + [option, f"env={env}"]))
