@@ -250,6 +250,12 @@ def gae(
     return advantages, advantages + values
 
 
+def batch_std(x: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
+    """The unbiased standard deviation over dim 1 of x [P, B, ...] per member; 0 for a batch of one
+    sample (torch's would be NaN, with a warning)."""
+    return x.std(1, keepdim=keepdim, correction=min(1, x.shape[1] - 1))
+
+
 @dataclass
 class Minibatch:
     obs: torch.Tensor  # [P, M, obs]
@@ -272,9 +278,8 @@ def ppo_losses(
     log_ratio = new_log_prob - mb.log_probs
     ratio = log_ratio.exp()
     adv = mb.advantages
-    if algo.norm_adv:  # per member, by the unbiased standard deviation (of one sample: 0)
-        std = adv.std(1, keepdim=True, correction=min(1, adv.shape[1] - 1))
-        adv = (adv - adv.mean(1, keepdim=True)) / (std + 1e-8)
+    if algo.norm_adv:  # per member, by the unbiased standard deviation
+        adv = (adv - adv.mean(1, keepdim=True)) / (batch_std(adv, keepdim=True) + 1e-8)
     clipped_ratio = ratio.clamp(1 - algo.clip_coef, 1 + algo.clip_coef)
     policy_loss = torch.maximum(-adv * ratio, -adv * clipped_ratio).mean(1)
     value_error = (new_values - mb.returns).square()

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 
-from rlexp.algos.common import check_replay, epsilon
+from rlexp.algos.common import batch_std, check_replay, epsilon
 from rlexp.config.schema import DiagnosticsConfig, DQNConfig, require_choice
 from rlexp.data.buffers import Batch, FrameStackReplay, ReplayBuffer
 from rlexp.diagnostics.instruments import (
@@ -170,7 +170,7 @@ def instruments(
                 "q/max": q.amax(1),
                 "q/abs_max": q_all.abs().amax((1, 2)),
                 "td/mean": td.mean(1),
-                "td/std": td.std(1),
+                "td/std": batch_std(td),
                 "td/abs_max": td.abs().amax(1),
             }
         )

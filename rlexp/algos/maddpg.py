@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from rlexp.algos.common import ScaledTanh, locate, normal
+from rlexp.algos.common import ScaledTanh, batch_std, locate, normal
 from rlexp.config.schema import Config, MADDPGConfig
 from rlexp.data.buffers import Batch, ReplayBuffer
 from rlexp.diagnostics.collapse import ActionWindow
@@ -463,7 +463,7 @@ def q_stats(name: str, q: torch.Tensor, target: torch.Tensor) -> dict[str, torch
     td = td_errors(q, target)
     return {
         f"{name}/q_mean": q.mean(1),
-        f"{name}/q_std": q.std(1),
+        f"{name}/q_std": batch_std(q),
         f"{name}/q_max": q.amax(1),
         f"{name}/td_abs_mean": td.abs().mean(1),
     }
@@ -492,7 +492,7 @@ def instruments(
         td = td_errors(q, target)
         stats |= {
             f"{name}/q/mean": q.mean(1),
-            f"{name}/q/std": q.std(1),
+            f"{name}/q/std": batch_std(q),
             f"{name}/q/abs_max": q.abs().amax(1),
             f"{name}/td/abs_max": td.abs().amax(1),
             f"{name}/actor_grad_norm": actor_update.grad_norm_pre_clip,

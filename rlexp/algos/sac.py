@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
-from rlexp.algos.common import LOG_2PI, ScaledTanh, check_replay, locate, normal, squashed_policy
+from rlexp.algos.common import LOG_2PI, ScaledTanh, batch_std, check_replay, locate, normal, squashed_policy
 from rlexp.config.schema import (
     AdamConfig,
     ClippingConfig,
@@ -327,7 +327,7 @@ def instruments(
                 "q/abs_max": torch.stack(q_all).abs().amax((0, 2)),
                 "q/twin_gap": (q_all[0] - q_all[1]).abs().mean(1),
                 "td/mean": td.mean(1),
-                "td/std": td.std(1),
+                "td/std": batch_std(td),
                 "td/abs_max": td.abs().amax(1),
             }
         )

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlexp.algos.common import ScaledTanh, locate, normal, squashed_policy
+from rlexp.algos.common import ScaledTanh, batch_std, locate, normal, squashed_policy
 from rlexp.config.schema import DiagnosticsConfig, TD3Config
 from rlexp.data.buffers import Batch, ReplayBuffer
 from rlexp.diagnostics.instruments import (
@@ -253,13 +253,13 @@ def instruments(
                 "q/max": q.amax(1),
                 "q/abs_max": torch.stack(q_all).abs().amax((0, 2)),
                 "td/mean": td.mean(1),
-                "td/std": td.std(1),
+                "td/std": batch_std(td),
                 "td/abs_max": td.abs().amax(1),
             }
         )
         stats["q/online_target_gap"] = (q - critic_targets[0](batch.obs, batch.actions).squeeze(-1)).mean(1)
         squashed = torch.tanh(pre_tanh)  # [P, B, A]
         stats["policy/mean"] = squashed.mean((1, 2))
-        stats["policy/std"] = squashed.std(1).mean(1)
+        stats["policy/std"] = batch_std(squashed).mean(1)
         stats["policy/saturated"] = (squashed.abs() > 0.99).float().mean((1, 2))
     return {k: v.float() for k, v in stats.items()}

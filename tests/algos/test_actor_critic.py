@@ -446,3 +446,17 @@ def test_bad_actor_critic_values_name_the_key(overrides, key):
     with pytest.raises(ConfigError) as err:
         validate(compose_config(overrides))
     assert err.value.key == key
+
+
+def test_batch_std_is_torchs_unbiased_std_and_0_for_one_sample():
+    """The instruments' and norm_adv's spread over a batch: torch's unbiased std, bit for bit, and for a
+    batch of one sample (algo.batch_size=1) 0 with no warning, where torch's is NaN."""
+    import warnings
+
+    from rlexp.algos.common import batch_std
+
+    x = torch.randn(3, 7, 2, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(batch_std(x), x.std(1)) and torch.equal(batch_std(x, keepdim=True), x.std(1, keepdim=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(batch_std(x[:, :1]), torch.zeros(3, 2))
