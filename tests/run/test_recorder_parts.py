@@ -57,7 +57,7 @@ def test_the_schedule_stops_between_env_steps_when_asked_and_hands_events_what_e
         log.extra = {0: {"pbt/round": log.step}}
 
     schedule.at_log_step += [first, lambda log: seen.append(log.extra)]
-    asked = iter([False, False, False, True])
+    asked = iter([None, None, None, KeyboardInterrupt()])  # the interruption to raise, once one came
     schedule.stop_requested = lambda: next(asked)
     yielded = []
     with pytest.raises(KeyboardInterrupt):
