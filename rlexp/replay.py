@@ -159,7 +159,9 @@ class ReplayRecorder(Recorder):
 
 
 def load_job(run_dir: Path) -> dict[str, Any]:
-    """The job summary of ``run_dir``; a ConfigError when it holds no finished job."""
+    """The job summary of ``run_dir``; a ConfigError when it is not a dir or holds no finished job."""
+    if not run_dir.is_dir():
+        raise ConfigError("run dir", f"{run_dir} is not a directory", "pass the dir of a finished job")
     job, problem = inspect_job(run_dir)
     if job is None:
         why = problem or "it holds no finished job (no summary.json, or crashed)"

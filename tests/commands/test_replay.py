@@ -20,3 +20,15 @@ def test_member_anomaly_finds_the_members_own_non_finite_gradient():
         found.append(anomaly.found[0])
         assert torch.Tensor.backward is backward and not torch.is_anomaly_enabled()
     assert found == ["PowBackward0", "SqrtBackward0"], found
+
+
+def test_replay_of_a_missing_dir_says_it_is_not_a_directory(tmp_path, capsys):
+    """A mistyped run dir is named as not a directory (not as a dir without a finished job), exit 2,
+    nothing made."""
+    from rlexp import replay
+
+    missing = tmp_path / "no_such_run"
+    assert replay.main([str(missing), "seed=0"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"config error: run dir: {missing} is not a directory; pass the dir of a finished job\n"
+    assert not missing.exists()
