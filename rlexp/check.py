@@ -1,5 +1,8 @@
 """``python -m rlexp.check <sweep or run dir>``: verify a sweep's files, one line per problem.
 
+A sweep's jobs are those of the grid its ``multirun.yaml`` records (every combination Hydra's basic
+sweeper makes; a search's: the job dirs present): a job of the grid that never started is named, as is
+a job dir whose ``.hydra/overrides.yaml`` is not the grid's job of its number, or that is no job of it.
 For every job dir (a sweep's children, or the run dir itself): a job that is not finished is named
 (``unfinished``: no ``summary.json``; ``crashed``; ``corrupt``: what ``resume`` would move aside). For a
 finished job: ``summary.json`` has every key a job summary always has, ``members`` and
@@ -21,7 +24,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rlexp.config.cells import MULTIRUN_YAML
 from rlexp.run.jobs import ATTEMPT, inspect_job, job_dirs
+from rlexp.run.sweep import expected_jobs, only_in, ran_overrides, unknown_dirs
 from rlexp.run.wandb_files import OFFLINE_RUNS, exit_code, run_dirs
 
 # keys a job's summary.json always holds (docs/outputs.md)
@@ -93,12 +98,39 @@ def _wandb_problems(member_dir: Path) -> list[str]:
     return [f"{runs[0]}: exit code {code}, expected 0"] if code != 0 else []
 
 
+def _grid(root: Path) -> list[tuple[Path, str | None]]:
+    """Each job of ``root``'s grid, in order, with what is wrong with its place in the grid (None: a job
+    dir to inspect): with a recorded job list (``multirun.yaml`` of Hydra's basic sweeper) every job of
+    it, then any dir that is no job of it; else the job dirs present."""
+    present = job_dirs(root)
+    expected = expected_jobs(root)
+    if expected is None:
+        return [(job_dir, None) for job_dir in present]
+    jobs: list[tuple[Path, str | None]] = []
+    for k, (job_dir, overrides) in enumerate(expected):
+        ran = ran_overrides(job_dir)
+        if job_dir not in present:
+            jobs.append((job_dir, f"never started (job {k} of the grid: {' '.join(overrides)})"))
+        elif ran is not None and ran != overrides:
+            jobs.append(
+                (job_dir, f"ran {only_in(ran, overrides)} where the grid's job {k} runs {only_in(overrides, ran)}")
+            )
+        else:
+            jobs.append((job_dir, None))
+    return jobs + [
+        (job_dir, f"no job of the grid {root / MULTIRUN_YAML} records") for job_dir in unknown_dirs(root, expected)
+    ]
+
+
 def check(root: Path) -> tuple[list[str], int, int]:
-    """(one line per problem, jobs, jobs finished and intact) of the job dirs under ``root``."""
+    """(one line per problem, jobs, jobs finished and intact) of the grid under ``root`` (``_grid``)."""
     problems: list[str] = []
-    jobs = job_dirs(root)
+    jobs = _grid(root)
     intact = 0
-    for job_dir in jobs:
+    for job_dir, misplaced in jobs:
+        if misplaced:
+            problems.append(f"{job_dir}: {misplaced}")
+            continue
         job, corrupt = inspect_job(job_dir)
         if corrupt:
             problems.append(f"{job_dir / corrupt}")  # '<file>: <what is wrong>', as resume names it

@@ -313,12 +313,20 @@ def end_of_run_lines(out_dir: Path, wandb_mode: str) -> list[str]:
 
 def sweep_table(sweep_dir: Path) -> list[str]:
     """One line per job of a sweep dir (its cell, status counts, IQM of the members' final evaluation
-    return, wall time), read from the job dirs' ``summary.json``; a job without one is 'no summary'."""
+    return, wall time), read from the job dirs' ``summary.json``; a job without one is 'no summary'. The
+    jobs are those of the grid the sweep records (``rlexp.run.sweep.expected_jobs``; one never started
+    is 'not started'), else the job dirs present."""
     from rlexp.report.stats import iqm_fast
     from rlexp.run.jobs import job_dirs
+    from rlexp.run.sweep import expected_jobs
 
     rows = [("job", "cell", "ok", "div", "crash", "IQM eval", "n", "wall s")]
-    for job_dir in job_dirs(sweep_dir) if sweep_dir.is_dir() else []:
+    present = job_dirs(sweep_dir) if sweep_dir.is_dir() else []
+    expected = expected_jobs(sweep_dir)
+    for job_dir in present if expected is None else [d for d, _ in expected]:
+        if job_dir not in present:
+            rows.append((job_dir.name, "(not started)", "", "", "", "", "", ""))
+            continue
         try:
             job = json.loads((job_dir / "summary.json").read_text())
             counts = job["counts"]
@@ -340,7 +348,8 @@ def sweep_table(sweep_dir: Path) -> list[str]:
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    cells = (zip(row, widths) for row in rows)
+    return ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(row)).rstrip() for row in cells]
 
 
 class SweepSummary(Callback):

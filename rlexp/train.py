@@ -48,9 +48,10 @@ from rlexp.compose.validate import resolve_device, validate
 from rlexp.config.cells import cell_name, is_cell_key, job_settings, parse_overrides, sweep_cell_keys
 from rlexp.config.schema import ConfigError
 from rlexp.run.context import Algorithm
-from rlexp.run.jobs import Terminated
+from rlexp.run.jobs import DiskFull, Terminated
 from rlexp.run.loggers import resolve_wandb_mode
 from rlexp.run.runner import run_population
+from rlexp.run.sweep import release_sweep
 
 register()  # here, not under __main__: launcher workers import this module to run a job
 
@@ -139,6 +140,11 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         single = False  # refused: no outputs to point to
         print(err, file=sys.stderr)  # a single run: the one line, no traceback
         raise SystemExit(2) from None
+    except DiskFull as err:  # recorded crashed with it (error.txt: the traceback) when there was room
+        print(err, file=sys.stderr, flush=True)  # each job's line: Hydra names a sweep's first failure only
+        if not single:
+            raise  # this job fails; the sweep attempts the others
+        raise SystemExit(1) from None
     finally:
         if single:  # finished or crashed: where its files are
             print("\n".join(end_of_run_lines(out_dir, resolve_wandb_mode(cfg.logger))), flush=True)
@@ -166,6 +172,7 @@ def cli() -> None:
             raise
         finally:  # a multirun whose job raised: Hydra skipped the callback's summary
             SweepSummary.flush()
+            release_sweep()
         return
     full_error = "HYDRA_FULL_ERROR" in os.environ
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing: a composition error is named here

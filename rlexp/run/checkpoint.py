@@ -36,7 +36,7 @@ import torch
 
 from rlexp.config.schema import ConfigError
 from rlexp.config.state import PLAIN, PerMember, Shared, Stateful
-from rlexp.run.jobs import config_difference
+from rlexp.run.jobs import config_difference, space_checked
 
 FORMAT = "rlexp-checkpoint/4"
 FILE = "checkpoint.pt"
@@ -197,14 +197,15 @@ class Checkpoints:
                 "shared": shared,
             }
             path = self.path(k)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{FILE}.")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    torch.save(content, f)
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            with space_checked(path):  # torch's writer says 'unexpected pos', ENOSPC only in its chain
+                fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{FILE}.")
+                try:
+                    with os.fdopen(fd, "wb") as f:
+                        torch.save(content, f)
+                    os.replace(tmp, path)
+                except BaseException:
+                    Path(tmp).unlink(missing_ok=True)
+                    raise
 
     # ---- reading
     def load(self, members: int) -> int | None:

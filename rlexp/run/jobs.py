@@ -19,6 +19,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -53,15 +55,66 @@ MEMBER_KEYS = (
     "status", "seed", "member", "steps", "final_return", "episodes", "wall_s", "diverged_at_step", "divergence",
 )  # fmt: skip
 _ABSENT = "<absent>"
+RESERVE = 1 << 20  # bytes a job keeps in its lock for its crash record: ~1500 members' summaries
 _HELD: dict[Path, int] = {}  # job dir (resolved) -> the descriptor of its .lock, locked by this process
 
 
-def write_json(path: Path, obj: Any) -> None:
-    """Write ``obj`` as JSON atomically: a reader (or a resume after a kill) sees all of it or none."""
+class DiskFull(CompactHydraException):
+    """A write that failed for want of space (ENOSPC, or EDQUOT: a quota): one line naming the file. A job
+    that meets it is recorded crashed with it as the error (``RESERVE`` makes room for that record)."""
+
+    def __init__(self, path: Path, exc: BaseException | None = None) -> None:
+        cause = _space_error(exc) if exc is not None else None
+        code = errno.errorcode.get(cause.errno, "ENOSPC") if cause is not None and cause.errno else "ENOSPC"
+        super().__init__(
+            f"disk full: cannot write {path}: {code} ({os.strerror(getattr(errno, code))}); free space on its "
+            "filesystem, then resume=true runs the job again"
+        )
+        self.path = path
+
+
+def _space_error(exc: BaseException | None) -> OSError | None:
+    """The OSError for want of space in ``exc``'s chain (its causes and contexts), if any."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+@contextlib.contextmanager
+def space_checked(path: Path):
+    """Raise DiskFull naming ``path`` for an error for want of space in the block (also one deep in a
+    library's chain, e.g. torch's zip writer's ``unexpected pos``)."""
+    try:
+        yield
+    except DiskFull:
+        raise
+    except Exception as exc:
+        if _space_error(exc) is None:
+            raise
+        raise DiskFull(path, exc) from exc
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: a reader (or a resume after a kill) sees all of it or none,
+    and a failed write leaves no part of it (DiskFull when for want of space)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    try:
+        with space_checked(path):
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` as JSON atomically (``write_file``)."""
+    write_file(path, (json.dumps(obj, indent=2, default=str) + "\n").encode())
 
 
 # ---------------------------------------------------------------- one writer per job dir
@@ -79,7 +132,7 @@ def _holder(fd: int) -> str:
     process' while the file says nothing yet, or still names a dead process of this host (a new holder
     has taken the lock over and not written yet)."""
     try:
-        held = json.loads(os.pread(fd, 4096, 0))
+        held = json.loads(os.pread(fd, 4096, 0).split(b"\0", 1)[0])  # the reserve's zeros follow
         pid, host = int(held["pid"]), str(held["host"])
     except (OSError, ValueError, TypeError, KeyError):
         return "another process"
@@ -103,14 +156,16 @@ def _same_file(fd: int, path: Path) -> bool:
     return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
 
 
-def hold_dir(out_dir: Path, dir_key: str | None = None) -> None:
-    """Take this process's exclusive lock on the job dir ``out_dir`` (made if missing), for the job's lifetime.
+def hold_dir(out_dir: Path, dir_key: str | None = None, holder: str = "job", reserve: bool = False) -> None:
+    """Take this process's exclusive lock on the job dir ``out_dir`` (made if missing), for the job's lifetime
+    (a multirun holds its sweep dir so: ``holder`` names what holds it in the refusal).
 
-    The lock is ``flock`` on ``<out_dir>/.lock``, which then holds ``{"pid": …, "host": …}``. The kernel
-    drops it when the holder dies, so a lock left by a killed job is taken over (its file's old content is
-    overwritten). Holding it already: nothing. A ConfigError at ``dir_key`` (default: the key that picks
-    this job's dir) when another live process holds it, naming that process, or when the dir cannot be
-    made or written, naming the errno.
+    The lock is ``flock`` on ``<out_dir>/.lock``, which then holds ``{"pid": …, "host": …}`` (and with
+    ``reserve``, zeros up to ``RESERVE`` bytes: room for the job's crash record on a full disk, given back
+    by ``free_reserve``). The kernel drops it when the holder dies, so a lock left by a killed job is taken
+    over (its file's old content is overwritten). Holding it already: nothing. A ConfigError at ``dir_key``
+    (default: the key that picks this job's dir) when another live process holds it, naming that process,
+    or when the dir cannot be made or written, naming the errno; DiskFull when there is no room for it.
     """
     path = out_dir.resolve()
     if path in _HELD:
@@ -125,22 +180,47 @@ def hold_dir(out_dir: Path, dir_key: str | None = None) -> None:
                 if _same_file(fd, path / LOCK):
                     os.ftruncate(fd, 0)
                     os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode(), 0)
+                    if reserve:
+                        _reserve(fd)
                     break
             except BlockingIOError:
-                holder = _holder(fd)
+                who = _holder(fd)
                 os.close(fd)
                 raise ConfigError(
                     dir_key,
-                    f"{out_dir} is in use by {holder} (it holds {out_dir / LOCK})",
-                    f"wait for that job to end, or set {dir_key} to another directory",
+                    f"{out_dir} is in use by {who} (it holds {out_dir / LOCK})",
+                    f"wait for that {holder} to end, or set {dir_key} to another directory",
                 ) from None
-            except BaseException:
+            except BaseException as exc:
+                if _space_error(exc) is not None and _same_file(fd, path / LOCK):
+                    os.unlink(path / LOCK)  # locked by us: no one else's
                 os.close(fd)
                 raise
             os.close(fd)  # its holder removed the file between our open and our lock: lock the new one
     except OSError as exc:
+        if _space_error(exc) is not None:
+            raise DiskFull(path / LOCK, exc) from None
         raise _unwritable(out_dir, exc, dir_key) from None
     _HELD[path] = fd
+
+
+def _reserve(fd: int) -> None:
+    """Extend the lock file ``fd`` to ``RESERVE`` bytes, allocated; nothing on a filesystem that cannot
+    allocate ahead (EOPNOTSUPP, EINVAL): a job there keeps no room. Raises for want of space."""
+    try:
+        os.posix_fallocate(fd, 0, RESERVE)
+    except OSError as exc:
+        if _space_error(exc) is not None:
+            raise
+
+
+def free_reserve(out_dir: Path) -> None:
+    """Give back the room ``hold_dir`` reserved in ``out_dir``'s lock (nothing when none): before a crash
+    record, which a full disk may otherwise refuse."""
+    fd = _HELD.get(out_dir.resolve())
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, len(os.pread(fd, 4096, 0).split(b"\0", 1)[0]))
 
 
 def release_dir(out_dir: Path) -> None:
@@ -167,24 +247,22 @@ def check_writable(out_dir: Path, dir_key: str) -> None:
         raise _unwritable(out_dir, exc, dir_key) from None
 
 
-def _refuse(check: Callable[[], None]) -> None:
-    """Run ``check``; a ConfigError is printed as its one line and the process exits with code 2."""
+def refuse(check: Callable[[], None]) -> None:
+    """Run ``check``; a ConfigError is printed as its one line and the process exits with code 2 (a DiskFull:
+    with code 1)."""
     try:
         check()
-    except ConfigError as err:
+    except (ConfigError, DiskFull) as err:
         print(err, file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(2 if isinstance(err, ConfigError) else 1) from None
 
 
 class JobDirCheck(Callback):
-    """Hydra callback, before Hydra makes or writes any output dir: a single run takes its job dir's lock
-    (``hold_dir``), a multirun checks that its sweep dir can be written. A refusal is one line and exit code 2."""
+    """Hydra callback, before Hydra makes or writes a single run's dir: the run takes its lock (``hold_dir``;
+    a multirun claims its sweep dir: ``rlexp.run.sweep.SweepClaim``). A refusal is one line and exit code 2."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _refuse(lambda: hold_dir(Path(config.hydra.run.dir), "hydra.run.dir"))
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _refuse(lambda: check_writable(Path(config.hydra.sweep.dir), "hydra.sweep.dir"))
+        refuse(lambda: hold_dir(Path(config.hydra.run.dir), "hydra.run.dir", reserve=True))
 
 
 # ---------------------------------------------------------------- finished, unfinished or corrupt
@@ -286,8 +364,10 @@ def hydra_subdir() -> str | None:
     except Exception:  # outside a job (--cfg, compose): the output dir is not set
         return HYDRA_SUBDIR
     try:
-        hold_dir(out_dir)
-    except ConfigError:  # in use, or not writable: the runner refuses the job in one line
+        hold_dir(out_dir, reserve=True)
+    except (ConfigError, DiskFull):  # in use, not writable, full: the runner refuses the job in one line
+        return None
+    if shutil.disk_usage(out_dir).free < RESERVE:  # Hydra's record would be cut short: the runner says why
         return None
     return None if is_finished(out_dir) else HYDRA_SUBDIR
 
@@ -502,14 +582,21 @@ def trained_summary(
     }
 
 
+def write_traceback(out_dir: Path, text: str) -> None:
+    """``error.txt``, the traceback of a job's crash, once the job's reserve is given back
+    (``free_reserve``); a disk still too full for it leaves none (the summaries are tried after)."""
+    free_reserve(out_dir)
+    with contextlib.suppress(DiskFull):
+        write_file(out_dir / "error.txt", text.encode())
+
+
 def record_crash(
     out_dir: Path, config: dict[str, Any], cell: str, choices: dict[str, str], exc: BaseException, wall_s: float
 ) -> dict[str, Any]:
     """Record a job that raised before its trainer could: ``error.txt`` (the traceback), a crashed
     ``seed_<k>/summary.json`` per member and the job's ``summary.json``; returns the job summary."""
     error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "error.txt").write_text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    write_traceback(out_dir, "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
     members = []
     for k in range(config["num_seeds"]):
         member = {

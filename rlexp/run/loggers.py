@@ -33,7 +33,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from rlexp.config.schema import LoggerConfig
-from rlexp.run.jobs import write_json
+from rlexp.run.jobs import space_checked, write_json
 
 WANDB_MODES = ("offline", "online", "disabled")
 STEP_METRIC = "env_step"  # every W&B record's env step per member: the x-axis of every chart
@@ -68,7 +68,8 @@ class MemberLog:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.dir = run_dir
         # a rerun into this dir starts afresh; a job continued from its checkpoint appends
-        self.file = open(run_dir / "metrics.jsonl", "a" if append else "w", buffering=1)
+        self.file = open(run_dir / "metrics.jsonl", "ab" if append else "wb", buffering=0)
+        self.size = self.file.seek(0, os.SEEK_END)  # bytes of whole lines: what a failed write cuts back to
         self._run: Any = None
         self._opening: Future | None = None
         if isinstance(wandb_run, Future):
@@ -123,8 +124,21 @@ class MemberLog:
             self.log_wandb({k: float(v) if v in NONFINITE else v for k, v in record.items()}, step)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """Append a line to metrics.jsonl and send the record to W&B. A write that fails (a full disk:
+        DiskFull) leaves the file as it was before, every line whole."""
         record = {"step": step, **{k: _json_value(v) for k, v in metrics.items()}}
-        self.file.write(json.dumps(record) + "\n")
+        line = (json.dumps(record) + "\n").encode()
+        path = self.dir / "metrics.jsonl"
+        try:
+            with space_checked(path):
+                written = 0
+                while written < len(line):  # an unbuffered write may take part of it
+                    written += self.file.write(line[written:])
+        except BaseException:
+            self.file.truncate(self.size)
+            self.file.seek(self.size)
+            raise
+        self.size += len(line)
         self.log_wandb(metrics, step)
 
     def write_summary(self, summary: dict[str, Any]) -> None:

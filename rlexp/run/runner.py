@@ -34,6 +34,7 @@ from rlexp.run.jobs import (
     start_job,
     trained_summary,
     write_json,
+    write_traceback,
 )
 from rlexp.run.loggers import print_summary
 from rlexp.run.recorder import Job
@@ -112,7 +113,7 @@ def run_cells(cells: list[Cell], prepare: Prepare, alone: bool = False) -> list[
         started: list[Started] = []
         for i, cell in enumerate(cells):
             try:
-                hold_dir(cell.out_dir)
+                hold_dir(cell.out_dir, reserve=True)
                 held.append(cell.out_dir)
                 ready = _start(i, cell, prepare, alone)
             except ConfigError as err:
@@ -223,7 +224,7 @@ def _train(group: list[Started], prepare: Prepare, alone: bool) -> dict[int, dic
         interrupts.stopping = True
         error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         for s in group:
-            (s.cell.out_dir / "error.txt").write_text(traceback.format_exc())
+            write_traceback(s.cell.out_dir, traceback.format_exc())
         if alone or not isinstance(exc, Exception):
             raise  # the summaries below are written on the way out
     finally:

@@ -11,7 +11,9 @@ output is under pytest's tmp_path.
 from __future__ import annotations
 
 import json
+import re
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,6 +34,7 @@ from rlexp.config.schema import ConfigError
 from rlexp.run.jobs import (
     CORRUPT,
     LOCK,
+    RESERVE,
     hold_dir,
 )
 from rlexp.train import run_job
@@ -51,6 +54,12 @@ def start_holder(job_dir: Path) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(job_dir)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
     return proc
+
+
+def run_check(root: Path, tmp: Path) -> subprocess.CompletedProcess:
+    """``python -m rlexp.check <root>``."""
+    return subprocess.run([sys.executable, "-m", "rlexp.check", str(root)], cwd=ROOT, capture_output=True, text=True,
+                          env=cli_env(tmp))  # fmt: skip
 
 
 def kill(proc: subprocess.Popen) -> None:
@@ -122,6 +131,142 @@ def test_a_held_job_dir_fails_that_job_of_a_multirun_and_the_others_run(tmp_path
     assert sorted(p.name for p in (sweep / "0").iterdir()) == [LOCK]  # no .hydra/, no summary
     assert check_finished_job(sweep / "1")["choices"]["activation"] == "tanh"
     assert not (sweep / "1" / LOCK).exists()
+
+
+def test_two_multiruns_into_one_sweep_dir_never_mix_their_grids(tmp_path):
+    """A multirun holds its sweep dir: a second one, started while the first runs, is refused in one line
+    naming it; once the first has stopped (SIGTERM after its first job's first record) a multirun of
+    another grid is still refused, writing nothing. The first's end table, and ``rlexp.check`` after it,
+    list every job of its grid: the two it never started too."""
+    sweep = tmp_path / "sweep"
+    first_args = ["-m", *BUDGET[1:], "total_steps=200000", "num_seeds=1", "logger.mode=disabled",
+                  "activation=relu,tanh,elu", f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    other = [arg.replace("relu,tanh,elu", "sigmoid,softsign,gelu") for arg in first_args]
+    first = Launch(first_args, tmp_path / "first")
+    seconds = []
+
+    def second_then_ready() -> bool:
+        if not seconds and (sweep / "0" / "seed_0" / "metrics.jsonl").exists():
+            seconds.append(run_cli(other, tmp_path / "second"))  # while the first trains its job 0
+        return bool(seconds) and logged(lambda: list(sweep.glob("0/seed_*/metrics.jsonl")), 1)()
+
+    ended = interrupt_when(first, second_then_ready, signum=signal.SIGTERM)
+    second = seconds[0]
+    assert second.returncode == 2 and "Traceback" not in second.stderr, describe(second)
+    assert message_lines(second) == [
+        f"config error: hydra.sweep.dir: {sweep} is in use by pid {first.proc.pid} on host {socket.gethostname()} "
+        f"(it holds {sweep / LOCK}); wait for that multirun to end, or set hydra.sweep.dir to another directory"
+    ]
+    assert ended.returncode == 128 + signal.SIGTERM, describe(ended)
+    table = [line.split(None, 1) for line in ended.stdout.splitlines() if line[:2] in ("0 ", "1 ", "2 ")]
+    assert table[1:] == [["1", "(not started)"], ["2", "(not started)"]], describe(ended)
+    assert not (sweep / LOCK).exists()
+
+    before = file_hashes(sweep)
+    third = run_cli(other, tmp_path / "third")
+    assert third.returncode == 2 and "Traceback" not in third.stderr, describe(third)
+    assert message_lines(third) == [
+        f"config error: hydra.sweep.dir: {sweep} holds jobs of another grid (its job 0 runs activation=relu where "
+        "this command's runs activation=sigmoid); set hydra.sweep.dir to a new directory, or run the recorded "
+        f"grid (python -m rlexp.check {sweep} lists its jobs)"
+    ]
+    assert file_hashes(sweep) == before
+
+    checked = run_check(sweep, tmp_path)
+    assert checked.returncode == 1, describe(checked)
+    kept = "algo.learning_starts=200 logger.log_every=300 total_steps=200000 num_seeds=1"
+    assert checked.stdout.splitlines() == [
+        f"{sweep / '0'}: crashed (rlexp.run.jobs.Terminated: SIGTERM)",
+        f"{sweep / '1'}: never started (job 1 of the grid: {kept} activation=tanh)",
+        f"{sweep / '2'}: never started (job 2 of the grid: {kept} activation=elu)",
+        "check: 3 jobs, 0 finished and intact; 3 problems",
+    ], describe(checked)
+
+
+def test_a_file_where_a_job_dir_goes_refuses_the_multirun_before_any_job(tmp_path):
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "1").write_text("a file, not job 1's dir")
+    proc = run_cli(["-m", *TINY, "activation=relu,tanh", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, describe(proc)
+    assert message_lines(proc) == [
+        f"config error: hydra.sweep.dir: {sweep / '1'} is not a directory: job 1's dir cannot be made there; "
+        f"move it out of {sweep}, or set hydra.sweep.dir to a new directory"
+    ]
+    assert sorted(p.name for p in sweep.iterdir()) == ["1"]  # nothing written
+
+
+# ====================================================================== a full disk, for real
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 16 MiB tmpfs at tmp_path/fs, nearly full: a filler leaves ``RESERVE`` plus ``ROOM`` bytes free."""
+    fs = tmp_path / "fs"
+    fs.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(fs)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip("needs a tmpfs mount (root or CAP_SYS_ADMIN); tests/run/test_jobs.py injects ENOSPC instead")
+    try:
+        (fs / "filler").write_bytes(b"\0" * (shutil.disk_usage(fs).free - RESERVE - ROOM))
+        yield fs
+    finally:
+        subprocess.run(["umount", "-l", str(fs)], check=True)
+
+
+ROOM = 100_000  # bytes the jobs may write beyond their reserve: a few thousand env steps of metrics
+FILLS = ["logger.log_every=50", "logger.progress=off", "num_seeds=2", "total_steps=16000"]
+
+
+def no_partial_files(root: Path) -> None:
+    """No 0-byte file, no .tmp, no lock, and every metrics.jsonl line whole."""
+    files = [p for p in root.rglob("*") if p.is_file()]
+    assert not [p for p in files if p.stat().st_size == 0 or p.name.endswith(".tmp") or p.name == LOCK], files
+    for path in root.rglob("metrics.jsonl"):
+        assert all(json.loads(line) for line in path.read_text().splitlines()), path
+
+
+def test_a_full_disk_records_the_job_crashed_naming_the_file_and_resume_runs_it(small_fs, tmp_path):
+    run_dir = small_fs / "run"
+    args = [*FILLS, "logger.mode=offline", f"hydra.run.dir={run_dir}"]
+    proc = run_cli(args, tmp_path / "first")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, describe(proc)
+    said = [line for line in message_lines(proc) if line.startswith("disk full: ")]
+    assert len(said) == 1 and re.fullmatch(
+        rf"disk full: cannot write {run_dir}/seed_[01]/metrics.jsonl: ENOSPC \(No space left on device\); free "
+        "space on its filesystem, then resume=true runs the job again", said[0]), describe(proc)  # fmt: skip
+    check_crashed_job(run_dir, said[0])  # W&B's own logs may be cut short: the disk was full for them too
+    no_partial_files(run_dir)
+    (small_fs / "filler").unlink()
+    again = run_cli([*args, "resume=true"], tmp_path / "again")
+    assert again.returncode == 0, describe(again)
+    checked = run_check(run_dir, tmp_path)
+    assert checked.stdout == "check: 1 jobs, 1 finished and intact; 0 problems\n", describe(checked)
+
+
+def test_a_full_disk_in_a_checkpoint_names_the_checkpoint(small_fs, tmp_path):
+    run_dir = small_fs / "run"
+    args = [*FILLS, "checkpoint.every=2000", "checkpoint.replay=true", "logger.mode=disabled"]
+    proc = run_cli([*args, f"hydra.run.dir={run_dir}"], tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, describe(proc)
+    check_crashed_job(run_dir, f"disk full: cannot write {run_dir}/seed_0/checkpoint.pt: ENOSPC")
+    no_partial_files(run_dir)
+    assert not list(run_dir.rglob(".checkpoint.pt.*"))
+
+
+def test_a_full_disk_in_a_multirun_records_the_job_and_attempts_the_others(small_fs, tmp_path):
+    sweep = small_fs / "sweep"
+    proc = run_cli(["-m", *FILLS, "logger.mode=disabled", "activation=relu,tanh,elu", f"hydra.sweep.dir={sweep}"],
+                   tmp_path)  # fmt: skip
+    assert proc.returncode != 0, describe(proc)
+    check_crashed_job(sweep / "0", "disk full: cannot write ")
+    for k in (1, 2):  # the reserve the crash record gave back is not enough for another job: each says so
+        assert f"disk full: cannot write {sweep / str(k) / LOCK}: ENOSPC" in proc.stderr, describe(proc)
+    no_partial_files(sweep)
+    checked = run_check(sweep, tmp_path)
+    assert [line.split(": ")[1] for line in checked.stdout.splitlines()[:3]] == [
+        "crashed (rlexp.run.jobs.DiskFull",
+        "never started (job 1 of the grid",
+        "never started (job 2 of the grid",
+    ], describe(checked)
 
 
 def test_a_killed_holders_lock_is_taken_over(tmp_path):

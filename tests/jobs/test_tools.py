@@ -116,6 +116,10 @@ def cut(path: Path, keep: float = 0.5) -> None:
     path.write_bytes(data[: int(len(data) * keep)])
 
 
+def replace_in(path: Path, old: str, new: str) -> None:
+    path.write_text(path.read_text().replace(old, new))
+
+
 def wandb_log(member_dir: Path) -> Path:
     return next(next(member_dir.glob("wandb/offline-run-*")).glob("run-*.wandb"))
 
@@ -141,6 +145,9 @@ DAMAGES: dict[str, tuple[Callable[[Path], None], str, str]] = {
     "wandb_missing": (lambda r: shutil.rmtree(next((r / "1" / "seed_1").glob("wandb/offline-run-*"))),
                       "1/seed_1/wandb", "0 W&B runs, expected 1"),
     "unfinished": (lambda r: (r / "1" / "summary.json").unlink(), "1", "unfinished (no summary.json)"),
+    "never_started": (lambda r: shutil.rmtree(r / "1"), "1", "never started (job 1 of the grid: "),
+    "another_grids_job": (lambda r: replace_in(r / "1" / ".hydra" / "overrides.yaml", "=tanh", "=softsign"), "1",
+                          "ran activation=softsign where the grid's job 1 runs activation=tanh"),
     "attempt_run": (lambda r: [p.rename(p.with_name(p.name.removeprefix(ASIDE)))
                                for p in (r / "1" / "attempt_1").glob(f"seed_0/wandb/{ASIDE}*")],
                     "1/attempt_1/seed_0/wandb/offline-run-", "an attempt moved aside with a run under the sync glob"),
@@ -163,6 +170,17 @@ def test_check_names_each_damaged_file_in_one_line(sweep, tmp_path, capsys, case
     assert len(lines) == 2 and lines[1].startswith("check: 2 jobs, ") and lines[1].endswith("; 1 problems"), lines
     named, said = lines[0].split(": ", 1) if ": " in lines[0] else (lines[0], "")
     assert named.startswith(str(root / file)) and said.startswith(what), lines
+
+
+def test_check_names_a_job_dir_that_is_no_job_of_the_grid(sweep, tmp_path, capsys):
+    root = tmp_path / "sweep"
+    shutil.copytree(sweep, root, symlinks=True)
+    shutil.copytree(root / "0", root / "2", symlinks=True)  # a job no multirun of this grid makes
+    assert check.main([str(root)]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        f"{root / '2'}: no job of the grid {root / 'multirun.yaml'} records",
+        "check: 3 jobs, 2 finished and intact; 1 problems",
+    ]
 
 
 def test_check_refuses_a_path_that_is_not_a_sweep(tmp_path):

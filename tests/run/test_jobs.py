@@ -4,7 +4,11 @@ config."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import re
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,15 +24,21 @@ from rlexp.report.main import find_job_dirs, load_job
 from rlexp.run.jobs import (
     CORRUPT,
     LOCK,
+    RESERVE,
+    DiskFull,
+    _holder,
     config_difference,
+    free_reserve,
     hold_dir,
     inspect_job,
     is_finished,
     move_aside,
     release_dir,
+    space_checked,
     start_job,
     write_json,
 )
+from rlexp.run.loggers import MemberLog
 
 
 def make_finished_job(job_dir: Path, seeds: int = 2) -> dict:
@@ -122,6 +132,81 @@ def test_a_stale_lock_confuses_neither_resume_nor_the_report(tmp_path, capsys):
     assert move_aside(tmp_path) == tmp_path / "attempt_1"
     assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK, "attempt_1"]
     assert "resume:" in capsys.readouterr().out
+
+
+# ====================================================================== a full disk (ENOSPC injected)
+ENOSPC = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+SAID = "ENOSPC (No space left on device); free space on its filesystem, then resume=true runs the job again"
+
+
+def test_a_job_reserves_room_for_its_crash_record_in_its_lock(tmp_path, monkeypatch):
+    job_dir = tmp_path / "run"
+    hold_dir(job_dir, reserve=True)
+    try:
+        assert (job_dir / LOCK).stat().st_size == RESERVE  # {"pid": …, "host": …}, then zeros
+        fd = os.open(job_dir / LOCK, os.O_RDONLY)
+        assert _holder(fd) == f"pid {os.getpid()} on host {socket.gethostname()}"  # the zeros are not read
+        os.close(fd)
+        free_reserve(job_dir)
+        assert json.loads((job_dir / LOCK).read_bytes())["pid"] == os.getpid()  # the JSON alone is left
+    finally:
+        release_dir(job_dir)
+    monkeypatch.setattr(os, "posix_fallocate", lambda *a: (_ for _ in ()).throw(ENOSPC))
+    with pytest.raises(DiskFull, match=f"^disk full: cannot write {job_dir / LOCK}: {re.escape(SAID)}$"):
+        hold_dir(job_dir, reserve=True)
+    assert list(job_dir.iterdir()) == []  # no lock left behind, and the dir is not held
+    hold_dir(job_dir)
+    release_dir(job_dir)
+
+
+def test_a_file_written_on_a_full_disk_is_named_and_leaves_nothing(tmp_path):
+    path = tmp_path / "summary.json"
+    (tmp_path / "summary.json.tmp").symlink_to("/dev/full")  # every write there fails with ENOSPC
+    with pytest.raises(DiskFull, match=f"^disk full: cannot write {path}: {re.escape(SAID)}$"):
+        write_json(path, {"status": "ok"})
+    assert list(tmp_path.iterdir()) == []
+
+
+class HalfWritten:
+    """A file whose next write takes half its bytes, then meets a full disk."""
+
+    def __init__(self, file) -> None:
+        self.file = file
+
+    def write(self, data: bytes) -> int:
+        self.file.write(data[: len(data) // 2])
+        raise ENOSPC
+
+    def __getattr__(self, name: str):
+        return getattr(self.file, name)
+
+
+def test_a_metrics_line_cut_by_a_full_disk_is_taken_back(tmp_path):
+    log = MemberLog(tmp_path, None)
+    log.log(100, {"train/loss": 1.5})
+    whole = (tmp_path / "metrics.jsonl").read_bytes()
+    log.file = HalfWritten(log.file)
+    with pytest.raises(DiskFull, match=f"^disk full: cannot write {tmp_path / 'metrics.jsonl'}: "):
+        log.log(200, {"train/loss": 2.5})
+    assert (tmp_path / "metrics.jsonl").read_bytes() == whole
+    log.file = log.file.file  # space again: the next line follows the last whole one
+    log.log(300, {"train/loss": 3.5})
+    log.file.close()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [100, 300]
+
+
+def test_an_error_for_want_of_space_deep_in_a_chain_is_a_disk_full(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    with pytest.raises(DiskFull, match=f"cannot write {path}: ENOSPC") as raised:
+        with space_checked(path):
+            try:
+                raise ENOSPC
+            except OSError as exc:
+                raise RuntimeError("[enforce fail at inline_container.cc] unexpected pos 633280 vs 633168") from exc
+    assert isinstance(raised.value.__cause__, RuntimeError)
+    with pytest.raises(OSError, match="Permission denied"), space_checked(path):
+        raise PermissionError(errno.EACCES, "Permission denied")  # not for want of space: as it is
 
 
 # ====================================================================== corrupt files are named, never mistaken

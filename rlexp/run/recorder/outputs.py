@@ -21,7 +21,7 @@ import torch
 
 from rlexp.config.schema import LoggerConfig
 from rlexp.config.state import PerMember
-from rlexp.run.jobs import set_runs_aside
+from rlexp.run.jobs import set_runs_aside, write_file
 from rlexp.run.loggers import ConsoleProgress, MemberLog, WandbRuns
 
 
@@ -128,7 +128,7 @@ class Outputs:
         self.summaries[k] = summary
         self.done[k] = True
         if any(normalization.values()):
-            (self.logs[k].dir / "normalization.json").write_text(json.dumps(normalization) + "\n")
+            write_file(self.logs[k].dir / "normalization.json", (json.dumps(normalization) + "\n").encode())
         failed = summary["status"] == "crashed"
         if close_wandb:
             self.logs[k].finish(summary, failed=failed)
