@@ -22,6 +22,7 @@ import itertools
 import json
 import math
 import re
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -144,6 +145,15 @@ def translate(err: Exception, overrides: Sequence[str], without: Callable[[str],
             f"set {full_key} to {need} (default {format_default(default)})",
         )
     lines = str(err).strip().splitlines() or [type(err).__name__]
+    odd = next((line for line in overrides if not line.isascii()), None)
+    if odd is not None and ("Lexer" in lines[0] or "parsing override" in lines[0]):  # Hydra's grammar: ASCII
+        key, _, value = odd.partition("=")
+        quoted = ",".join(v if v.isascii() else f"'{v}'" for v in value.split(","))
+        return ConfigError(
+            key.lstrip("+~"),
+            f"cannot parse {odd!r}: an unquoted value holds ASCII characters only",
+            f'quote it, and quote that for the shell: "{key}={quoted}"',
+        )
     match = re.search(r"override '([^']+)'", lines[0])
     if match:  # Error parsing override '<line>' / <what the parser expected>
         line = match.group(1)
@@ -300,8 +310,8 @@ class ConfigCheck(Callback):
 def sync_lines(root: Path, members: str) -> list[str]:
     """How to upload the offline W&B runs under ``root`` (``members``: the glob of its member dirs)."""
     return [
-        f"W&B runs are offline; upload them with: wandb sync {root}/{members}/wandb/offline-run-*",
-        f"  (or: python -m rlexp.sync {root}, which skips unfinished and crashed jobs)",
+        f"W&B runs are offline; upload them with: wandb sync {shlex.quote(str(root))}/{members}/wandb/offline-run-*",
+        f"  (or: python -m rlexp.sync {shlex.quote(str(root))}, which skips unfinished and crashed jobs)",
     ]
 
 
@@ -377,7 +387,7 @@ class SweepSummary(Callback):
 
         sweep_dir = Path(config.hydra.sweep.dir)
         lines = ["", f"sweep: {sweep_dir}", *sweep_table(sweep_dir), ""]
-        lines.append(f"next: python -m rlexp.report {sweep_dir}")
+        lines.append(f"next: python -m rlexp.report {shlex.quote(str(sweep_dir))}")
         if resolve_wandb_mode(config.logger) == "offline":
             lines += sync_lines(sweep_dir, "*/seed_*")
         print("\n".join(lines), flush=True)

@@ -3,8 +3,9 @@
 The job's population is trained again, of its original shape (every member, the job's config from its
 ``summary.json``, the torch threads it ran with), so member k's arithmetic is bit for bit the
 original's (batched kernels may round a member differently in a population of another size). Only
-member k's files are kept, in ``<run dir>/replay_seed_<seed>/`` (or ``out``), and the replay stops at
-the member's divergence:
+member k's files are kept, in ``<run dir>/replay_seed_<seed>/`` (``replay_seed_<seed>_<n>/`` for the n-th
+replay of that seed: none overwrites another; or ``out``, which must hold no earlier replay), and the
+replay stops at the member's divergence:
 
 - ``metrics.jsonl`` and ``summary.json``: as the original's (the instruments at their original
   ``diagnostics.every`` cadence, the divergence checks on the same records), so the records are
@@ -283,6 +284,26 @@ def member_index(job: dict[str, Any], options: dict[str, str]) -> int:
     return index
 
 
+def holds_replay(path: Path) -> bool:
+    """True when ``path`` holds a replay's files."""
+    return any((path / name).exists() for name in OUTPUTS)
+
+
+def replay_dir(run_dir: Path, seed: int, out: str | None) -> Path:
+    """Where a replay of ``seed`` keeps its files: ``out``, refused (ConfigError) when it holds an earlier
+    replay's; else ``<run dir>/replay_seed_<seed>/``, or when that holds an earlier replay, the first
+    ``replay_seed_<seed>_<n>/`` (n = 2, 3, …) that holds none: no replay overwrites another."""
+    if out is not None:
+        if holds_replay(Path(out)):
+            raise ConfigError("out", f"{out} holds an earlier replay", "set out to another directory, or remove it")
+        return Path(out)
+    path, n = run_dir / f"replay_seed_{seed}", 1
+    while holds_replay(path):
+        n += 1
+        path = run_dir / f"replay_seed_{seed}_{n}"
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     from rlexp.train import prepare  # the entry point's: imports the algorithms, registers the config
 
@@ -298,12 +319,10 @@ def main(argv: list[str] | None = None) -> int:
         if anomaly not in ("true", "false"):
             raise ConfigError("anomaly", f"{options['anomaly']!r} is not true or false", "set anomaly=true or false")
         seed = job["seed"] + member
-        out_dir = Path(options.get("out") or run_dir / f"replay_seed_{seed}")
+        out_dir = replay_dir(run_dir, seed, options.get("out"))
         cfg = replay_config(job)
         train, device = prepare(cfg)  # the entry point's validation and process state
         out_dir.mkdir(parents=True, exist_ok=True)
-        for name in OUTPUTS:  # an earlier replay's files
-            (out_dir / name).unlink(missing_ok=True)
     except (ConfigError, OSError) as err:
         print(err if isinstance(err, ConfigError) else f"replay: {err}", file=sys.stderr)
         return 2

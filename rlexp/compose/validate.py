@@ -549,6 +549,15 @@ def check_resources(cfg: DictConfig, obs_dim: int, action_dim: int, frames: bool
     if free is None or members * (replay + other) <= free:
         return
     need_text = f"needs ~{_gib(members * (replay + other))} of memory ({_gib(free)} available)"
+    if other > free:  # one member's networks alone do not fit: their size is what to change
+        role = max(("actor", "critic"), key=lambda r: sum(cfg[r].hidden or cfg.network.hidden))
+        key = f"{role}.hidden" if cfg[role].hidden else "network.hidden"
+        raise ConfigError(
+            key,
+            f"{list(OmegaConf.select(cfg, key))}: one member's networks, gradients and optimizer state need "
+            f"~{_gib(other)} of memory ({_gib(free)} available)",
+            f"lower {key}",
+        )
     row = replay // cfg.algo.buffer_size  # bytes a transition takes (a frame stack's few extra rows spread over them)
     if replay > other and free // members - other >= 2 * row:  # the replay memory is what does not fit
         fits = (free // members - other) // row

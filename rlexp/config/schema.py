@@ -19,11 +19,14 @@ from typing import Any
 from hydra.errors import CompactHydraException
 from omegaconf import MISSING
 
-# Seeds make the members of a cell; the other keys pick the machine or the console. Left out of a job's cell
-# (rlexp.config.cells: the report's cell and the W&B group; Hydra's override_dirname) and, all but SEED_KEYS, of the
-# config a resumed job must match.
+# Seeds make the members of a cell; the other keys pick the machine, the console or what is stored. Left out of a
+# job's cell (rlexp.config.cells: the report's cell and the W&B group; Hydra's override_dirname) and, all but
+# SEED_KEYS and checkpoint.replay (a checkpoint holds the replay buffer or not), of the config a resumed job must match.
 SEED_KEYS = ("seed", "num_seeds")
-NON_CELL_KEYS = (*SEED_KEYS, "device", "threads", "resume", "logger.mode", "logger.progress", "checkpoint.every")
+NON_CELL_KEYS = (
+    *SEED_KEYS, "device", "threads", "resume", "logger.mode", "logger.progress",
+    "checkpoint.every", "checkpoint.replay",
+)  # fmt: skip
 
 
 class ConfigError(CompactHydraException):

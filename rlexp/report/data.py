@@ -135,6 +135,12 @@ class Report:
     return_metric: str = "eval/return"  # the aggregate return curves' metric
     last_n: int = 20  # log steps before a divergence drawn against a healthy member
     seconds: float = 0.0
+    out: Path | None = None  # where the report's files go (--out); None: into root
+
+    @property
+    def out_dir(self) -> Path:
+        """The dir the report writes: ``out``, or the grid's dir it reads."""
+        return self.out or self.root
 
     @property
     def normalized(self) -> bool:

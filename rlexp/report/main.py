@@ -14,11 +14,13 @@ from __future__ import annotations
 import argparse
 import csv
 import difflib
+import errno
 import importlib.util
 import json
 import math
 import re
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -409,8 +411,10 @@ def build_report(
     last_n: int = 20,
     windows: int = 8,
     draw: bool = True,
+    out: Path | None = None,
 ) -> Report:
-    """Read ``root`` (a multirun or a run dir), compute the statistics and draw the figures into it.
+    """Read ``root`` (a multirun or a run dir), compute the statistics and draw the figures into it (or
+    into ``out``).
     ``compare``: pairs of cells for the probability of improvement (default: the matrix over the
     ``top`` cells, at most 6); ``top``: cells drawn in the curve, profile and interval figures;
     ``last_n``: log steps drawn before a divergence; ``windows``: diverged members drawn; ``draw``: False
@@ -488,6 +492,7 @@ def build_report(
         best=ranked[0] if ranked else None,
         worst=ranked[-1] if len(ranked) > 1 else None,
         last_n=last_n,
+        out=out,
     )
     named = list(dict.fromkeys(c for p in pairs for c in p))
     report.shown = list(dict.fromkeys([s.cell for s in ranked[:top]] + named))
@@ -655,7 +660,7 @@ def draw_figures(report: Report, scores: dict[str, np.ndarray], curves: Sequence
     records = _Records()
     report.unreadable = records.skipped  # filled as the figures read the files
     instruments = instrument_panels(report, curves, records)  # bad input before any file is written
-    root, rows, figures = report.root, report.rows, report.figures
+    root, rows, figures = report.out_dir, report.rows, report.figures
     rng = np.random.default_rng(report.seed)
     row_values = _values_in_order(rows, report.row_key)
     col_values = _values_in_order(rows, report.col_key)
@@ -742,17 +747,17 @@ def score_name(report: Report) -> str:
 
 def write_outputs(report: Report) -> Path:
     """grid.csv, cells.csv, curves.csv and report.html in the report's dir; returns the HTML's path."""
-    write_csv(report.rows, report.columns, report.root / "grid.csv")
-    write_csv(cell_rows(report), CELL_COLUMNS, report.root / "cells.csv")
+    write_csv(report.rows, report.columns, report.out_dir / "grid.csv")
+    write_csv(cell_rows(report), CELL_COLUMNS, report.out_dir / "cells.csv")
     curve_rows = [
         {"cell": c.cell, "task": c.task, "metric": c.metric, "step": s, "iqm": v, "ci_low": lo, "ci_high": hi, "n": n}
         for c in report.curves
         for s, v, lo, hi, n in zip(c.steps, c.iqm, c.low, c.high, c.n)
     ]
     write_csv(
-        curve_rows, ["cell", "task", "metric", "step", "iqm", "ci_low", "ci_high", "n"], report.root / "curves.csv"
+        curve_rows, ["cell", "task", "metric", "step", "iqm", "ci_low", "ci_high", "n"], report.out_dir / "curves.csv"
     )
-    path = report.root / "report.html"
+    path = report.out_dir / "report.html"
     path.write_text(render_html(report))
     return path
 
@@ -770,6 +775,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "into a multirun (or run) dir.",
     )
     parser.add_argument("dir", type=Path, help="a multirun dir (outputs/multirun/<date>/<time>) or a run dir")
+    parser.add_argument(
+        "--out", type=Path, help="the dir to write the report into, made if missing (default: DIR itself)"
+    )
     parser.add_argument("--rows", help="swept group for the heatmap rows (default: the first swept group)")
     parser.add_argument("--cols", help="swept group for the heatmap columns (default: the second)")
     parser.add_argument(
@@ -825,6 +833,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def check_writable(out: Path) -> None:
+    """ReportError when the report's dir ``out`` (made if missing) cannot be written, naming the errno
+    and --out."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".write_check"):
+            pass
+    except OSError as exc:
+        code = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+        raise ReportError(
+            f"cannot write {out}: {code} ({exc.strerror or exc}); pass --out DIR to write the report elsewhere"
+        ) from None
+
+
 REPORT_EXTRA = ("rliable", "matplotlib", "pandas", "arch")  # the report extra's packages (pyproject.toml)
 
 
@@ -838,9 +860,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"report: error: needs {', '.join(missing)}; pip install -e '.[report]'", file=sys.stderr)
         return 2
     try:
+        if args.dir.is_dir():  # else build_report names the mistake
+            check_writable(args.out or args.dir)
         report = build_report(
             args.dir, args.rows, args.cols, args.compare, args.reps, args.seed, args.curves,
-            args.diverged_score, args.top, args.last, args.windows,
+            args.diverged_score, args.top, args.last, args.windows, out=args.out,
         )  # fmt: skip
     except ReportError as err:
         print(f"report: error: {err}", file=sys.stderr)

@@ -64,7 +64,7 @@ def log_to_wandb(report: Report, mode: str, timeout: float) -> Path | None:
         return None
     import wandb
 
-    wandb_dir = report.root / "report_wandb"
+    wandb_dir = report.out_dir / "report_wandb"
     wandb_dir.mkdir(exist_ok=True)
     first = report.jobs[0]
     kwargs = dict(

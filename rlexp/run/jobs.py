@@ -49,7 +49,7 @@ ATTEMPT = re.compile(r"attempt_(\d+)")
 ASIDE = "attempt-"
 WANDB_RUN = re.compile(r"(offline-)?run-.*")
 # keys that may differ between a finished job and its resumption: they pick the machine or the console
-RESUME_IGNORES = tuple(key for key in NON_CELL_KEYS if key not in SEED_KEYS)
+RESUME_IGNORES = tuple(key for key in NON_CELL_KEYS if key not in (*SEED_KEYS, "checkpoint.replay"))
 # keys a member's summary.json always holds (docs/outputs.md): without one it is corrupt
 MEMBER_KEYS = (
     "status", "seed", "member", "steps", "final_return", "episodes", "wall_s", "diverged_at_step", "divergence",

@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -228,7 +229,7 @@ class WandbRuns:
         self.mode = "offline"
         self.fell_back = (
             f"W&B: {server} unreachable ({reason}); logging offline — sync later with: "
-            f"wandb sync {self.out_dir}/seed_*/wandb/offline-run-*"
+            f"wandb sync {shlex.quote(str(self.out_dir))}/seed_*/wandb/offline-run-*"
         )
         print(self.fell_back, file=sys.stderr, flush=True)
         try:  # W&B's own analytics would still post to the server, holding the process's exit ~10 s

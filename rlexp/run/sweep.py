@@ -17,6 +17,7 @@ that holds a search of the same sweeper (its study goes on), and no other.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -117,7 +118,7 @@ def claim_sweep(config: DictConfig) -> None:
             "hydra.sweep.dir",
             f"{sweep_dir} holds jobs of another grid ({difference})",
             "set hydra.sweep.dir to a new directory, or run the recorded grid "
-            f"(python -m rlexp.check {sweep_dir} lists its jobs)",
+            f"(python -m rlexp.check {shlex.quote(str(sweep_dir))} lists its jobs)",
         )
     blocked = sorted((p for p in sweep_dir.iterdir() if p.name.isdigit() and not p.is_dir()), key=lambda p: int(p.name))
     if blocked:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from rlexp import replay
+from rlexp.config.schema import ConfigError
 
 
 def test_member_anomaly_finds_the_members_own_non_finite_gradient():
@@ -32,3 +34,20 @@ def test_replay_of_a_missing_dir_says_it_is_not_a_directory(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert out == "" and err == f"config error: run dir: {missing} is not a directory; pass the dir of a finished job\n"
     assert not missing.exists()
+
+
+def test_no_replay_overwrites_another(tmp_path):
+    """A seed's first replay goes to replay_seed_<seed>/, later ones to _2/, _3/; an out= that holds a
+    replay is refused naming it."""
+    assert replay.replay_dir(tmp_path, 4, None) == tmp_path / "replay_seed_4"
+    (tmp_path / "replay_seed_4").mkdir()
+    assert replay.replay_dir(tmp_path, 4, None) == tmp_path / "replay_seed_4"  # empty: nothing to keep
+    (tmp_path / "replay_seed_4" / "metrics.jsonl").write_text("")
+    assert replay.replay_dir(tmp_path, 4, None) == tmp_path / "replay_seed_4_2"
+    (tmp_path / "replay_seed_4_2").mkdir()
+    (tmp_path / "replay_seed_4_2" / "summary.json").write_text("{}")
+    assert replay.replay_dir(tmp_path, 4, None) == tmp_path / "replay_seed_4_3"
+    out = tmp_path / "replay_seed_4"
+    with pytest.raises(ConfigError, match=f"^config error: out: {out} holds an earlier replay; set out to another"):
+        replay.replay_dir(tmp_path, 4, str(out))
+    assert replay.replay_dir(tmp_path, 4, str(tmp_path / "elsewhere")) == tmp_path / "elsewhere"

@@ -57,6 +57,22 @@ def test_a_replay_memory_beyond_the_available_memory_is_refused_naming_the_large
         validate(compose_config([f"algo.buffer_size={fits + 1}"]))
 
 
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["network.hidden=[100000,100000]"], "network.hidden"),
+        (["network.hidden=[100000,100000]", "num_seeds=64", "algo.buffer_size=100000000"], "network.hidden"),
+        (["algo=sac", "env=pendulum", "actor.hidden=[100000,100000]"], "actor.hidden"),
+        (["algo=sac", "env=pendulum", "network.hidden=[100000,100000]", "critic.hidden=[64]"], "network.hidden"),
+    ],
+)
+def test_networks_beyond_the_available_memory_are_refused_naming_their_size(monkeypatch, overrides, key):
+    monkeypatch.setattr(build, "available_memory", lambda device: 2**30)
+    with pytest.raises(ConfigError, match=rf"^config error: {key}: \[100000, 100000\]: one member's networks, .*"
+                       rf"need ~\d+\.\d GiB of memory \(1.0 GiB available\); lower {key}$"):  # fmt: skip
+        validate(compose_config(overrides))
+
+
 def test_an_envs_spaces_are_read_once_per_env_config_and_a_failure_is_not_kept(monkeypatch):
     made = []
 

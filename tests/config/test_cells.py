@@ -14,3 +14,16 @@ def test_a_cell_is_named_by_what_the_sweep_varies():
     choices = {"activation": "tanh", "clipping": "none", "init": "he", "env": "acrobot", "hydra/launcher": "basic"}
     assert cell_name(job_settings(choices, job), keys) == "activation=tanh,experiment=nan_hunt/elu,clipping=none"
     assert cell_name({"activation": "tanh"}, []) == "all"
+
+
+def test_the_machine_the_console_and_storage_name_no_cell():
+    overrides = [
+        "activation=tanh",
+        "threads=2",
+        "logger.mode=offline",
+        "checkpoint.every=1000",
+        "checkpoint.replay=true",
+    ]
+    settings = job_settings({}, overrides)
+    assert settings == {"activation": "tanh"}
+    assert swept_keys(["checkpoint.replay=true,false", "device=cpu,cuda", "init=he,orthogonal"], None) == ["init"]

@@ -89,6 +89,7 @@ HYDRA_REFUSALS = {
     "misspelled_key": (["total_step=1000"], "total_step", ["total_step=1000", "did you mean total_steps=1000?"]),
     "wrong_type_int": (["total_steps=abc"], "total_steps", ["'abc'", "an integer", "default 50000"]),
     "sweep_with_a_misspelled_option": (["-m", "activation=relu,tnh"], "activation", ["did you mean activation=tanh"]),
+    "non_ascii_unquoted": (["logger.project=naïve"], "logger.project", ["ASCII", "\"logger.project='naïve'\""]),
 }
 
 # case -> (overrides, key named first on the error line, other words the line must contain)

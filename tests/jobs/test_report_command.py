@@ -336,6 +336,44 @@ def test_bad_input_one_line_exit_2(case, synthetic, tmp_path):
         assert "did you mean srank/q.1?" in lines[0]
 
 
+@pytest.fixture
+def read_only(synthetic, tmp_path):
+    """A copy of the synthetic grid in a dir this process cannot write: a read-only bind mount as root
+    (whom file modes do not stop), else without write permission."""
+    root = tmp_path / "grid"
+    shutil.copytree(synthetic, root)
+    if os.geteuid() != 0:
+        for path in [root, *root.rglob("*")]:
+            path.chmod(path.stat().st_mode & ~0o222)
+        yield root
+        return
+    for command in (["mount", "--bind", str(root), str(root)], ["mount", "-o", "remount,ro,bind", str(root)]):
+        if subprocess.run(command, capture_output=True).returncode != 0:
+            subprocess.run(["umount", str(root)], capture_output=True)
+            pytest.skip("needs a read-only bind mount (root with CAP_SYS_ADMIN) or a user that file modes stop")
+    try:
+        yield root
+    finally:
+        subprocess.run(["umount", str(root)], check=True)
+
+
+def test_a_read_only_grid_is_one_line_and_out_writes_the_report_elsewhere(read_only, tmp_path):
+    before = {p: p.read_bytes() for p in read_only.rglob("*") if p.is_file()}
+    refused = report_cli([str(read_only), "--reps", "50", "--wandb-mode", "disabled"], tmp_path)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert re.fullmatch(
+        rf"report: error: cannot write {read_only}: (EROFS|EACCES) \([^)]+\); pass --out DIR to write the report "
+        r"elsewhere\n", refused.stderr), refused.stderr  # fmt: skip
+    out = tmp_path / "elsewhere" / "report"
+    done = report_cli([str(read_only), "--out", str(out), "--reps", "50", "--wandb-mode", "offline"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert {"report.html", "grid.csv", "cells.csv", "curves.csv", "heatmap_iqm.png", "report_wandb"} <= {
+        p.name for p in out.iterdir()
+    }
+    assert f"wrote {out / 'report.html'}" in done.stdout
+    assert {p: p.read_bytes() for p in read_only.rglob("*") if p.is_file()} == before
+
+
 # ---------------------------------------------------------------------- seen as a person sees it
 def chromium(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
