@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlexp.config.cells import MULTIRUN_YAML
 from rlexp.config.schema import ConfigError
-from rlexp.run.jobs import RESUME_IGNORES, check_writable, hold_dir, job_dirs, refuse, release_dir
+from rlexp.run.jobs import RESUME_IGNORES, check_writable, hold_dir, is_finished, job_dirs, refuse, release_dir
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 _CLAIMED: list[Path] = []  # the sweep dir this process holds, while its multirun runs
@@ -103,32 +103,53 @@ def grid_difference(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> 
 
 def claim_sweep(config: DictConfig) -> None:
     """Claim the sweep dir of the multirun ``config`` defines for this process (see the module's doc): a
-    ConfigError at ``hydra.sweep.dir`` when another process holds it, when it holds a job of another
-    grid, or a file where a job's dir goes (the dir is then left as it was)."""
+    ConfigError when another process holds it, when it holds a job of another grid, a file where a job's
+    dir goes, or (without ``resume``) finished jobs of this grid; the dir is then left as it was."""
     sweep_dir = Path(config.hydra.sweep.dir)
     hold_dir(sweep_dir, "hydra.sweep.dir", holder="multirun")
-    recorded = recorded_hydra(sweep_dir)
-    difference = None
-    if recorded is not None and job_dirs(sweep_dir):
-        current = OmegaConf.to_container(config.hydra, resolve=False)
-        difference = grid_difference(recorded, current)
-    if difference is not None:
+    refusal = _refusal(config, sweep_dir)
+    if refusal is not None:
         release_dir(sweep_dir)
-        raise ConfigError(
-            "hydra.sweep.dir",
-            f"{sweep_dir} holds jobs of another grid ({difference})",
-            "set hydra.sweep.dir to a new directory, or run the recorded grid "
-            f"(python -m rlexp.check {shlex.quote(str(sweep_dir))} lists its jobs)",
-        )
+        raise refusal
+    _CLAIMED.append(sweep_dir)
+
+
+def _refusal(config: DictConfig, sweep_dir: Path) -> ConfigError | None:
+    """Why the multirun ``config`` may not run in the held ``sweep_dir``; None when it may."""
+    current = OmegaConf.to_container(config.hydra, resolve=False)
+    recorded = recorded_hydra(sweep_dir)
+    if recorded is not None and job_dirs(sweep_dir):
+        difference = grid_difference(recorded, current)
+        if difference is not None:
+            return ConfigError(
+                "hydra.sweep.dir",
+                f"{sweep_dir} holds jobs of another grid ({difference})",
+                "set hydra.sweep.dir to a new directory, or run the recorded grid "
+                f"(python -m rlexp.check {shlex.quote(str(sweep_dir))} lists its jobs)",
+            )
     blocked = sorted((p for p in sweep_dir.iterdir() if p.name.isdigit() and not p.is_dir()), key=lambda p: int(p.name))
     if blocked:
-        release_dir(sweep_dir)
-        raise ConfigError(
+        return ConfigError(
             "hydra.sweep.dir",
             f"{blocked[0]} is not a directory: job {blocked[0].name}'s dir cannot be made there",
             f"move it out of {sweep_dir}, or set hydra.sweep.dir to a new directory",
         )
-    _CLAIMED.append(sweep_dir)
+    jobs = grid_jobs(current)
+    finished = [k for k in range(len(jobs or ())) if is_finished(sweep_dir / str(k))]
+    if finished and not config.get("resume", False):
+        quoted = shlex.quote(str(sweep_dir))
+        if len(finished) == len(jobs or ()):
+            return ConfigError(
+                "resume",
+                f"{sweep_dir} holds this grid finished (all {len(finished)} jobs): nothing to run",
+                f"read it with python -m rlexp.report {quoted}, or set hydra.sweep.dir to a new directory",
+            )
+        return ConfigError(
+            "resume",
+            f"{sweep_dir} holds {len(finished)} finished jobs of this grid's {len(jobs or ())}",
+            "pass resume=true to keep them and run the others, or set hydra.sweep.dir to a new directory",
+        )
+    return None
 
 
 class SweepClaim(Callback):

@@ -53,6 +53,21 @@ def sweep(tmp_path_factory) -> Path:
     return root
 
 
+def test_a_finished_grid_run_again_is_one_line_and_no_stale_table(sweep, tmp_path):
+    before = {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()}
+    args = ["-m", *BUDGET, "num_seeds=2", f"hydra.sweep.dir={sweep}"]
+    again = run_cli([*args, "activation=relu,tanh"], tmp_path / "again")
+    assert again.returncode == 2 and again.stdout == "", describe(again)
+    assert again.stderr == (
+        f"config error: resume: {sweep} holds this grid finished (all 2 jobs): nothing to run; read it with "
+        f"python -m rlexp.report {sweep}, or set hydra.sweep.dir to a new directory\n"
+    )
+    more = run_cli([*args, "activation=relu,tanh,elu"], tmp_path / "more")
+    assert more.returncode == 2 and more.stdout == "", describe(more)
+    assert more.stderr.startswith(f"config error: resume: {sweep} holds 2 finished jobs of this grid's 3; pass resume")
+    assert {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()} == before
+
+
 def current_runs(root: Path) -> list[Path]:
     """The offline runs of the latest attempts: <job>/seed_<k>/wandb/offline-run-*."""
     return sorted(root.glob("*/seed_*/wandb/offline-run-*"))
