@@ -45,7 +45,7 @@ from rlexp.algos import ALGOS
 from rlexp.cli import SweepSummary, check_command_line, end_of_run_lines, needs_whole_check
 from rlexp.compose.registry import CONF_DIR, help_text, register
 from rlexp.compose.validate import resolve_device, validate
-from rlexp.config.cells import cell_name, is_cell_key, job_settings, parse_overrides, sweep_cell_keys
+from rlexp.config.cells import cell_name, is_cell_key, job_settings, parse_overrides, sweep_cell_keys, sweep_name
 from rlexp.config.schema import ConfigError
 from rlexp.run.context import Algorithm
 from rlexp.run.jobs import DiskFull, Terminated
@@ -128,8 +128,17 @@ def job_identity() -> tuple[Path, str, dict[str, str]]:
     return Path(hc.runtime.output_dir), cell, choices
 
 
+def name_sweep(cfg: DictConfig) -> None:
+    """Give a multirun's job its sweep's default ``logger.sweep`` (``sweep_name`` of the sweep dir) unless
+    the command line names one: every member run of the sweep is grouped and tagged by it in W&B."""
+    hc = HydraConfig.get()
+    if cfg.logger.sweep is None and hc.mode == RunMode.MULTIRUN:
+        cfg.logger.sweep = sweep_name(Path(hc.sweep.dir))
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> dict[str, Any]:
+    name_sweep(cfg)
     out_dir, cell, choices = job_identity()
     single = HydraConfig.get().mode != RunMode.MULTIRUN  # a sweep ends with rlexp.cli.SweepSummary's table
     try:

@@ -41,7 +41,7 @@ class PackedLauncher(Launcher):
         from rlexp.config.schema import ConfigError
         from rlexp.run.jobs import is_finished, release_dir
         from rlexp.run.pack import Cell, plan_packs
-        from rlexp.train import job_identity
+        from rlexp.train import job_identity, name_sweep
 
         if self.max_members < 1:  # one line, exit code 2, before any job dir is made
             print(ConfigError("hydra.launcher.max_members", f"{self.max_members} is below 1", "give a value >= 1"))
@@ -56,6 +56,7 @@ class PackedLauncher(Launcher):
         noted: list[tuple[Path, str, dict[str, str]]] = []
 
         def note(task_cfg: DictConfig) -> None:
+            name_sweep(task_cfg)
             out_dir, cell, choices = job_identity()
             release_dir(out_dir)  # held while Hydra recorded the job; its pack's worker holds it next
             noted.append((out_dir, cell, choices))

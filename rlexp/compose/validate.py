@@ -116,6 +116,7 @@ def _check_widths(hidden: Any, key: str, fallback: str = "") -> None:
     require(all(h >= 1 for h in widths), key, widths, f"a list of widths >= 1{fallback}")
 
 
+SWEEP_NAME = re.compile(r"[A-Za-z0-9._-]{1,48}")  # logger.sweep: a tag (64) and a group prefix (128) with room
 WANDB_NAME_FORBIDS = "/\\#?%:"  # characters W&B refuses in a project (or entity) name
 WANDB_NAME_MAX = 128
 
@@ -172,6 +173,11 @@ def validate(cfg: DictConfig) -> None:
                 f"{name!r} ({len(name)} characters) is not a name W&B accepts",
                 f"use 1 to {WANDB_NAME_MAX} characters, none of {' '.join(WANDB_NAME_FORBIDS)}",
             )
+
+    if log.sweep is not None and not SWEEP_NAME.fullmatch(str(log.sweep)):
+        raise ConfigError(
+            "logger.sweep", f"{log.sweep!r} is not a sweep name", "use 1 to 48 characters of A-Z a-z 0-9 . _ -"
+        )
 
     env = cfg.env
     require(env.num_envs >= 1, "env.num_envs", env.num_envs, "an integer >= 1")

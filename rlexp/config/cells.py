@@ -11,6 +11,8 @@ job of a multirun finds it from the sweep's definition (``multirun.yaml``: the c
 from __future__ import annotations
 
 import functools
+import hashlib
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,13 @@ def is_cell_key(key: str) -> bool:
     """True when ``key`` may name a cell: not in ``NON_CELL_KEYS`` (or under one), not the env, not Hydra's."""
     non_cell = any(key == k or key.startswith(f"{k}.") for k in NON_CELL_KEYS)
     return not non_cell and key not in TASK_KEYS and not key.startswith("hydra")
+
+
+def sweep_name(sweep_dir: Path) -> str:
+    """A multirun's default ``logger.sweep``: its dir's name (characters W&B tags take, at most 41) and 6
+    hex digits of its absolute path, so that two sweeps' dirs of one name differ and a resume keeps it."""
+    digest = hashlib.sha1(str(sweep_dir.resolve()).encode()).hexdigest()[:6]
+    return f"{re.sub(r'[^A-Za-z0-9._-]', '_', sweep_dir.name)[:41]}-{digest}"
 
 
 def parse_overrides(lines: Any) -> dict[str, str]:

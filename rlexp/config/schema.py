@@ -24,7 +24,7 @@ from omegaconf import MISSING
 # SEED_KEYS and checkpoint.replay (a checkpoint holds the replay buffer or not), of the config a resumed job must match.
 SEED_KEYS = ("seed", "num_seeds")
 NON_CELL_KEYS = (
-    *SEED_KEYS, "device", "threads", "resume", "logger.mode", "logger.progress",
+    *SEED_KEYS, "device", "threads", "resume", "logger.mode", "logger.progress", "logger.sweep",
     "checkpoint.every", "checkpoint.replay",
 )  # fmt: skip
 
@@ -679,6 +679,11 @@ class LoggerConfig:
     log_every: int = knob(1_000, "env steps per member between log records")
     progress: str = knob("auto", "console progress: auto | rich | plain | off")
     init_timeout: float = knob(20.0, "seconds an online W&B run may wait for the server")
+    sweep: str | None = knob(
+        None,
+        "the sweep's name in W&B: group <sweep>/<cell>, tag sweep:<sweep>; null = in a multirun <its dir's name>-<6 "
+        "hex of its path>, alone none; 1 to 48 of A-Z a-z 0-9 . _ -",
+    )
 
 
 @dataclass

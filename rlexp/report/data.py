@@ -52,6 +52,7 @@ class Job:
     cell: str = ""
     project: str = "rlexp"
     entity: str | None = None
+    sweep: str | None = None  # logger.sweep: its members' W&B group prefix and tag
 
 
 @dataclass

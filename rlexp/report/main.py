@@ -212,6 +212,7 @@ def load_job(job_dir: Path, root: Path) -> Job:
         [m for m in members if isinstance(m, dict)],
         project=str(logger_cfg.get("project") or "rlexp"),
         entity=logger_cfg.get("entity"),
+        sweep=logger_cfg.get("sweep"),
     )
 
 

@@ -67,16 +67,19 @@ def log_to_wandb(report: Report, mode: str, timeout: float) -> Path | None:
     wandb_dir = report.out_dir / "report_wandb"
     wandb_dir.mkdir(exist_ok=True)
     first = report.jobs[0]
+    sweeps = sorted({job.sweep for job in report.jobs if job.sweep})  # the grid's members' W&B group prefixes
     kwargs = dict(
         project=first.project,
         entity=first.entity,
         group="report",
         job_type="report",
         name=f"report {report.root.name}"[:128],
+        tags=[f"sweep:{sweep}" for sweep in sweeps],
         dir=str(wandb_dir),
         reinit="create_new",
         config={
             "dir": str(report.root),
+            "sweep": sweeps[0] if len(sweeps) == 1 else sweeps,
             "rows": report.row_key,
             "cols": report.col_key,
             "swept": report.keys,

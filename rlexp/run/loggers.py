@@ -249,13 +249,14 @@ class WandbRuns:
             if reason is not None:
                 self._fall_back(server, reason)
         choices = dict(tag.split(":", 1) for tag in self.tags)
+        sweep = self.config["logger"]["sweep"]  # the job's group prefix: grouping never mixes two sweeps' runs
         kwargs = dict(
             project=self.cfg.project,
             entity=self.cfg.entity,
-            group=_fit(self.group, 128),
+            group=_fit(f"{sweep}/{self.group}" if sweep else self.group, 128),
             name=_fit(f"{self.group}/seed={seed}", 128),
             job_type=self.config["algo"]["name"],
-            tags=[_fit(t, 64) for t in self.tags],
+            tags=[_fit(t, 64) for t in self.tags] + ([f"sweep:{sweep}"] if sweep else []),
             config={**self.config, "seed": seed, "member": member, "cell": self.group, "choices": choices},
             dir=str(run_dir),
             reinit="create_new",

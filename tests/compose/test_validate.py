@@ -132,3 +132,11 @@ def test_an_algorithm_refused_for_an_action_space_is_offered_only_ones_that_fit(
     assert offered and "algo=maddpg" not in offered and "algo=mappo" not in offered
     for option in offered:
         validate(compose_config(TINY + [option, f"env={env}"]))
+
+
+@pytest.mark.parametrize("name", ["a/b", "lr small", "x:y", "s" * 49, ""])
+def test_a_sweep_name_outside_its_characters_is_refused(name):
+    with pytest.raises(ConfigError, match=r"^config error: logger.sweep: .* is not a sweep name; use 1 to 48"):
+        validate(compose_config(TINY + [f"logger.sweep='{name}'"]))
+    validate(compose_config([*TINY, "logger.sweep=lr_small-2.b"]))
+    assert len(f"sweep:{'s' * 48}") <= 64  # the tag W&B takes

@@ -180,6 +180,8 @@ def test_wandb_summary_run_read_back(damaged, damaged_report):
     assert len(runs) == 1 and list(runs[0].glob("run-*.wandb"))
     wb = read_wandb_run(damaged / "report_wandb")
     assert wb["group"] == "report" and wb["exit_code"] == 0
+    sweep = json.loads((damaged / "0" / "summary.json").read_text())["config"]["logger"]["sweep"]
+    assert sweep.startswith("sweep-") and wb["tags"] == [f"sweep:{sweep}"] and wb["config"]["sweep"] == sweep
     run = next(
         r.run for r in read_wandb_records(next(runs[0].glob("run-*.wandb"))) if r.WhichOneof("record_type") == "run"
     )

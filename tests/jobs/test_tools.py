@@ -8,6 +8,7 @@ a copy.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from launching import ROOT, cli_env, describe, read_jsonl, run_cli
+from launching import ROOT, cli_env, describe, read_jsonl, read_wandb_run, run_cli
 
 from rlexp import check, replay
 from rlexp.run.jobs import ASIDE
@@ -66,6 +67,21 @@ def test_a_finished_grid_run_again_is_one_line_and_no_stale_table(sweep, tmp_pat
     assert more.returncode == 2 and more.stdout == "", describe(more)
     assert more.stderr.startswith(f"config error: resume: {sweep} holds 2 finished jobs of this grid's 3; pass resume")
     assert {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()} == before
+
+
+def test_two_sweeps_of_the_same_cells_never_share_a_wandb_group(sweep, tmp_path):
+    """Each member run is grouped <sweep>/<cell> and tagged sweep:<sweep>: the module's sweep by its dir's
+    default name, another of the same cells at another learning rate by the name it is given."""
+    other = tmp_path / "other"
+    args = ["-m", *BUDGET, "activation=relu,tanh", "optimizer.lr=1e-4", "logger.sweep=lr_small"]
+    done = run_cli([*args, f"hydra.sweep.dir={other}"], tmp_path)
+    assert done.returncode == 0, describe(done)
+    default = f"sweep-{hashlib.sha1(str(sweep.resolve()).encode()).hexdigest()[:6]}"
+    for root, name in ((sweep, default), (other, "lr_small")):
+        for job, cell in (("0", "activation=relu"), ("1", "activation=tanh")):
+            run = read_wandb_run(root / job / "seed_0")
+            assert run["group"] == f"{name}/{cell}" and f"sweep:{name}" in run["tags"], run["group"]
+            assert run["config"]["logger"]["sweep"] == name and run["config"]["cell"] == cell
 
 
 def current_runs(root: Path) -> list[Path]:
