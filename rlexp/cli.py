@@ -385,7 +385,7 @@ class SweepSummary(Callback):
             return
         from rlexp.run.loggers import resolve_wandb_mode
 
-        sweep_dir = Path(config.hydra.sweep.dir)
+        sweep_dir = Path(config.hydra.sweep.dir).absolute()
         lines = ["", f"sweep: {sweep_dir}", *sweep_table(sweep_dir), ""]
         lines.append(f"next: python -m rlexp.report {shlex.quote(str(sweep_dir))}")
         if resolve_wandb_mode(config.logger) == "offline":

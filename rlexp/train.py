@@ -45,7 +45,7 @@ from rlexp.algos import ALGOS
 from rlexp.cli import SweepSummary, check_command_line, end_of_run_lines, needs_whole_check
 from rlexp.compose.registry import CONF_DIR, help_text, register
 from rlexp.compose.validate import resolve_device, validate
-from rlexp.config.cells import cell_name, is_cell_key, job_settings, parse_overrides, sweep_cell_keys, sweep_name
+from rlexp.config.cells import cell_name, job_settings, single_cell, sweep_cell_keys, sweep_name
 from rlexp.config.schema import ConfigError
 from rlexp.run.context import Algorithm
 from rlexp.run.jobs import DiskFull, Terminated
@@ -116,16 +116,17 @@ def run_job(
 
 
 def job_identity() -> tuple[Path, str, dict[str, str]]:
-    """The job's output dir, its cell (``rlexp.config.cells``: in a multirun the settings its sweep varies, in a
-    single run its own overrides; seeds, machine and console keys left out) and its group choices."""
+    """The job's output dir (absolute), its cell (``rlexp.config.cells``: in a multirun the settings its sweep
+    varies, alone ``single_cell``) and its group choices."""
     hc = HydraConfig.get()
     task = list(hc.overrides.task)
     keys = sweep_cell_keys(Path(hc.sweep.dir)) if hc.mode == RunMode.MULTIRUN else None
     if keys is None:  # a single run (or a sweep without Hydra's record): what its command line sets
-        keys = [k for k in parse_overrides(task) if is_cell_key(k)]
-    cell = cell_name(job_settings(hc.runtime.choices, task), keys)
+        cell = single_cell(hc.runtime.choices, task)
+    else:
+        cell = cell_name(job_settings(hc.runtime.choices, task), keys)
     choices = {k: str(v) for k, v in hc.runtime.choices.items() if not k.startswith(("hydra", "schema"))}
-    return Path(hc.runtime.output_dir), cell, choices
+    return Path(hc.runtime.output_dir).absolute(), cell, choices
 
 
 def name_sweep(cfg: DictConfig) -> None:

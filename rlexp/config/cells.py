@@ -19,6 +19,8 @@ from typing import Any
 
 from rlexp.config.schema import NON_CELL_KEYS
 
+# how long a run is and what it logs: never in a single run's cell (a sweep names them only when it varies them)
+RUN_LENGTH = ("total_steps", "algo.learning_starts", "eval", "logger", "diagnostics")
 TASK_KEYS = ("env", "env.id")  # the env is a task (a column of the report's score matrix), never a cell
 MULTIRUN_YAML = "multirun.yaml"  # Hydra's record of the sweep, in the sweep dir
 
@@ -53,6 +55,20 @@ def job_settings(choices: Mapping[str, Any], overrides: Any) -> dict[str, str]:
     settings = {str(k): str(v) for k, v in choices.items() if is_cell_key(str(k)) and "/" not in str(k)}
     settings.update({k: v for k, v in parse_overrides(overrides).items() if is_cell_key(k)})
     return settings
+
+
+def single_cell(choices: Mapping[str, Any], overrides: Any) -> str:
+    """A single run's cell: its command-line overrides of keys that may name a cell, in their order, but
+    those of its length and of what it logs (``RUN_LENGTH``), then its env: ``algo=td3,env=pendulum``;
+    ``env=cartpole`` for the defaults."""
+    settings, given = job_settings(choices, overrides), parse_overrides(overrides)
+    names = [f"{k}={settings.get(k, '-')}" for k in given if is_cell_key(k) and not _under(k, RUN_LENGTH)]
+    env_id = given.get("env.id")
+    return ",".join([*names, f"env.id={env_id}" if env_id else f"env={choices.get('env', '-')}"])
+
+
+def _under(key: str, prefixes: Sequence[str]) -> bool:
+    return any(key == p or key.startswith(f"{p}.") for p in prefixes)
 
 
 def cell_name(settings: Mapping[str, str], keys: Sequence[str]) -> str:

@@ -340,7 +340,7 @@ def print_summary(console: Console, title: str, members: list[dict[str, Any]]) -
     any member was evaluated), train return (mean of the last 10 training episodes), episodes, steps,
     wall time; for diverged members the step, cause, place and the instrument that moved first, then
     a line each with the detail."""
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    table = Table(box=box.SIMPLE_HEAD)  # its title is a line of its own: a table's title wraps mid-word
     diverged = any(m.get("divergence") for m in members)
     evaluated = any(m.get("eval_return") is not None for m in members)
     columns = ["seed", "status", *(["eval return"] if evaluated else []), "train return", "episodes", "steps", "wall s"]
@@ -369,6 +369,7 @@ def print_summary(console: Console, title: str, members: list[dict[str, Any]]) -
                 moved.get("instrument", ""),
             ]
         table.add_row(*row)
+    console.print(title, soft_wrap=True, highlight=False, markup=False)
     console.print(table)
     for m in members:
         div = m.get("divergence") or {}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlexp.config.cells import cell_name, job_settings, swept_keys
+from rlexp.config.cells import cell_name, job_settings, single_cell, swept_keys
 
 
 def test_a_cell_is_named_by_what_the_sweep_varies():
@@ -27,3 +27,12 @@ def test_the_machine_the_console_and_storage_name_no_cell():
     settings = job_settings({}, overrides)
     assert settings == {"activation": "tanh"}
     assert swept_keys(["checkpoint.replay=true,false", "device=cpu,cuda", "init=he,orthogonal"], None) == ["init"]
+
+
+def test_a_single_run_is_named_by_its_choices_and_its_env_never_its_length():
+    choices = {"activation": "relu", "algo": "td3", "env": "pendulum", "experiment": "nan_hunt"}
+    overrides = ["algo=td3", "env=pendulum", "total_steps=3000", "algo.learning_starts=1000", "logger.log_every=10",
+                 "eval.episodes=3", "optimizer.lr=1e-3", "+experiment=nan_hunt", "seed=4", "threads=1"]  # fmt: skip
+    assert single_cell(choices, overrides) == "algo=td3,optimizer.lr=1e-3,experiment=nan_hunt,env=pendulum"
+    assert single_cell({"env": "cartpole"}, []) == "env=cartpole"  # the default run
+    assert single_cell({"env": "cartpole"}, ["env.id=Acrobot-v1"]) == "env.id=Acrobot-v1"

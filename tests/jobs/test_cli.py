@@ -61,9 +61,11 @@ BUDGET = [
 
 
 def expected_cell(overrides: Sequence[str]) -> str:
-    """A single run's cell: its overrides in their order minus NON_CELL_KEYS and Hydra's, or 'all'."""
-    kept = [o for o in overrides if not o.startswith("hydra.") and o.split("=", 1)[0] not in NON_CELL_KEYS]
-    return ",".join(kept) or "all"
+    """A single run's cell: its overrides in their order minus NON_CELL_KEYS, Hydra's and those of its length
+    and logging, then its env (the default, cartpole)."""
+    length = ("total_steps", "algo.learning_starts", "eval.", "logger.", "diagnostics.")
+    kept = [o for o in overrides if not o.startswith(("hydra.", *length)) and o.split("=", 1)[0] not in NON_CELL_KEYS]
+    return ",".join([*kept, "env=cartpole"])
 
 
 def table_rows(stdout: str) -> dict[int, list[str]]:
@@ -436,9 +438,11 @@ def test_multirun_sweeps_every_combination(multi_run):
         cells.add(job["cell"])
         member = json.loads((job_dir / "seed_0" / "summary.json").read_text())
         assert member["steps"] == TOTAL_STEPS
-        # each job's W&B run is its own, grouped under that job's cell
+        # each job's W&B run is its own, grouped under the sweep's name and that job's cell
         wb = read_wandb_run(job_dir / "seed_0")
-        assert wb["group"] == job["cell"] and wb["name"] == f"{job['cell']}/seed=0"
+        sweep = job["config"]["logger"]["sweep"]
+        assert sweep.startswith("multi-") and wb["group"] == f"{sweep}/{job['cell']}"
+        assert wb["name"] == f"{job['cell']}/seed=0"
         assert f"activation:{combo[0]}" in wb["tags"] and f"init:{combo[1]}" in wb["tags"]
         assert wb["exit_code"] == 0
         # the sweep's closing table: one row per job with its cell and status counts

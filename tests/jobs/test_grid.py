@@ -66,7 +66,9 @@ def check_finished_job(job_dir: Path, wandb: bool = False) -> dict:
             assert member["steps"] == job["total_steps"] and len(rows) == ROWS
         if wandb:
             run = read_wandb_run(member_dir)
-            assert run["group"] == fit_wandb(job["cell"], 128) and run["exit_code"] == 0
+            sweep = job["config"]["logger"]["sweep"]  # a multirun's: group <sweep>/<cell>
+            group = f"{sweep}/{job['cell']}" if sweep else job["cell"]
+            assert run["group"] == fit_wandb(group, 128) and run["exit_code"] == 0
     return job
 
 
