@@ -34,6 +34,7 @@ from rlexp.config.cells import cell_name, is_cell_key, job_settings, parse_overr
 from rlexp.report.data import CELL_COLUMNS, DIVERGED_SCORES, SCORES, CellStats, Curve, Job, Report, cell_rows
 from rlexp.report.html import render_html
 from rlexp.report.plots import (
+    cell_colors,
     plot_aggregate_curves,
     plot_divergence_windows,
     plot_heatmap,
@@ -681,8 +682,9 @@ def draw_figures(report: Report, scores: dict[str, np.ndarray], curves: Sequence
     figures["heatmap_divergence"] = root / FIGURES["heatmap_divergence"]
     figures["heatmap_iqm"] = root / FIGURES["heatmap_iqm"]
     shown = [s for s in report.cells if s.cell in report.shown]
+    colors = cell_colors(list(dict.fromkeys([*report.shown, *(s.cell for s in report.cells)])))  # every figure's
     if shown:
-        plot_interval_estimates(shown, name, root / FIGURES["interval_estimates"])
+        plot_interval_estimates(shown, name, root / FIGURES["interval_estimates"], colors)
         figures["interval_estimates"] = root / FIGURES["interval_estimates"]
     if len(report.poi_cells) > 1:
         report.poi_matrix = poi_matrix(scores, report.poi_cells, report.reps, report.seed)
@@ -693,7 +695,7 @@ def draw_figures(report: Report, scores: dict[str, np.ndarray], curves: Sequence
         everything = np.concatenate([x.ravel() for x in profiled.values()])
         taus = np.linspace(everything.min(), everything.max(), 101)
         profiles, bands = performance_profiles(profiled, taus, report.reps, report.seed)
-        plot_profiles(profiles, bands, taus, f"{name} τ", root / FIGURES["performance_profile"])
+        plot_profiles(profiles, bands, taus, f"{name} τ", root / FIGURES["performance_profile"], colors)
         figures["performance_profile"] = root / FIGURES["performance_profile"]
 
     panels, metric_names = [], set()  # the curves' metric: episode/return_last10, or episode/return in older files
@@ -722,7 +724,7 @@ def draw_figures(report: Report, scores: dict[str, np.ndarray], curves: Sequence
     report.curves = aggregate_curves(report, report.return_metric, records, rng, returns=True)
     if report.curves:
         ylabel = "IQM eval return" if has_eval else "IQM return (last 10 episodes)"
-        plot_aggregate_curves(report.curves, ylabel, root / FIGURES["aggregate_curves"])
+        plot_aggregate_curves(report.curves, ylabel, root / FIGURES["aggregate_curves"], colors)
         figures["aggregate_curves"] = root / FIGURES["aggregate_curves"]
     for metric, metric_panels in instruments.items():
         path = root / f"curve_{_safe(metric)}.png"
@@ -732,7 +734,7 @@ def draw_figures(report: Report, scores: dict[str, np.ndarray], curves: Sequence
         report.curves += aggregate
         if aggregate:
             path = root / f"aggregate_{_safe(metric)}.png"
-            plot_aggregate_curves(aggregate, f"IQM {metric}", path)
+            plot_aggregate_curves(aggregate, f"IQM {metric}", path, colors)
             figures[f"aggregate/{metric}"] = path
     window_panels = divergence_windows(report, records, windows)
     if window_panels:

@@ -31,8 +31,10 @@ def _png(fig: Any, path: Path) -> None:
     _plt().close(fig)
 
 
-def _colors(n: int) -> Sequence[Any]:
-    return _plt().get_cmap("tab10" if n <= 10 else "tab20").colors
+def cell_colors(cells: Sequence[str]) -> dict[str, Any]:
+    """One colour per cell, the same in every figure: tab10 (tab20 beyond 10 cells), in ``cells``' order."""
+    colors = _plt().get_cmap("tab10" if len(cells) <= 10 else "tab20").colors
+    return {cell: colors[k % len(colors)] for k, cell in enumerate(cells)}
 
 
 def plot_heatmap(
@@ -76,15 +78,20 @@ def plot_heatmap(
 
 
 def plot_profiles(
-    profiles: dict[str, np.ndarray], bands: dict[str, np.ndarray], taus: np.ndarray, xlabel: str, path: Path
+    profiles: dict[str, np.ndarray],
+    bands: dict[str, np.ndarray],
+    taus: np.ndarray,
+    xlabel: str,
+    path: Path,
+    colors: dict[str, Any],
 ) -> None:
-    """Performance profiles: fraction of runs with score > tau per cell, with 95% bands."""
+    """Performance profiles: fraction of runs with score > tau per cell, with 95% bands; ``colors``: each
+    cell's (``cell_colors``)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    colors = _colors(len(profiles))
     for k, (cell, profile) in enumerate(profiles.items()):
-        color = colors[k % len(colors)]
-        ax.plot(taus, profile, lw=1.5, color=color, ls="-" if k < len(colors) else "--", label=cell)
+        color = colors[cell]
+        ax.plot(taus, profile, lw=1.5, color=color, ls="-" if k < 10 else "--", label=cell)
         ax.fill_between(taus, bands[cell][0], bands[cell][1], color=color, alpha=0.15 if len(profiles) <= 4 else 0.06)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("fraction of runs with score > τ")
@@ -125,15 +132,18 @@ def plot_learning_curves(
     _png(fig, path)
 
 
-def plot_aggregate_curves(curves: Sequence[Curve], ylabel: str, path: Path) -> None:
-    """One panel per task: per cell the IQM across members against env steps with its 95% band."""
+def plot_aggregate_curves(curves: Sequence[Curve], ylabel: str, path: Path, colors: dict[str, Any]) -> None:
+    """One panel per task: per cell the IQM across members against env steps with its 95% band (a curve of
+    one step: its point and interval); ``colors``: each cell's (``cell_colors``)."""
     tasks = list(dict.fromkeys(c.task for c in curves))
     fig, axes = _grid(len(tasks), width=5.2, height=3.4)
-    cells = list(dict.fromkeys(c.cell for c in curves))
-    colors = _colors(len(cells))
     for ax, task in zip(axes.flat, tasks):
         for curve in (c for c in curves if c.task == task):
-            color = colors[cells.index(curve.cell) % len(colors)]
+            color = colors[curve.cell]
+            if len(curve.steps) == 1:  # evaluated once: a line would not show
+                low, high = curve.iqm[0] - curve.low[0], curve.high[0] - curve.iqm[0]
+                ax.errorbar(curve.steps, curve.iqm, yerr=[[low], [high]], fmt="o", color=color, label=curve.cell)
+                continue
             ax.plot(curve.steps, curve.iqm, lw=1.5, color=color, label=curve.cell)
             ax.fill_between(curve.steps, curve.low, curve.high, color=color, alpha=0.15)
         ax.set_title(task if len(tasks) > 1 else "", fontsize=9)
@@ -145,16 +155,15 @@ def plot_aggregate_curves(curves: Sequence[Curve], ylabel: str, path: Path) -> N
     _png(fig, path)
 
 
-def plot_interval_estimates(cells: Sequence[CellStats], xlabel: str, path: Path) -> None:
+def plot_interval_estimates(cells: Sequence[CellStats], xlabel: str, path: Path, colors: dict[str, Any]) -> None:
     """rliable's interval-estimate figure: a column per estimate (ESTIMATES), a row per cell, the point
-    and its 95% interval."""
+    and its 95% interval; ``colors``: each cell's (``cell_colors``)."""
     plt = _plt()
     fig, axes = plt.subplots(1, len(ESTIMATES), figsize=(3.2 * len(ESTIMATES), 0.9 + 0.32 * len(cells)), sharey=True)
-    colors = _colors(len(cells))
     for ax, name in zip(axes, ESTIMATES):
         for k, stats in enumerate(cells):
             point, low, high = stats.estimates.get(name, (math.nan,) * 3)
-            color = colors[k % len(colors)]
+            color = colors[stats.cell]
             ax.barh(k, high - low, left=low, height=0.6, color=color, alpha=0.6)
             ax.plot([point, point], [k - 0.3, k + 0.3], color="black", lw=1.5)
         ax.set_title(name, fontsize=10)

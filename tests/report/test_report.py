@@ -327,3 +327,44 @@ def test_a_missing_report_extra_is_one_line_and_writes_nothing(tmp_path, monkeyp
     err = capsys.readouterr().err.splitlines()
     assert err == ["report: error: needs rliable; pip install -e '.[report]'"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0"]  # nothing written
+
+
+def test_every_figure_gives_a_cell_one_colour_and_one_evaluation_shows_as_points(tmp_path, monkeypatch):
+    """Three cells evaluated once (at their last step): the IQM curve of each is a point with its interval,
+    and each cell's colour is the same in the interval estimates, the profiles and the curves."""
+    from matplotlib.colors import to_hex
+    from matplotlib.container import ErrorbarContainer
+
+    from rlexp.report import plots
+
+    for name, act, returns in (("0", "relu", A), ("1", "tanh", B), ("2", "elu", A[:4])):
+        write_job(tmp_path, name, {"activation": act}, returns)
+        for member_dir in (tmp_path / name).glob("seed_*"):
+            with open(member_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({"step": 1000, "eval/return": float(member_dir.name[-1])}) + "\n")
+    drawn: dict[str, dict[str, set[str]]] = {}  # figure -> cell -> colours
+
+    def keep(fig, path):
+        colours = drawn.setdefault(path.stem, {})
+        for ax in fig.axes:
+            labels = [t.get_text() for t in ax.get_yticklabels()]
+            for line in ax.get_lines():
+                if not line.get_label().startswith("_"):
+                    colours.setdefault(line.get_label(), set()).add(to_hex(line.get_color()))
+            if path.stem == "interval_estimates" and labels:
+                for k, bar in enumerate(ax.patches):
+                    colours.setdefault(labels[k], set()).add(to_hex(bar.get_facecolor()))
+            for bars in ax.containers:  # an errorbar: a point and its interval
+                if isinstance(bars, ErrorbarContainer):
+                    colours.setdefault(bars.get_label(), set()).add(to_hex(bars.lines[0].get_color()))
+                    colours.setdefault("(points)", set()).add(bars.get_label())
+        plots._plt().close(fig)
+
+    monkeypatch.setattr(plots, "_png", keep)
+    build_report(tmp_path, reps=50)
+    cells = ["activation=relu", "activation=tanh", "activation=elu"]
+    assert drawn["aggregate_curves"]["(points)"] == set(cells)  # one evaluation: a point each, not an empty line
+    for cell in cells:
+        seen = [drawn[figure][cell] for figure in ("interval_estimates", "performance_profile", "aggregate_curves")]
+        assert all(len(s) == 1 for s in seen) and seen[0] == seen[1] == seen[2], (cell, seen)
+    assert len({next(iter(drawn["aggregate_curves"][c])) for c in cells}) == 3
