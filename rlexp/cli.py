@@ -100,6 +100,11 @@ def _value_of(key: str, overrides: Sequence[str]) -> str:
     return value
 
 
+# Hydra's launcher and sweeper plugins rlexp's options build on -> the extra that installs each (pyproject.toml)
+HYDRA_PLUGIN_EXTRAS = {"joblib": "joblib", "submitit_slurm": "submitit", "submitit_local": "submitit", "ray": "ray",
+                       "optuna": "optuna"}  # fmt: skip
+
+
 def translate(err: Exception, overrides: Sequence[str], without: Callable[[str], DictConfig]) -> ConfigError:
     """Hydra's refusal ``err`` of the command line ``overrides`` as one ConfigError line naming the key,
     the value and the fix; ``without(key)`` gives the config composed from the overrides but those of
@@ -145,6 +150,15 @@ def translate(err: Exception, overrides: Sequence[str], without: Callable[[str],
             f"set {full_key} to {need} (default {format_default(default)})",
         )
     lines = str(err).strip().splitlines() or [type(err).__name__]
+    plugin = re.search(r"In 'hydra/(launcher|sweeper)/([\w-]+)': Could not load 'hydra/\1/([\w-]+)'", lines[0])
+    if plugin:  # a launcher or sweeper whose Hydra plugin (an extra) is not installed
+        group, option, base = plugin.groups()
+        extra = HYDRA_PLUGIN_EXTRAS.get(base)
+        return ConfigError(
+            f"hydra/{group}",
+            f"{option} needs Hydra's {base} {group} plugin, which is not installed",
+            f"pip install -e '.[{extra}]'" if extra else f"install the plugin that provides hydra/{group}/{base}",
+        )
     odd = next((line for line in overrides if not line.isascii()), None)
     if odd is not None and ("Lexer" in lines[0] or "parsing override" in lines[0]):  # Hydra's grammar: ASCII
         key, _, value = odd.partition("=")

@@ -188,7 +188,7 @@ def make_env(cfg: EnvConfig) -> gym.Env:
         return gym.make(cfg.id, **kwargs)
     except gym.error.DependencyNotInstalled as err:
         extra = next((e for dep, e in EXTRAS.items() if dep.lower() in str(err).lower()), None)
-        fix = f"pip install 'rlexp[{extra}]'" if extra else str(err)
+        fix = f"pip install -e '.[{extra}]'" if extra else str(err)
         raise ConfigError("env.id", f"{cfg.id} needs an optional dependency", fix) from None
 
 

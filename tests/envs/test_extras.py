@@ -58,6 +58,6 @@ def test_a_missing_mujoco_is_one_line_naming_the_extra(monkeypatch):
     with pytest.raises(ConfigError) as err:
         validate(cfg)
     assert err.value.key == "env.id"
-    assert "pip install 'rlexp[mujoco]'" in str(err.value) and "\n" not in str(err.value)
+    assert "pip install -e '.[mujoco]'" in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(ConfigError):
         make_env(cfg.env)
