@@ -48,7 +48,7 @@ from rlexp.compose.validate import resolve_device, validate
 from rlexp.config.cells import cell_name, job_settings, single_cell, sweep_cell_keys, sweep_name
 from rlexp.config.schema import ConfigError
 from rlexp.run.context import Algorithm
-from rlexp.run.jobs import DiskFull, Terminated
+from rlexp.run.jobs import DiskFull, Terminated, sweep_terminated, worker_job
 from rlexp.run.loggers import resolve_wandb_mode
 from rlexp.run.runner import run_population
 from rlexp.run.sweep import release_sweep
@@ -143,7 +143,8 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     out_dir, cell, choices = job_identity()
     single = HydraConfig.get().mode != RunMode.MULTIRUN  # a sweep ends with rlexp.cli.SweepSummary's table
     try:
-        return run_job(cfg, out_dir, cell, choices)
+        with worker_job():  # in a launcher's worker: a SIGTERM stops the job and every later one
+            return run_job(cfg, out_dir, cell, choices)
     except ConfigError as err:
         if not single:
             raise  # this job fails; the sweep runs the others and exits non-zero at the end
@@ -179,10 +180,13 @@ def cli() -> None:
         except SystemExit as stop:
             if stop.code == 2:  # refused (one line, e.g. by a launcher): nothing ran, nothing to summarize
                 SweepSummary.pending = None
-            raise
+            if not sweep_terminated():
+                raise
         finally:  # a multirun whose job raised: Hydra skipped the callback's summary
             SweepSummary.flush()
             release_sweep()
+        if sweep_terminated():  # its workers' jobs recorded it: the process ends as a SIGTERM ends one
+            raise Terminated("SIGTERM")
         return
     full_error = "HYDRA_FULL_ERROR" in os.environ
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing: a composition error is named here

@@ -124,11 +124,13 @@ def _train_pack(cells: list[Any], singleton_state: dict[Any, Any]) -> list[tuple
     """In a worker: train one pack; each cell's (job summary, None), or (None, the line that refused it)."""
     setup_globals()
     Singleton.set_state(singleton_state)
+    from rlexp.run.jobs import worker_job
     from rlexp.run.pack import run_pack
     from rlexp.train import prepare
 
     try:
-        results = run_pack(cells, prepare)
+        with worker_job():  # a SIGTERM stops the pack and every later one in this worker
+            results = run_pack(cells, prepare)
     except Exception as exc:  # the pack could not even start: every cell fails with the reason
         print(f"rlexp_packed: a pack of {len(cells)} cells failed: {exc}", file=sys.stderr, flush=True)
         return [(None, str(exc)) for _ in cells]

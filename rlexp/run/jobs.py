@@ -17,6 +17,7 @@ import contextlib
 import errno
 import fcntl
 import json
+import multiprocessing
 import os
 import re
 import shutil
@@ -56,6 +57,7 @@ MEMBER_KEYS = (
 )  # fmt: skip
 _ABSENT = "<absent>"
 RESERVE = 1 << 20  # bytes a job keeps in its lock for its crash record: ~1500 members' summaries
+_TERMINATED = threading.Event()  # a SIGTERM reached this process (a launcher's, or one of its workers)
 _HELD: dict[Path, int] = {}  # job dir (resolved) -> the descriptor of its .lock, locked by this process
 
 
@@ -363,6 +365,8 @@ def hydra_subdir() -> str | None:
         out_dir = Path(HydraConfig.get().runtime.output_dir)
     except Exception:  # outside a job (--cfg, compose): the output dir is not set
         return HYDRA_SUBDIR
+    if _TERMINATED.is_set():  # a worker of a sweep a SIGTERM stopped: the job is not started
+        return None
     try:
         hold_dir(out_dir, reserve=True)
     except (ConfigError, DiskFull):  # in use, not writable, full: the runner refuses the job in one line
@@ -643,12 +647,13 @@ class DeferredInterrupts:
         self.requested = 0  # interrupts noted while training, not yet acted on
         self.deferred = False
         self.terminated = False  # a SIGTERM came: the interruption is recorded as Terminated
-        self._installed: list[signal.Signals] = []
+        self._installed: dict[signal.Signals, Any] = {}  # signal -> the handler to put back
         if threading.current_thread() is threading.main_thread():
             for signum, default in self.SIGNALS.items():
-                if signal.getsignal(signum) is default:
+                handler = signal.getsignal(signum)
+                if handler is default or handler is _note_sigterm:  # a worker's between jobs: noted after
                     signal.signal(signum, self._handle)
-                    self._installed.append(signum)
+                    self._installed[signum] = handler
 
     def interruption(self) -> KeyboardInterrupt:
         """What stops the job: ``Terminated("SIGTERM")`` once a SIGTERM came, else KeyboardInterrupt."""
@@ -680,11 +685,80 @@ class DeferredInterrupts:
         """Put the default handlers back; then raise the interruption deferred (or one noted while training
         that training ended before acting on) when ``raise_deferred`` (no exception is on its way out
         already)."""
-        for signum in self._installed:
-            signal.signal(signum, self.SIGNALS[signum])
-        self._installed = []
+        for signum, handler in self._installed.items():
+            signal.signal(signum, handler)
+        self._installed = {}
+        if self.terminated:
+            _TERMINATED.set()
         if (self.deferred or self.requested) and raise_deferred:
             raise self.interruption()
+
+
+class SweepTerminated(CompactHydraException):
+    """A job of a sweep whose jobs run in worker processes, stopped by a SIGTERM: recorded crashed when it
+    was running, never started when it was queued. An Exception, not a KeyboardInterrupt, so that the
+    launcher (joblib) waits for the other workers to record theirs instead of killing them."""
+
+
+def _note_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM handler of a worker process between jobs: noted; the worker starts no other job."""
+    _TERMINATED.set()
+
+
+def worker_job():
+    """Around a job (or a pack) a launcher runs in a worker process (``SweepTerminated``): between jobs the
+    worker notes a SIGTERM instead of dying (a worker that dies makes joblib kill the others, still
+    recording theirs); a job started after one is not run; a job that recorded one ends as
+    ``SweepTerminated``. Outside a worker: nothing."""
+    return _worker_job() if multiprocessing.parent_process() is not None else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _worker_job():
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _note_sigterm)
+    if _TERMINATED.is_set():
+        raise SweepTerminated("terminated (SIGTERM): this job was not started")
+    try:
+        yield
+    except Terminated:
+        raise SweepTerminated("terminated (SIGTERM): the job is recorded crashed") from None
+
+
+def _workers() -> list[int]:
+    """The pids of this process's children that a SIGTERM ends (Linux ``/proc``): zombies and those that
+    ignore it (joblib's resource tracker, which ends with its parent) left out. Their own children (a W&B
+    service) are theirs to end: a job closes its W&B runs before it ends."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) != os.getpid() or fields[0] == "Z":
+                continue
+            ignored = next(ln for ln in (stat.parent / "status").read_text().splitlines() if ln.startswith("SigIgn"))
+        except (OSError, IndexError, StopIteration):
+            continue
+        if not int(ignored.split()[1], 16) >> (signal.SIGTERM - 1) & 1:
+            children.append(int(stat.parent.name))
+    return children
+
+
+def forward_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM handler of a launcher's process whose jobs run in worker processes (joblib, packed): pass it
+    to each worker (``_workers``; a running job records it, a queued one is not started: ``worker_job``)
+    and note it; the launcher then ends as its workers do, and ``sweep_terminated`` says so. A second
+    SIGTERM ends this process at once."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _TERMINATED.set()
+    _say("terminated (SIGTERM): the running jobs record it, the others are not started")
+    for pid in _workers():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+
+
+def sweep_terminated() -> bool:
+    """True once a SIGTERM reached this process (``forward_sigterm``)."""
+    return _TERMINATED.is_set()
 
 
 def _say(line: str) -> None:

@@ -18,6 +18,7 @@ that holds a search of the same sweeper (its study goes on), and no other.
 from __future__ import annotations
 
 import shlex
+import signal
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,9 +28,19 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlexp.config.cells import MULTIRUN_YAML
 from rlexp.config.schema import ConfigError
-from rlexp.run.jobs import RESUME_IGNORES, check_writable, hold_dir, is_finished, job_dirs, refuse, release_dir
+from rlexp.run.jobs import (
+    RESUME_IGNORES,
+    check_writable,
+    forward_sigterm,
+    hold_dir,
+    is_finished,
+    job_dirs,
+    refuse,
+    release_dir,
+)
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+WORKER_LAUNCHERS = ("JoblibLauncher", "PackedLauncher")  # launchers whose jobs run in worker processes
 _CLAIMED: list[Path] = []  # the sweep dir this process holds, while its multirun runs
 
 
@@ -159,12 +170,17 @@ class SweepClaim(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         refuse(lambda: check_writable(Path(config.hydra.sweep.dir), "hydra.sweep.dir"))
         refuse(lambda: claim_sweep(config))
+        launcher = str(config.hydra.launcher.get("_target_", ""))
+        if launcher.endswith(WORKER_LAUNCHERS) and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, forward_sigterm)  # its jobs run in workers: they get it and record it
 
 
 def release_sweep() -> None:
-    """Release the sweep dir this process claimed (nothing when none)."""
+    """Release the sweep dir this process claimed (nothing when none), and SIGTERM's handler."""
     while _CLAIMED:
         release_dir(_CLAIMED.pop())
+    if signal.getsignal(signal.SIGTERM) is forward_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def expected_jobs(sweep_dir: Path) -> list[tuple[Path, list[str]]] | None:

@@ -391,6 +391,47 @@ def test_sigterm_stops_the_job_as_a_ctrl_c_does_and_records_it_terminated(tmp_pa
     check_finished_job(run_dir)
 
 
+def test_sigterm_to_a_joblib_sweep_is_recorded_by_every_running_job_and_no_other_starts(tmp_path):
+    """SIGTERM to the launcher's process (``timeout``, ``docker stop``) of a sweep whose jobs run in joblib's
+    workers: each running job records it (crashed, ``Terminated: SIGTERM``, its W&B run closed, its lock
+    released), no queued job starts, the process exits 143 and no worker outlives it."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", "hydra/launcher=rlexp_joblib", "hydra.launcher.n_jobs=2", "activation=relu,tanh,elu", *BUDGET[1:],
+            "total_steps=200000", "num_seeds=1", "logger.mode=offline", f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    launch = Launch(args, tmp_path / "first")
+    workers: list[int] = []
+
+    def running() -> bool:
+        if not logged(lambda: list(sweep.glob("[01]/seed_0/metrics.jsonl")), 2)():
+            return False
+        workers.extend(children(launch.proc.pid))
+        return True
+
+    ended = interrupt_when(launch, running, signum=signal.SIGTERM)
+    assert ended.returncode == 128 + signal.SIGTERM, describe(ended)
+    assert "terminated (SIGTERM): the job is recorded crashed; resume=true goes on with it" in ended.stderr
+    for k in (0, 1):
+        check_crashed_job(sweep / str(k), "Terminated: SIGTERM", wandb=True)
+        assert not (sweep / str(k) / LOCK).exists()
+    assert not list(sweep.glob("2/*")) and not (sweep / LOCK).exists()  # queued: never started
+    deadline = time.monotonic() + 10  # joblib's resource tracker ends once it sees its parent gone
+    while [pid for pid in workers if Path(f"/proc/{pid}").exists()] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert workers and not [pid for pid in workers if Path(f"/proc/{pid}").exists()], workers
+
+
+def children(pid: int) -> list[int]:
+    """The pids of a process's children (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
 def test_a_second_ctrl_c_during_the_clean_up_waits_for_every_summary(tmp_path):
     """Two SIGINTs 50 ms apart: the first stops training, the second is held until every summary is
     on disk and the W&B runs are closed."""
