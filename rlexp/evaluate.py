@@ -25,6 +25,7 @@ import torch
 from omegaconf import OmegaConf
 
 from rlexp.algos import ALGOS
+from rlexp.compose.plugins import load_plugins
 from rlexp.compose.registry import register
 from rlexp.config.schema import Config, ConfigError
 from rlexp.envs.gym import EVALUATION, PopulationEnv
@@ -90,6 +91,7 @@ def load_policy(run_dir: Path, paths: list[Path], episodes: int | None, video: b
             f"{paths[-1].relative_to(run_dir)}: written at another step than {paths[0].parent.name}'s"
         )
     config = json.loads(contents[0]["config"])
+    load_plugins(config.get("plugins") or ())  # the job's plugins: its options' entries (ConfigError if one fails)
     try:
         cfg: Config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), config))
     except Exception as err:  # a config of another rlexp version

@@ -43,6 +43,7 @@ from omegaconf import DictConfig
 
 from rlexp.algos import ALGOS
 from rlexp.cli import SweepSummary, check_command_line, end_of_run_lines, needs_whole_check
+from rlexp.compose.plugins import load_plugins, plugins_on_command_line
 from rlexp.compose.registry import CONF_DIR, help_text, register
 from rlexp.compose.validate import resolve_device, validate
 from rlexp.config.cells import cell_name, job_settings, single_cell, sweep_cell_keys, sweep_name
@@ -166,11 +167,19 @@ def cli() -> None:
     checked first (``rlexp.cli.check_command_line``); a single run's config, composed once by Hydra, is
     checked by ``rlexp.cli.ConfigCheck`` before Hydra makes its dir, and a mistake Hydra's composition
     refuses is named by ``check_command_line`` after it: a refusal is one line and exit code 2, no dir.
+    The plugins (installed, and those ``plugins=[...]`` names) are registered first: a plugin that cannot
+    be is one line and exit code 2 too.
     Any other error is reported as Hydra reports it (``HYDRA_FULL_ERROR=1``: in full). ``--help`` prints
     what Hydra's help template holds (``rlexp.compose.registry.help_text``) without Hydra, which would first list
     every config group, copying its config store for each (tens of seconds)."""
     argv = sys.argv[1:]
-    if get_args_parser().parse_args(argv).help:
+    args = get_args_parser().parse_args(argv)
+    try:  # before Hydra composes: a plugin's options are options of its groups
+        load_plugins(plugins_on_command_line(args.overrides))
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        raise SystemExit(2) from None
+    if args.help:
         print(help_text())
         return
     if needs_whole_check(argv):

@@ -17,15 +17,17 @@ def runs_tests(config: pytest.Config) -> bool:
 @pytest.hookimpl(trylast=True)  # after pytest-cov starts measuring in an xdist worker (its pytest_sessionstart)
 def pytest_sessionstart(session: pytest.Session) -> None:
     """In a process that runs tests, before it collects them: one torch thread, rlexp's schemas and resolvers
-    (every test that composes a config needs them). The controller of ``-n`` imports neither torch nor rlexp,
-    so its workers start sooner."""
+    (every test that composes a config needs them) and the installed plugins' options. The controller of ``-n``
+    imports neither torch nor rlexp, so its workers start sooner."""
     if runs_tests(session.config):
         import torch
 
+        from rlexp.compose.plugins import load_plugins
         from rlexp.compose.registry import register
 
         torch.set_num_threads(1)
         register()
+        load_plugins()  # the installed plugins: the tests parametrized over a registry cover their options too
 
 
 def pytest_configure(config: pytest.Config) -> None:

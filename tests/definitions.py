@@ -1,7 +1,8 @@
 """Reference definitions the tests compare rlexp's components with, written out from the literature.
 
-Every activation in the registry needs its definition here: the suite is parametrized over the
-registry, so a new activation without one fails ``test_activation_registry_matches_definitions``.
+Every activation in the registry needs its definition here (a plugin's: the ``reference`` it declares):
+the suite is parametrized over the registry, so a new activation without one fails
+``test_activation_registry_matches_definitions``.
 """
 
 from __future__ import annotations
@@ -33,4 +34,6 @@ def ref_activation(name: str, x: torch.Tensor, slope: float = 0.01, alpha: float
         return 1.0 / (1.0 + torch.exp(-x))
     if name == "mish":
         return x * torch.tanh(torch.log1p(torch.exp(x)))
-    raise KeyError(name)
+    from rlexp.compose.plugins import REFERENCES  # a plugin's activation: the definition its plugin declares
+
+    return REFERENCES[name](x)

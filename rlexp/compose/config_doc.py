@@ -1,5 +1,6 @@
 """``docs/configuration.md``, generated from the schemas and ``conf/``:
-``python -m rlexp.compose.config_doc > docs/configuration.md`` (a test fails when the committed file differs)."""
+``python -m rlexp.compose.config_doc > docs/configuration.md`` (a test fails when the committed file differs);
+``--plugins``: with the options of the installed plugins (``rlexp.compose.plugins``) too."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any, get_type_hints
 
 from omegaconf import OmegaConf
 
-from rlexp.compose.registry import CONF_DIR, DOC, SCHEMAS, format_default, group_options
+from rlexp.compose.registry import CODE_OPTIONS, CONF_DIR, DOC, SCHEMAS, format_default, group_options
 from rlexp.config.schema import Config, field_help
 
 INTRO = """\
@@ -66,7 +67,13 @@ def _default_options() -> dict[str, str]:
     return {k: str(v) for e in entries if isinstance(e, dict) for k, v in e.items() if k in SCHEMAS}
 
 
-def _group(group: str, base: type, default: str) -> list[str]:
+def _what(group: str, option: str) -> str:
+    """What an option is: its yaml's comment, or for one registered from code its doc and who registered it."""
+    code = CODE_OPTIONS.get(group, {}).get(option)
+    return f"{code.doc} (plugin {code.source})" if code else _comment(CONF_DIR / group / f"{option}.yaml")
+
+
+def _group(group: str, base: type, default: str, code: bool) -> list[str]:
     lines = [
         f"### `{group}` (default `{default}`)",
         "",
@@ -76,7 +83,7 @@ def _group(group: str, base: type, default: str) -> list[str]:
         _row(["---"] * 4),
     ]
     schemas = SCHEMAS[group]
-    for option in group_options(group):
+    for option in group_options(group, code):
         schema = schemas.get(option, schemas.get("base"))
         base_defaults = {f.name: f.default for f in fields(base)}
         differs = [
@@ -88,7 +95,7 @@ def _group(group: str, base: type, default: str) -> list[str]:
             _row(
                 [
                     f"`{option}`",
-                    _comment(CONF_DIR / group / f"{option}.yaml"),
+                    _what(group, option),
                     f"`{schema.__name__}`",
                     ", ".join(differs),
                 ]
@@ -97,8 +104,9 @@ def _group(group: str, base: type, default: str) -> list[str]:
     return lines + [""] + _key_table(base, base(), f"{group}.") + [""]
 
 
-def markdown() -> str:
-    """The whole of docs/configuration.md."""
+def markdown(code: bool = True) -> str:
+    """The whole of docs/configuration.md; ``code``: with the options plugins registered (none are
+    loaded unless a plugin is installed or named), else conf/'s alone, as the committed file."""
     hints = get_type_hints(Config)
     config = Config()
     top = [f for f in fields(Config) if f.name not in SCHEMAS]
@@ -128,7 +136,7 @@ def markdown() -> str:
     lines += ["## Groups", ""]
     defaults = _default_options()
     for group in SCHEMAS:
-        lines += _group(group, hints[group], defaults[group])
+        lines += _group(group, hints[group], defaults[group], code)
     lines += [
         "## Presets (`+experiment=name`)",
         "",
@@ -144,4 +152,11 @@ def markdown() -> str:
 
 
 if __name__ == "__main__":
-    print(markdown(), end="")
+    import sys
+
+    from rlexp.compose.plugins import load_plugins
+
+    with_plugins = "--plugins" in sys.argv[1:]  # the installed plugins' options too (the committed file: rlexp's own)
+    if with_plugins:
+        load_plugins()
+    print(markdown(with_plugins), end="")

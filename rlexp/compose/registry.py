@@ -4,6 +4,10 @@ A config group maps one-to-one onto a registry whose entries carry ``.schema``, 
 option's config: ``SCHEMAS[group][option]``. ``register()`` stores every schema in Hydra's
 ConfigStore (``schema/<group>/<option>``, which each ``conf/<group>/<option>.yaml`` names) and
 registers rlexp's resolvers; the entry point and the tests call it before composing a config.
+
+An option registered from code (a plugin's: ``rlexp.compose.plugins``) has no yaml: ``store_option``
+stores its schema and its option node in the ConfigStore, where Hydra finds it beside conf/'s, and
+``CODE_OPTIONS`` keeps what the help and the configuration doc say of it.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import json
 import textwrap
 from collections.abc import Mapping
-from dataclasses import MISSING, fields
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +65,31 @@ SCHEMAS: dict[str, dict[str, type]] = {
 }
 
 
+@dataclass(frozen=True)
+class CodeOption:
+    """An option registered from code: what it is (the yaml comment of conf/'s options) and who registered it."""
+
+    doc: str
+    source: str  # the plugin that registered it
+
+
+# group -> option -> CodeOption: the options registered from code, in their order
+CODE_OPTIONS: dict[str, dict[str, CodeOption]] = {}
+
+
+def store_option(group: str, option: str, schema: type, node: Any, doc: str, source: str) -> None:
+    """Register ``group=option`` from code: its schema (``schema/<group>/<option>``) and its option node
+    (``node``: the config the option composes, in the group's package or, for ``algo``, the global one, as
+    its yaml would be) in Hydra's ConfigStore, the schema in ``SCHEMAS``, ``doc`` in ``CODE_OPTIONS``."""
+    store = ConfigStore.instance()
+    store.store(group=f"schema/{group}", name=option, node=schema, provider=source)
+    package = "_global_" if group == "algo" else None
+    store.store(group=group, name=option, node=node, package=package, provider=source)
+    if group != "env":  # every env option has the one schema (SCHEMAS["env"]["base"])
+        SCHEMAS[group][option] = schema
+    CODE_OPTIONS.setdefault(group, {})[option] = CodeOption(doc, source)
+
+
 def register() -> None:
     """Store the schemas in Hydra's ConfigStore and register rlexp's resolvers (idempotent):
     ``rlexp.hydra_subdir`` (hydra.output_subdir), ``rlexp.non_cell_keys`` (the keys Hydra leaves
@@ -90,10 +119,12 @@ def format_default(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def group_options(group: str) -> list[str]:
-    """The options of a config group: its yamls (experiment: the presets, nested ones as dir/name)."""
+def group_options(group: str, code: bool = True) -> list[str]:
+    """The options of a config group: its yamls (experiment: the presets, nested ones as dir/name) and,
+    with ``code``, those registered from code (``CODE_OPTIONS``)."""
     root = CONF_DIR / group
-    return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
+    yamls = sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
+    return yamls + (sorted(CODE_OPTIONS.get(group, {})) if code else [])
 
 
 def help_text() -> str:
@@ -116,9 +147,11 @@ def help_text() -> str:
     ]
     top = [f for f in fields(Config) if f.name not in SCHEMAS]
     width = max(len(f.name) for f in top) + 2
+    config = Config()
     for f in top:
-        block = f.default_factory is not MISSING
-        name, default = (f"{f.name}.*", "") if block else (f.name, f" (default {format_default(f.default)})")
+        value = getattr(config, f.name)
+        block = is_dataclass(value)
+        name, default = (f"{f.name}.*", "") if block else (f.name, f" (default {format_default(value)})")
         lines.append(f"{name:<{width}}: {field_help(Config, f.name)}{default}")
     lines += [
         "",

@@ -25,6 +25,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlexp.algos import ALGOS
+from rlexp.compose.plugins import load_plugins
 from rlexp.compose.registry import SCHEMAS
 from rlexp.config.schema import ConfigError, require, require_choice
 from rlexp.data.buffers import FrameStackReplay
@@ -122,7 +123,9 @@ WANDB_NAME_MAX = 128
 
 
 def validate(cfg: DictConfig) -> None:
-    """Check every value of a composed config; raises ConfigError on the first bad one."""
+    """Check every value of a composed config; raises ConfigError on the first bad one. The plugins come
+    first: the installed ones and those ``plugins`` names (a launcher's worker process has not loaded them)."""
+    load_plugins(cfg.get("plugins") or ())
     _check_known_keys(cfg)
     _check_finite(cfg)
     for group, check in GROUP_CHECKS.items():

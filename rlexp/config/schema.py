@@ -25,7 +25,7 @@ from omegaconf import MISSING
 SEED_KEYS = ("seed", "num_seeds")
 NON_CELL_KEYS = (
     *SEED_KEYS, "device", "threads", "resume", "logger.mode", "logger.progress", "logger.sweep",
-    "checkpoint.every", "checkpoint.replay",
+    "checkpoint.every", "checkpoint.replay", "plugins",
 )  # fmt: skip
 
 
@@ -563,7 +563,9 @@ class EnvConfig:
     """A gymnasium environment (one option per id)."""
 
     id: str = knob(
-        MISSING, "the gymnasium id; api=pettingzoo: a parallel env module (mpe2.simple_spread_v3); api=vmas: a scenario"
+        MISSING,
+        "the gymnasium id (module:EnvId imports module first); api=pettingzoo: a parallel env module "
+        "(mpe2.simple_spread_v3); api=vmas: a scenario (module:Scenario: a class of one's own)",
     )
     api: str = knob("gymnasium", "gymnasium | pettingzoo | vmas (multi-agent: rlexp/envs/marl.py)")
     num_envs: int = knob(1, "environments per member (ppo, a2c set their own: conf/algo)")
@@ -726,6 +728,11 @@ class Config:
         True,
         "false: plain torch throughout (autograd, torch.optim's optimizers, a per-tensor pipeline, torch acting, "
         "environments one by one): the fast paths' reference, equal up to float rounding, slower",
+    )
+    plugins: list[str] = knob(
+        [],
+        "modules imported before the config is validated, each registering its options (docs/extending.md); "
+        "installed plugins (entry points rlexp.plugins) need no naming",
     )
     resume: bool = knob(
         False,

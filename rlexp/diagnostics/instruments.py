@@ -87,6 +87,15 @@ def dormant_scores(h: torch.Tensor) -> torch.Tensor:
     return score / score.mean(1, keepdim=True).clamp(min=1e-12)
 
 
+# the per-layer instruments rlexp writes (``<name>/<net>.<layer>``, docs/outputs.md)
+OWN_INSTRUMENTS = ("act_mean", "act_std", "dead", "dormant", "active", "feature_norm", "srank", "erank")
+OWN_INSTRUMENTS += ("weight_magnitude", "weight_change", "grad_norm", "grad_norm_post", "param_norm", "update_ratio")
+# instruments registered from outside (a plugin's, rlexp.compose.plugins): name -> a function of one hidden
+# layer's units [P, N, H] (N: the batch, times the positions of a convolution's map) giving [P] float32,
+# written as ``<name>/<net>.<layer>`` beside ``act_mean`` and the others
+HIDDEN_INSTRUMENTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
+
+
 def activation_stats(hidden: Sequence[torch.Tensor], prefix: str, tau: float, srank_delta: float) -> Stats:
     """Per hidden layer output h [P, B, H]: mean, std, dead fraction (units exactly 0 on the whole
     batch), tau-dormant fraction (Sokar et al. 2023: score_i = E|h_i| / mean_k E|h_k| <= tau), active
@@ -105,6 +114,8 @@ def activation_stats(hidden: Sequence[torch.Tensor], prefix: str, tau: float, sr
         stats[f"dormant/{name}"] = (dormant_scores(units[i]) <= tau).float().mean(1)
         stats[f"active/{name}"] = (h > 0).float().mean((1, 2))
         stats[f"feature_norm/{name}"] = torch.linalg.vector_norm(h, dim=2).mean(1)
+        for metric, instrument in HIDDEN_INSTRUMENTS.items():
+            stats[f"{metric}/{name}"] = instrument(units[i]).float()
     ranks = cache(partial(rank_stats, hidden, prefix, srank_delta))  # every layer's, once, when first read
     for i in range(len(hidden)):
         for metric in ("srank", "erank"):

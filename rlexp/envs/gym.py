@@ -19,6 +19,7 @@ SAME_STEP autoreset):
 from __future__ import annotations
 
 import difflib
+import importlib
 import json
 import logging
 import sys
@@ -152,9 +153,28 @@ def _family(env_id: str) -> tuple | None:
     return next((family for prefix, family in FAMILIES.items() if env_id.startswith(prefix)), None)
 
 
+def import_env_module(env_id: str) -> str:
+    """The id of ``env_id`` in gymnasium's registry: ``module:EnvId`` (gymnasium.make's form) has its
+    module imported first, which registers the id; a module that cannot be imported is a ConfigError."""
+    module, colon, name = env_id.rpartition(":")
+    if not colon:
+        return env_id
+    try:
+        importlib.import_module(module)
+    except Exception as err:  # the user's module: any error while importing it is the config's problem
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ConfigError(
+            "env.id",
+            f"cannot import module {module!r} of {env_id!r} ({type(err).__name__}: {first})",
+            "put the module on PYTHONPATH (env.id=module:EnvId imports it, then makes EnvId)",
+        ) from None
+    return name
+
+
 def check_env_id(env_id: str) -> None:
     """Raise ConfigError for an id gymnasium does not know, naming close matches (or for a family whose
-    package is missing, naming its extra)."""
+    package is missing, naming its extra); ``module:EnvId`` imports the module first."""
+    env_id = import_env_module(env_id)
     family = _family(env_id)
     if family is not None:
         family[0]()
@@ -470,10 +490,18 @@ class PopulationEnv:
 
 
 # ---------------------------------------------------------------- one gymnasium environment's state
+def own_state(env: gym.Env) -> bool:
+    """True when the environment itself keeps the ``Stateful`` protocol (``state_dict()`` and
+    ``load_state_dict(state)``, rlexp.config.state): a user's environment saved exactly through it."""
+    inner = env.unwrapped
+    return callable(getattr(inner, "state_dict", None)) and callable(getattr(inner, "load_state_dict", None))
+
+
 def exact_state(env: gym.Env) -> bool:
     """True when the environment's whole state is Python attributes (gymnasium's classic control,
-    MinAtar), so ``gym_env_state`` captures it exactly."""
-    return type(env.unwrapped).__module__.startswith("gymnasium.envs.classic_control") or _minatar_game(env) is not None
+    MinAtar) or the environment saves its own (``own_state``), so ``gym_env_state`` captures it exactly."""
+    classic = type(env.unwrapped).__module__.startswith("gymnasium.envs.classic_control")
+    return classic or own_state(env) or _minatar_game(env) is not None
 
 
 def _minatar_game(env: gym.Env) -> Any:
@@ -504,7 +532,8 @@ def _load_minatar(game: Any, state: dict[str, Any]) -> None:
 
 def gym_env_state(env: gym.Env) -> dict[str, Any]:
     """One gymnasium environment's random generator (JSON), its wrappers' and its own plain attributes
-    (``<level>.<name>``, level 0 the outermost wrapper) and, for MinAtar, its game's state."""
+    (``<level>.<name>``, level 0 the outermost wrapper), for MinAtar its game's state and, for an
+    environment that keeps the ``Stateful`` protocol, its ``state_dict()`` (``own``)."""
     state: dict[str, Any] = {}
     level, layer = 0, env
     while True:
@@ -520,6 +549,8 @@ def gym_env_state(env: gym.Env) -> dict[str, Any]:
     state["np_random"] = None if generator is None else json.dumps(generator.bit_generator.state)
     if (game := _minatar_game(env)) is not None:
         state["minatar"] = _minatar_state(game)
+    if own_state(env):
+        state["own"] = env.unwrapped.state_dict()
     return state
 
 
@@ -535,6 +566,9 @@ def load_gym_env_state(env: gym.Env, state: dict[str, Any]) -> None:
             continue
         if key == "minatar":
             _load_minatar(_minatar_game(env), value)
+            continue
+        if key == "own":
+            env.unwrapped.load_state_dict(value)
             continue
         level, name = key.split(".", 1)
         if isinstance(value, torch.Tensor):

@@ -85,15 +85,49 @@ def check_marl_env(cfg: EnvConfig) -> None:
         _require_extra("pettingzoo")
         _require_extra("mpe2")
         known = pettingzoo_ids()
+        if cfg.id not in known and _own_world(cfg, "parallel_env") is not None:
+            return
     elif cfg.api == "vmas":
         vmas = _require_extra("vmas")
         known = sorted(vmas.scenarios)
+        if ":" in cfg.id:
+            scenario = _own_world(cfg, "")
+            base = importlib.import_module("vmas.simulator.scenario").BaseScenario
+            if scenario is None:
+                module = cfg.id.rpartition(":")[0]
+                raise ConfigError("env.id", f"no module {module!r} to import", "put the module on PYTHONPATH")
+            if not (isinstance(scenario, type) and issubclass(scenario, base)):
+                raise ConfigError("env.id", f"{cfg.id} is not a VMAS scenario class", "name a BaseScenario subclass")
+            return
     else:
         return
     if cfg.id not in known:
         close = difflib.get_close_matches(cfg.id, known, n=3, cutoff=0.5)
         hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(known[:12])}, ..."
         raise ConfigError("env.id", f"unknown {cfg.api} environment '{cfg.id}'", hint)
+
+
+def _own_world(cfg: EnvConfig, attribute: str) -> Any:
+    """A user's world: pettingzoo's ``module`` (its ``attribute``, parallel_env), vmas's ``module:Scenario``
+    (the class); None when a pettingzoo id names no importable module (the caller names close matches).
+    A module that fails to import, or lacks the attribute, is a ConfigError."""
+    module, colon, name = cfg.id.rpartition(":") if cfg.api == "vmas" else (cfg.id, "", attribute)
+    try:
+        if importlib.util.find_spec(module) is None:
+            return None
+    except (ImportError, ValueError):
+        return None
+    try:
+        imported = importlib.import_module(module)
+    except Exception as err:  # the user's module: any error while importing it is the config's problem
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ConfigError(
+            "env.id", f"cannot import module {module!r} ({type(err).__name__}: {first})", "fix the module"
+        ) from None
+    world = getattr(imported, name, None)
+    if world is None:
+        raise ConfigError("env.id", f"module {module!r} has no {name}", f"define {name} in {module}")
+    return world
 
 
 @dataclass
@@ -151,10 +185,11 @@ class MultiAgentPopulationEnv:
             kwargs = {"continuous_actions": True, **dict(cfg.kwargs)}
             self._rng: list[list[Any]] = []  # each member's VMAS random state (torch, numpy, python)
             self.envs = []
+            scenario = _own_world(cfg, "") if ":" in cfg.id else None  # module:Scenario, a user's class
             for k in range(self.members):
                 self.envs.append(
                     vmas.make_env(
-                        cfg.id,
+                        cfg.id if scenario is None else scenario(),
                         num_envs=self.num_envs,
                         device="cpu",
                         seed=self.seeds[k * self.num_envs],
@@ -371,7 +406,7 @@ def _pz_parts(obj: Any, path: str, seen: set[int]) -> list[tuple[str, Any, Any, 
         here = f"{path}.{key}"
         if isinstance(value, np.random.Generator):
             parts.append((here, obj, key, json.dumps(value.bit_generator.state)))
-        elif type(value).__module__.split(".")[0] in ("mpe2", "pettingzoo"):
+        elif _from_packages(value, ("mpe2", "pettingzoo")):
             parts += _pz_parts(value, here, seen)
         elif isinstance(value, list) and value and all(hasattr(v, "__dict__") for v in value):
             for i, item in enumerate(value):
@@ -394,8 +429,13 @@ def _pz_value(value: Any, current: Any) -> Any:
     return value
 
 
+def _from_packages(value: Any, packages: tuple[str, ...]) -> bool:
+    """Whether ``value``'s class or one it derives from (a user's scenario or world) is of ``packages``."""
+    return any(cls.__module__.split(".")[0] in packages for cls in type(value).__mro__)
+
+
 def _is_vmas(value: Any) -> bool:
-    return type(value).__module__.split(".")[0] == "vmas"
+    return _from_packages(value, ("vmas",))
 
 
 def _vmas_parts(obj: Any, path: str, seen: set[int]) -> list[tuple[str, Any, Any, Any]]:

@@ -10,6 +10,7 @@ gradient pipelines, the evaluator (evaluation's own environments and stream) and
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -307,6 +308,13 @@ class RunContext:
             "as_uninterrupted": (replay or not keeps_replay) and not self.env.restarted,
         }
         restored = loop_state.restored
+        if self.env.restarted:  # one line: the job goes on, its interrupted episodes dropped
+            print(
+                f"resume: {self.cfg.env.id} cannot be saved exactly (its state is not plain attributes and it has no "
+                "state_dict/load_state_dict); its episodes restart at the checkpoint",
+                file=sys.stderr,
+                flush=True,
+            )
         if self.env.restarted and isinstance(restored.get("obs"), np.ndarray):
             restored["obs"][...] = self.env.observations().reshape(restored["obs"].shape)  # new episodes' first
         return restored

@@ -20,7 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rlexp.algos import ALGOS
 from rlexp.cli import ConfigCheck
-from rlexp.compose.registry import SCHEMAS
+from rlexp.compose.registry import SCHEMAS, group_options
 from rlexp.compose.validate import validate
 from rlexp.config.schema import ConfigError, EnvConfig
 from rlexp.envs.gym import check_env_id
@@ -44,7 +44,8 @@ GROUPS = (
 
 # ====================================================================== helpers
 def options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+    """The group's options: conf/'s yamls and those the installed plugins register."""
+    return group_options(group)
 
 
 def needs_box2d(env_id: str) -> bool:
@@ -152,7 +153,8 @@ def test_every_option_composes_and_validates(group, option):
     if group == "env":
         assert OmegaConf.get_type(node) is EnvConfig
         if not is_multi_agent(node):
-            assert node.id in gym.registry, f"conf/env/{option}.yaml: {node.id} is not a registered gymnasium id"
+            env_id = node.id.rpartition(":")[2]  # module:EnvId: the module is imported (check_env_id)
+            assert env_id in gym.registry, f"conf/env/{option}.yaml: {node.id} is not a registered gymnasium id"
             if needs_box2d(node.id) and not BOX2D_INSTALLED:
                 pytest.skip("needs box2d (its error is tested in test_box2d_env_without_box2d_names_the_extra)")
     else:
@@ -177,7 +179,7 @@ def test_box2d_env_without_box2d_names_the_extra():
         assert cfg.env.id in str(err.value)
 
 
-@pytest.mark.parametrize("algo", options("algo"))
+@pytest.mark.parametrize("algo", group_options("algo", code=False))  # the yamls' lr
 def test_the_algorithms_lr_applies_to_every_optimizer(algo):
     """README: each algorithm sets optimizer.lr for whichever optimizer is chosen; the command line wins."""
     algo_lr = OmegaConf.load(CONF / "algo" / f"{algo}.yaml").optimizer.lr
