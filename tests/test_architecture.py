@@ -149,7 +149,7 @@ def test_no_rlexp_module_imports_under_type_checking():
 # lower ones only. The top-level modules are the commands (python -m rlexp.<command>) and their
 # command-line helpers, above every layer.
 LAYERS = ("config", "nn", "optim", "envs", "data", "diagnostics", "run", "algos", "compose", "report")
-COMMANDS = {"rlexp.train", "rlexp.cli", "rlexp.check", "rlexp.sync", "rlexp.replay", "rlexp.evaluate"}
+COMMANDS = {"rlexp.__main__", "rlexp.train", "rlexp.cli", "rlexp.check", "rlexp.sync", "rlexp.replay", "rlexp.evaluate"}
 
 
 def layer(module: str) -> int:

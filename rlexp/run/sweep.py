@@ -6,7 +6,9 @@ be the one the dir records in ``multirun.yaml`` (Hydra's record of the sweep, wr
 holds). A second multirun into a held dir is refused in one line, whatever its grid; a later multirun
 with another grid is refused in one line too, before it writes anything. The same grid again (to
 resume it) claims the dir, as does a grid whose jobs begin with the recorded grid's jobs in their order
-(more values of a key swept last, e.g. ``seed=0,1`` then ``seed=0,1,2``).
+(more values of a key swept last, e.g. ``seed=0,1`` then ``seed=0,1,2``). A grid whose dir holds its
+finished jobs is refused without ``resume=true``, in one line. While it runs jobs in worker processes
+(joblib, packed) the multirun's process passes a SIGTERM on to them (``rlexp.run.jobs.forward_sigterm``).
 
 A grid is its jobs' override lists in their order (``grid_jobs``): Hydra's basic sweeper makes every
 combination of the command line's sweeps and ``hydra.sweeper.params``. Keys that may differ when a job
@@ -145,22 +147,22 @@ def _refusal(config: DictConfig, sweep_dir: Path) -> ConfigError | None:
             f"{blocked[0]} is not a directory: job {blocked[0].name}'s dir cannot be made there",
             f"move it out of {sweep_dir}, or set hydra.sweep.dir to a new directory",
         )
-    jobs = grid_jobs(current)
-    finished = [k for k in range(len(jobs or ())) if is_finished(sweep_dir / str(k))]
-    if finished and not config.get("resume", False):
-        quoted = shlex.quote(str(sweep_dir))
-        if len(finished) == len(jobs or ()):
-            return ConfigError(
-                "resume",
-                f"{sweep_dir} holds this grid finished (all {len(finished)} jobs): nothing to run",
-                f"read it with python -m rlexp.report {quoted}, or set hydra.sweep.dir to a new directory",
-            )
+    jobs = grid_jobs(current) or []  # a search's jobs are new trials: none is finished
+    finished = sum(is_finished(sweep_dir / str(k)) for k in range(len(jobs)))
+    if not finished or config.get("resume", False):
+        return None
+    if finished == len(jobs):
         return ConfigError(
             "resume",
-            f"{sweep_dir} holds {len(finished)} finished jobs of this grid's {len(jobs or ())}",
-            "pass resume=true to keep them and run the others, or set hydra.sweep.dir to a new directory",
+            f"{sweep_dir} holds this grid finished (all {finished} jobs): nothing to run",
+            f"read it with python -m rlexp.report {shlex.quote(str(sweep_dir))}, or set hydra.sweep.dir to a new "
+            "directory",
         )
-    return None
+    return ConfigError(
+        "resume",
+        f"{sweep_dir} holds {finished} finished jobs of this grid's {len(jobs)}",
+        "pass resume=true to keep them and run the others, or set hydra.sweep.dir to a new directory",
+    )
 
 
 class SweepClaim(Callback):
