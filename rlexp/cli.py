@@ -33,7 +33,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from rlexp.compose.registry import CONF_DIR, format_default, group_options, register
+from rlexp.compose.registry import CONF_DIR, format_default, group_options, own_key_fix, register
 from rlexp.config.schema import ConfigError
 
 PRODUCT_LIMIT = 16  # a sweep of at most this many jobs is checked job by job; a larger one value by value
@@ -138,6 +138,8 @@ def translate(err: Exception, overrides: Sequence[str], without: Callable[[str],
                 nested = _paths_ending(OmegaConf.to_container(without(full_key), resolve=False), name)
                 guess = f"did you mean {' or '.join(f'{p}={value}' for p in nested)}?" if nested else ""
             fix = guess.strip() or f"{where} takes: {', '.join(keys)}"
+            if parent == "algo":
+                fix = own_key_fix(name) or fix
             return ConfigError(full_key, f"unknown key ({full_key}={value})", fix)
         kind = next((kind for word, kind in TYPE_NAMES.items() if word in text), None)
         default = OmegaConf.select(without(full_key), full_key, default=None)

@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 
 from rlexp.algos import ALGOS
 from rlexp.compose.plugins import load_plugins
-from rlexp.compose.registry import register
+from rlexp.compose.registry import job_config, register
 from rlexp.config.schema import Config, ConfigError
 from rlexp.envs.gym import EVALUATION, PopulationEnv
 from rlexp.run.checkpoint import FILE, CheckpointError, Checkpoints, read, stack
@@ -93,7 +93,7 @@ def load_policy(run_dir: Path, paths: list[Path], episodes: int | None, video: b
     config = json.loads(contents[0]["config"])
     load_plugins(config.get("plugins") or ())  # the job's plugins: its options' entries (ConfigError if one fails)
     try:
-        cfg: Config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), config))
+        cfg: Config = OmegaConf.to_object(job_config(config))
     except Exception as err:  # a config of another rlexp version
         first_line = str(err).strip().splitlines()[0]
         raise CheckpointError(f"{paths[0].relative_to(run_dir)}: its config does not fit ({first_line})") from None

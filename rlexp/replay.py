@@ -37,7 +37,9 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from rlexp.config.schema import Config, ConfigError
+from rlexp.compose.plugins import load_plugins
+from rlexp.compose.registry import job_config
+from rlexp.config.schema import ConfigError
 from rlexp.diagnostics.instruments import resolve
 from rlexp.run.context import Algorithm, RunContext
 from rlexp.run.jobs import inspect_job
@@ -172,7 +174,8 @@ def load_job(run_dir: Path) -> dict[str, Any]:
 
 def replay_config(job: dict[str, Any]) -> DictConfig:
     """The job's config, as the replay runs it: W&B off, no progress bar, the threads the job ran with."""
-    cfg = OmegaConf.merge(OmegaConf.structured(Config), job["config"])
+    load_plugins(job["config"].get("plugins") or ())  # the job's plugins: its options' schemas
+    cfg = job_config(job["config"])
     cfg.logger.mode = "disabled"
     cfg.logger.progress = "off"
     if isinstance(job.get("threads"), int):

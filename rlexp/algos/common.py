@@ -94,6 +94,17 @@ def epsilon(step: int, start: Hyper, end: Hyper, fraction: Hyper, total_steps: i
     return start + (end - start) * np.minimum(1.0, step / (fraction * total_steps))
 
 
+def epsilon_greedy(
+    u: np.ndarray, eps: Hyper, n_actions: int, greedy: Callable[[np.ndarray], np.ndarray], obs: np.ndarray
+) -> np.ndarray:
+    """Epsilon-greedy actions [P, E] from each member's uniform numbers ``u`` [P, 2E] (the first E decide,
+    the last E pick the random action) and ``greedy(obs)`` [P, E], called only when an environment uses it."""
+    num_envs = u.shape[1] // 2
+    explore = u[:, :num_envs] < eps
+    actions = (u[:, num_envs:] * n_actions).astype(np.int64)  # [P, E] the random actions
+    return actions if explore.all() else np.where(explore, actions, greedy(obs))
+
+
 class Actor(nn.Module):
     """A population policy: logits [P, B, A] (discrete) or, for continuous actions, one of two
     distributions (``algo.continuous_policy``):

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import MISSING, fields, is_dataclass
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -33,11 +34,14 @@ def _row(cells: list[str]) -> str:
     return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
 
 
-def _key_table(schema: type, instance: Any, prefix: str) -> list[str]:
-    """key | default | meaning, for every scalar key of ``schema`` (nested blocks recursively)."""
+def _key_table(schema: type, instance: Any, prefix: str, skip: Collection[str] = ()) -> list[str]:
+    """key | default | meaning, for every scalar key of ``schema`` but those in ``skip`` (nested blocks
+    recursively)."""
     lines = [_row(["key", "default", "meaning"]), _row(["---"] * 3)]
     nested = []
     for f in fields(schema):
+        if f.name in skip:
+            continue
         value = getattr(instance, f.name)
         if is_dataclass(value):
             nested.append((f.name, value))
@@ -83,13 +87,16 @@ def _group(group: str, base: type, default: str, code: bool) -> list[str]:
         _row(["---"] * 4),
     ]
     schemas = SCHEMAS[group]
+    base_defaults = {f.name: f.default for f in fields(base)}
+    own_keys = []  # (option, its schema): a plugin algorithm's keys of its own
     for option in group_options(group, code):
         schema = schemas.get(option, schemas.get("base"))
-        base_defaults = {f.name: f.default for f in fields(base)}
+        if any(f.name not in base_defaults for f in fields(schema)):
+            own_keys.append((option, schema))
         differs = [
             f"`{f.name}={format_default(f.default)}`"
             for f in fields(schema)
-            if f.default is not MISSING and f.default != base_defaults[f.name]
+            if f.name in base_defaults and f.default is not MISSING and f.default != base_defaults[f.name]
         ]
         lines.append(
             _row(
@@ -101,7 +108,11 @@ def _group(group: str, base: type, default: str, code: bool) -> list[str]:
                 ]
             )
         )
-    return lines + [""] + _key_table(base, base(), f"{group}.") + [""]
+    lines += [""] + _key_table(base, base(), f"{group}.") + [""]
+    for option, schema in own_keys:
+        lines += [f"Keys of `{group}={option}` alone:", ""]
+        lines += _key_table(schema, schema(name=option), f"{group}.", skip=base_defaults) + [""]
+    return lines
 
 
 def markdown(code: bool = True) -> str:

@@ -11,8 +11,10 @@ registry rlexp's own options of that group live in (``ACTIVATIONS``, ``NORMALIZA
 into ``SCHEMAS`` and, with its option node, into Hydra's ConfigStore (``registry.store_option``): the
 option is then a Hydra option like any other (``activation=softplus``), listed by ``--help`` and the
 configuration doc, and the suite's tests parametrized over a registry cover it. ``plugin.instrument``
-adds a per-layer instrument. An environment needs no registration: a module that registers its
-gymnasium id is named by ``env.id=module:EnvId``.
+adds a per-layer instrument. An algorithm's schema may add keys of its own (``algo.<key>``, each with a
+default), which exist with that option alone; any other option's schema changes defaults only. An
+environment needs no registration: a module that registers its gymnasium id is named by
+``env.id=module:EnvId``.
 
 A plugin that fails to import, registers a name that exists, or declares an incomplete entry is one
 ``ConfigError`` naming the plugin and what is missing, before any work; nothing of it is registered.
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from omegaconf import MISSING as REQUIRED
 from omegaconf import OmegaConf
 
 from rlexp.algos import ALGOS, AlgoSpec
@@ -126,7 +129,8 @@ class Plugin:
         """Declare ``group=name``: ``entry`` is what rlexp's own options of the group are (an ``Activation``,
         a ``Normalization``, an ``AlgoSpec``, ...; env: an ``EnvConfig`` with its id and keys); ``doc`` one
         line saying what it is; ``keys`` (algo) the other groups' keys it sets, as an algo yaml does
-        (``{"optimizer": {"lr": 1e-3}}``); ``reference`` (activation) its written-out definition."""
+        (``{"optimizer": {"lr": 1e-3}}``; its own keys are its schema's fields); ``reference`` (activation) its
+        written-out definition."""
         if group not in GROUPS:
             raise PluginError(f"adds to an unknown group {group!r}", f"use one of: {', '.join(GROUPS)}")
         option = f"{group}={name}"
@@ -142,7 +146,7 @@ class Plugin:
             got = type(entry).__name__
             raise PluginError(f"declares {option} as a {got}", f"declare a {kind.__module__}.{kind.__name__}")
         schema = kind if group == "env" else entry.schema
-        _check_schema(option, schema, GROUPS[group].base)
+        _check_schema(option, schema, GROUPS[group].base, own_keys=group == "algo")
         if group == "algo":
             _check_algo(option, entry)
         if reference is not None and group != "activation":
@@ -165,18 +169,23 @@ class Plugin:
         self.instruments[name] = function
 
 
-def _check_schema(option: str, schema: Any, base: type) -> None:
-    """An option's schema is its group's, or a subclass that changes defaults and adds no key."""
+def _check_schema(option: str, schema: Any, base: type, own_keys: bool) -> None:
+    """An option's schema is its group's, or a subclass that changes defaults; with ``own_keys`` (an
+    algorithm) it may add keys, each with a default."""
     if not (isinstance(schema, type) and dataclasses.is_dataclass(schema) and issubclass(schema, base)):
         raise PluginError(
             f"declares {option} with schema {schema!r}", f"use {base.__name__} or a dataclass deriving from it"
         )
-    added = sorted({f.name for f in dataclasses.fields(schema)} - {f.name for f in dataclasses.fields(base)})
-    if added:
+    inherited = {f.name for f in dataclasses.fields(base)}
+    added = [f for f in dataclasses.fields(schema) if f.name not in inherited]
+    if added and not own_keys:
         raise PluginError(
-            f"declares {option} with keys {', '.join(added)} that {base.__name__} lacks",
-            "an option changes its group's defaults, never its keys",
+            f"declares {option} with keys {', '.join(sorted(f.name for f in added))} that {base.__name__} lacks",
+            "an option changes its group's defaults, never its keys (only an algorithm adds its own)",
         )
+    for f in added:  # a key without a value would stop every job of the option that does not set it
+        if f.default in (dataclasses.MISSING, REQUIRED) and f.default_factory is dataclasses.MISSING:
+            raise PluginError(f"declares {option} with the key {f.name} without a default", "give it a default")
 
 
 def _check_algo(option: str, spec: AlgoSpec) -> None:

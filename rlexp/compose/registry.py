@@ -26,6 +26,7 @@ from omegaconf import OmegaConf
 from rlexp.algos import ALGOS
 from rlexp.config.schema import (
     NON_CELL_KEYS,
+    AlgoConfig,
     Config,
     DivergenceConfig,
     EnvConfig,
@@ -88,6 +89,24 @@ def store_option(group: str, option: str, schema: type, node: Any, doc: str, sou
     if group != "env":  # every env option has the one schema (SCHEMAS["env"]["base"])
         SCHEMAS[group][option] = schema
     CODE_OPTIONS.setdefault(group, {})[option] = CodeOption(doc, source)
+
+
+def own_key_fix(key: str) -> str | None:
+    """The fix of ``algo.<key>`` set with an algorithm that lacks it, when ``key`` is a plugin algorithm's own
+    key (its schema's, not ``AlgoConfig``'s); else None."""
+    owners = [f"algo={name}" for name, schema in SCHEMAS["algo"].items() if key in schema.__dataclass_fields__]
+    if not owners or key in AlgoConfig.__dataclass_fields__:
+        return None
+    return f"it is a key of {' or '.join(owners)} alone: pick that algorithm or remove the key"
+
+
+def job_config(config: Mapping[str, Any]) -> Any:
+    """A job's saved config (a dict, as summary.json and checkpoints hold it) as a structured ``Config``
+    (DictConfig), its algo block typed by its option's schema, so a plugin algorithm's own keys fit (the
+    job's plugins loaded first)."""
+    schema = SCHEMAS["algo"].get(str((config.get("algo") or {}).get("name")))
+    typed = {"algo": OmegaConf.structured(schema)} if schema is not None else {}
+    return OmegaConf.merge(OmegaConf.structured(Config), typed, config)
 
 
 def register() -> None:

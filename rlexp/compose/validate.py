@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlexp.algos import ALGOS
 from rlexp.compose.plugins import load_plugins
-from rlexp.compose.registry import SCHEMAS
+from rlexp.compose.registry import SCHEMAS, own_key_fix
 from rlexp.config.schema import ConfigError, require, require_choice
 from rlexp.data.buffers import FrameStackReplay
 from rlexp.diagnostics.interventions import check_intervention
@@ -79,6 +79,8 @@ def _check_known_keys(node: DictConfig, prefix: str = "") -> None:
                 if close
                 else f"remove it; {prefix.rstrip('.') or 'the top level'} takes: {', '.join(known)}"
             )
+            if prefix == "algo.":
+                fix = own_key_fix(str(key)) or fix
             raise ConfigError(path, f"unknown key ({path}={value})", fix)
         child = node._get_node(key)
         if isinstance(child, DictConfig):

@@ -1,6 +1,7 @@
 """Every algorithm's facts live on its ``AlgoSpec`` (rlexp/algos/__init__.py), and the rest of rlexp
 reads them there: validation, the memory estimate, network=lstm, interventions' layers, packing, PBT.
-These tests hold the specs to the code they describe, for every registered algorithm."""
+These tests hold the specs to the code they describe, for every registered algorithm: an installed plugin's
+too (tests/jobs/test_extending.py runs them with the example plugin's ``expected_sarsa``)."""
 
 from __future__ import annotations
 

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from dataclasses import dataclass
 
 import pytest
+from composing import compose_config
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from rlexp.compose.plugins import LOADED, load_plugins, plugins_on_command_line
-from rlexp.compose.registry import CODE_OPTIONS, SCHEMAS
-from rlexp.config.schema import ConfigError
+from rlexp.compose.registry import CODE_OPTIONS, SCHEMAS, job_config, own_key_fix
+from rlexp.compose.validate import validate
+from rlexp.config.schema import Config, ConfigError, DQNConfig
 from rlexp.diagnostics.instruments import HIDDEN_INSTRUMENTS
 from rlexp.nn.activations import ACTIVATIONS
 
@@ -69,6 +74,12 @@ BAD = {
         " dqn.check, networks=1, replay=None, roles=(), recurrent=False, member_keys=()), 'x')\n",
         "declares algo=my_dqn with action_spaces ('pixels',); give some of discrete, continuous",
     ),
+    "algo_key_without_default": (
+        "from omegaconf import MISSING\n\n@dataclass\nclass Mine(DQNConfig):\n    beta: float = MISSING\n\n"
+        "def register(plugin):\n    plugin.add('algo', 'my_dqn', AlgoSpec(dqn.train, dqn.build, Mine, ('discrete',),"
+        " dqn.check, networks=1, replay=None, roles=(), recurrent=False, member_keys=()), 'x')\n",
+        "declares algo=my_dqn with the key beta without a default; give it a default",
+    ),
     "unknown_group": (
         "def register(plugin):\n    plugin.add('activations', 'a7', RELU, 'x')\n",
         "adds to an unknown group 'activations'; use one of: activation, init,",
@@ -120,3 +131,28 @@ def test_a_name_that_is_no_module_is_refused():
 )
 def test_the_plugins_a_command_line_names(argv, expected):
     assert plugins_on_command_line(argv) == expected
+
+
+@dataclass
+class OwnKeyConfig(DQNConfig):
+    """An algorithm's schema with a key of its own, as a plugin's may have."""
+
+    beta: float = 1.0
+
+
+def test_a_saved_config_with_an_algorithms_own_key_comes_back_typed_by_its_schema(monkeypatch):
+    """rlexp.evaluate and rlexp.replay read a job's saved config through ``job_config``: the algo block typed
+    by its option's schema, so its own keys fit (``Config``'s ``AlgoConfig`` alone refuses them)."""
+    monkeypatch.setitem(SCHEMAS["algo"], "own_key_algo", OwnKeyConfig)
+    saved = {"algo": {"name": "own_key_algo", "beta": 2.5, "gamma": 0.9}, "total_steps": 100}
+    with pytest.raises(OmegaConfBaseException, match="beta"):
+        OmegaConf.merge(OmegaConf.structured(Config), saved)
+    cfg = job_config(saved)
+    assert OmegaConf.get_type(cfg.algo) is OwnKeyConfig
+    assert (cfg.algo.beta, cfg.algo.gamma, cfg.algo.batch_size, cfg.total_steps) == (2.5, 0.9, 128, 100)
+    assert OmegaConf.get_type(job_config({"algo": {"name": "dqn"}}).algo) is DQNConfig
+    fix = "it is a key of algo=own_key_algo alone: pick that algorithm or remove the key"
+    assert (own_key_fix("beta"), own_key_fix("gamma"), own_key_fix("nothing")) == (fix, None, None)
+    with pytest.raises(ConfigError) as refused:  # set with another algorithm: the line names the one that has it
+        validate(compose_config(["algo=dqn", "+algo.beta=2"]))
+    assert str(refused.value) == f"config error: algo.beta: unknown key (algo.beta=2); {fix}"

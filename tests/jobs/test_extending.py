@@ -1,7 +1,8 @@
 """docs/extending.md's examples, run as they are written: a preset of one's own, an environment named
 ``module:EnvId``, a plugin named by ``plugins=[...]`` and the example plugin installed (its entry point on
-the path), with a grid over its options against rlexp's own, packed and alone. And a plugin that cannot
-be registered: one line, exit code 2, nothing written."""
+the path), with a grid over its options against rlexp's own, packed and alone, and a grid over its
+algorithm's own key, packed and alone, one job evaluated from its checkpoint and one interrupted and
+resumed. And a plugin that cannot be registered: one line, exit code 2, nothing written."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from launching import ROOT, cli_env, describe, job_dirs, read_json, read_jsonl, run_cli
+from test_checkpoints import assert_same_job, metrics
 
 DOC = ROOT / "docs" / "extending.md"
 EXAMPLE = ROOT / "examples" / "rlexp_plugin_example"
@@ -31,7 +33,7 @@ def installed(tmp: Path) -> Path:
     project = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["project"]
     site = tmp / "site"
     info = site / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
-    info.mkdir(parents=True)
+    info.mkdir(parents=True, exist_ok=True)  # a later session installs it again
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
     points = project["entry-points"]["rlexp.plugins"]
     (info / "entry_points.txt").write_text("[rlexp.plugins]\n" + "".join(f"{k} = {v}\n" for k, v in points.items()))
@@ -70,7 +72,7 @@ def outputs(proc: subprocess.CompletedProcess, word: str) -> list[Path]:
 def sessions(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("extending")
     blocks = doc_blocks()
-    assert len(blocks) == 4, "docs/extending.md: a preset, an environment, a named plugin, the installed example"
+    assert len(blocks) == 5, "docs/extending.md: a preset, an env, a named plugin, the installed example, its algorithm"
     runs = [run_block(block, tmp) for block in blocks]
     for proc in runs:
         assert proc.returncode == 0, describe(proc)
@@ -138,6 +140,59 @@ def test_the_installed_plugin_shows_in_help_and_trains_packed_and_alone(sessions
         assert any("act_absmax/q.0" in r for r in mine), "the plugin's instrument is in the record"
 
 
+def test_the_plugins_algorithm_trains_a_grid_over_its_own_key_packed_as_alone(sessions):
+    tmp, runs = sessions
+    proc = runs[4]
+    assert "rlexp_packed: 2 jobs in 1 packs" in proc.stdout, proc.stdout[:2000]  # one population of two members
+    packed, alone = (tmp / "sarsa" / "packed", tmp / "sarsa" / "alone")
+    for num, target_epsilon in enumerate((0.0, 0.2)):
+        job = summary(alone / str(num))
+        assert job["counts"]["ok"] == 1 and job["choices"]["algo"] == "expected_sarsa"
+        assert job["config"]["algo"]["target_epsilon"] == target_epsilon and job["config"]["optimizer"]["lr"] == 1e-3
+        assert metrics(alone / str(num) / "seed_0") == metrics(packed / str(num) / "seed_0")  # bitwise, perf/ aside
+    records = metrics(alone / "0" / "seed_0")
+    assert records[-1]["step"] == 600 and records[-1]["train/updates"] > 0
+    assert any("act_absmax/q.0" in r for r in records), "the plugin's instrument reads the algorithm's network"
+    assert metrics(alone / "0" / "seed_0") != metrics(alone / "1" / "seed_0"), "algo.target_epsilon is read"
+
+
+SARSA_CELL = (  # the doc's second grid's job 1
+    "algo=expected_sarsa algo.target_epsilon=0.2 env=corridor total_steps=600 algo.learning_starts=200 "
+    "logger.log_every=300 logger.progress=off logger.mode=disabled checkpoint.every=300 checkpoint.replay=true"
+)
+CUT_AND_RESUMED = """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, sys.argv[1])
+from composing import compose_config
+from rlexp.compose.plugins import load_plugins
+from rlexp.train import run_job
+
+load_plugins()  # the installed example
+overrides, job = sys.argv[2].split(), Path(sys.argv[3])
+try:
+    run_job(compose_config([*overrides, "debug.crash_at_step=450"]), job)
+except RuntimeError as err:
+    print(err)
+run_job(compose_config([*overrides, "resume=true"]), job)
+"""
+
+
+def test_the_plugins_algorithm_resumed_from_its_checkpoint_ends_bitwise_as_uninterrupted(sessions):
+    """The doc's job interrupted after its checkpoint at step 300 and continued from it (one process, as
+    tests/jobs/test_checkpoints.py runs them) ends as the doc's uninterrupted job: every metrics record,
+    the member summary and every tensor of the final checkpoint."""
+    tmp, _ = sessions
+    cut = tmp / "sarsa" / "cut"
+    env = cli_env(tmp, PYTHONPATH=f"{installed(tmp)}:{EXAMPLE}:{ROOT}")
+    args = [sys.executable, "-c", CUT_AND_RESUMED, str(ROOT / "tests"), SARSA_CELL, str(cut)]
+    proc = subprocess.run(args, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "debug.crash_at_step=450: a forced crash" in proc.stdout, describe(proc)
+    assert summary(cut)["resumed"] == {"from_step": 300, "replay_restored": True, "as_uninterrupted": True}
+    assert_same_job(tmp / "sarsa" / "alone" / "1", cut, 1)
+
+
 def test_a_plugin_that_fails_to_import_is_one_line_and_writes_nothing(tmp_path):
     (tmp_path / "brokenplugin.py").write_text("import not_a_module_anywhere\n")
     run_dir = tmp_path / "run"
@@ -151,14 +206,16 @@ def test_a_plugin_that_fails_to_import_is_one_line_and_writes_nothing(tmp_path):
 
 
 def test_the_suites_registry_tests_cover_an_installed_plugins_options(tmp_path):
-    """With the example plugin installed, tests/nn/test_registries.py, parametrized over the registries,
-    runs its per-entry tests on the plugin's activation and normalization too (against the activation's
-    declared definition and torch.nn twins of its layers)."""
+    """With the example plugin installed, the suite's tests parametrized over the registries run on its
+    options too: tests/nn/test_registries.py on its activation and normalization (against the activation's
+    declared definition and torch.nn twins of its layers), tests/algos/test_algo_specs.py on its algorithm's
+    spec and tests/compose/test_options.py on its algorithm option."""
     env = cli_env(tmp_path, PYTHONPATH=f"{installed(tmp_path)}:{EXAMPLE}:{ROOT}")
     env.pop("RLEXP_TESTS_COMPOSED", None)  # a session of its own
     args = ["-m", "pytest", "-q", "-n0", "-p", "no:cacheprovider", "tests/nn/test_registries.py"]
+    args += ["tests/algos/test_algo_specs.py", "tests/compose/test_options.py"]
     proc = subprocess.run(
-        [sys.executable, *args, "-k", "softplus or layer_weight", "-rA"],
+        [sys.executable, *args, "-k", "softplus or layer_weight or expected_sarsa", "-rA"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -172,3 +229,6 @@ def test_the_suites_registry_tests_cover_an_installed_plugins_options(tmp_path):
     )
     assert "tests/nn/test_registries.py::test_written_backward_is_autograd_bit_for_bit[softplus-layer]" in passed
     assert "tests/nn/test_registries.py::test_instruments_and_divergence_location[relu-layer_weight]" in passed
+    specs = {t for t in passed if t.startswith("tests/algos/test_algo_specs.py::") and t.endswith("[expected_sarsa]")}
+    assert len(specs) == 3, passed  # its replay, its roles, network=lstm refused (it is not recurrent)
+    assert "tests/compose/test_options.py::test_every_option_composes_and_validates[algo=expected_sarsa]" in passed

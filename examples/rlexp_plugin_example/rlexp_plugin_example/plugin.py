@@ -1,5 +1,5 @@
-"""The plugin: ``register(plugin)`` adds an activation, a normalization, an environment option and an
-instrument to rlexp's registries (rlexp calls it: the entry point in pyproject.toml, or
+"""The plugin: ``register(plugin)`` adds an activation, a normalization, an environment option, an
+instrument and an algorithm to rlexp's registries (rlexp calls it: the entry point in pyproject.toml, or
 ``plugins=[rlexp_plugin_example.plugin]``)."""
 
 from __future__ import annotations
@@ -7,10 +7,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from rlexp.algos import CONTEXT_KEYS, AlgoSpec, Replay
 from rlexp.compose.plugins import Plugin
 from rlexp.config.schema import ActivationConfig, EnvConfig, NormalizationConfig
+from rlexp.data.buffers import ReplayBuffer
 from rlexp.nn.activations import Activation
 from rlexp.nn.nets import Normalization, PopLayerNorm, PopLinear, PopWeightNormLinear
+from rlexp_plugin_example import expected_sarsa
 
 
 def softplus_backward(g: torch.Tensor, h: torch.Tensor, y: torch.Tensor, cfg: ActivationConfig) -> torch.Tensor:
@@ -47,3 +50,19 @@ def register(plugin: Plugin) -> None:
     corridor = EnvConfig(id="rlexp_plugin_example.envs:Corridor-v0")
     plugin.add("env", "corridor", corridor, "a corridor of 8 cells to walk")
     plugin.instrument("act_absmax", lambda units: units.abs().amax((1, 2)))
+    sarsa = AlgoSpec(
+        expected_sarsa.train,
+        expected_sarsa.build,
+        expected_sarsa.ExpectedSarsaConfig,
+        ("discrete",),
+        expected_sarsa.check,
+        networks=1,
+        replay=Replay(ReplayBuffer, "index"),
+        roles=(),
+        recurrent=False,
+        member_keys=CONTEXT_KEYS + expected_sarsa.MEMBER_KEYS,
+    )
+    keys = {"optimizer": {"lr": 1e-3}}  # as an algo yaml sets other groups' keys
+    plugin.add(
+        "algo", "expected_sarsa", sarsa, "expected SARSA: DQN's target is an epsilon-greedy policy's value", keys=keys
+    )
