@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 
-from rlexp.algos.common import batch_std, check_replay, epsilon
+from rlexp.algos.common import batch_std, check_replay, epsilon, epsilon_greedy
 from rlexp.config.schema import DiagnosticsConfig, DQNConfig, require_choice
 from rlexp.data.buffers import Batch, FrameStackReplay, ReplayBuffer
 from rlexp.diagnostics.instruments import (
@@ -282,11 +282,7 @@ def train(ctx: RunContext) -> None:
         # act: epsilon-greedy, each member from its own stream (decided on the host, where the envs are)
         eps = epsilon(step, start_e, end_e, fraction, cfg.total_steps)  # float or [P, 1]
         u = ctx.streams.uniform(2 * num_envs)  # [P, 2E]
-        explore = u[:, :num_envs] < eps
-        actions = (u[:, num_envs:] * n_actions).astype(np.int64)  # [P, E] the random actions
-        if not explore.all():  # the greedy actions, unless no environment uses one this step
-            greedy = q_values(ctx.obs_norm(obs)).argmax(-1)
-            actions = np.where(explore, actions, greedy)  # [P, E]
+        actions = epsilon_greedy(u, eps, n_actions, lambda o: q_values(ctx.obs_norm(o)).argmax(-1), obs)  # [P, E]
 
         result, reward = ctx.step_env(actions, step)  # reward: reward_norm's scaling
         buffer.add(obs, actions, reward, result.obs, result.terminated, result.terminated | result.truncated)

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
-from rlexp.algos.common import check_replay, epsilon
+from rlexp.algos.common import check_replay, epsilon, epsilon_greedy
 from rlexp.config.schema import ConfigError, DiagnosticsConfig, MuZeroLiteConfig
 from rlexp.data.buffers import SequenceBatch, SequenceReplay
 from rlexp.diagnostics.instruments import (
@@ -329,16 +329,17 @@ def train(ctx: RunContext) -> None:
     if loop:
         updates, prev_step = loop["updates"], loop["prev_step"]
         learn_from = learn_from if cfg.checkpoint.replay else prev_step + algo.learning_starts
+
+    @torch.no_grad()
+    def greedy(obs: np.ndarray) -> np.ndarray:
+        """The lookahead's best actions [P, E]."""
+        return model.lookahead(torch.from_numpy(ctx.obs_norm(obs)).to(device), algo.gamma).argmax(-1).cpu().numpy()
+
     for step in recorder.steps():
         # act: epsilon-greedy over the lookahead, each member from its own stream
         eps = epsilon(step, algo.start_e, algo.end_e, algo.exploration_fraction, cfg.total_steps)
         u = ctx.streams.uniform(2 * num_envs)  # [P, 2E]
-        explore = u[:, :num_envs] < eps
-        actions = (u[:, num_envs:] * n_actions).astype(np.int64)  # [P, E]
-        if not explore.all():
-            with torch.no_grad():
-                q = model.lookahead(torch.from_numpy(ctx.obs_norm(obs)).to(device), algo.gamma)
-            actions = np.where(explore, actions, q.argmax(-1).cpu().numpy())
+        actions = epsilon_greedy(u, eps, n_actions, greedy, obs)  # [P, E]
         result, reward = ctx.step_env(actions, step)  # reward: reward_norm's scaling
         done = result.terminated | result.truncated
         buffer.add(obs, actions, reward, result.obs, result.terminated, done)
