@@ -249,7 +249,7 @@ class WandbRuns:
             if reason is not None:
                 self._fall_back(server, reason)
         choices = dict(tag.split(":", 1) for tag in self.tags)
-        sweep = self.config["logger"]["sweep"]  # the job's group prefix: grouping never mixes two sweeps' runs
+        sweep = self.config["logger"].get("sweep")  # the group prefix: grouping never mixes two sweeps' runs
         kwargs = dict(
             project=self.cfg.project,
             entity=self.cfg.entity,
