@@ -151,3 +151,21 @@ def test_td3_learns_the_same_policy_either_way(built, tmp_path):
         fast, plain = (2 * torch.tanh(runs[k][1](obs)) for k in (True, False))
     assert float((fast - plain).abs().max()) < 0.4  # a tenth of the range
     assert np.isfinite(fast.numpy()).all()
+
+
+def test_a_torch_without_the_private_entry_points_trains_its_fast_paths_plain(
+    torch_without_private_entry_points, built, tmp_path
+):
+    """A torch release lacking the fused, foreach and ATen kernels (older or newer than this one): with the
+    fast paths on, each part takes its plain form (calling one of those would crash the job) and learns what
+    the fast paths off learn."""
+    groups = ["activation=tanh", "normalization=layer", "optimizer=rmsprop", "clipping=global_norm"]
+    overrides = [*DQN, *groups, "algo.target_update=soft", "algo.tau=0.1"]
+    obs = torch.randn(2, 256, 4, generator=torch.Generator().manual_seed(9)) * torch.tensor([1.0, 1.0, 0.1, 1.0])
+    fast = finals(overrides, True, tmp_path / "fast", built)
+    assert not fast[1].written_backward and fast[1].fast_paths  # autograd, although the switch is on
+    plain = finals(overrides, False, tmp_path / "plain", built)
+    assert fast[0] == plain[0] == ["ok", "ok"]
+    q_fast = torch.from_numpy(fast[1].host_inference()(obs.numpy()))
+    q_plain = torch.from_numpy(plain[1].host_inference()(obs.numpy()))
+    agree_off_ties(q_fast, q_plain)
