@@ -27,6 +27,8 @@ from rlexp.nn.conv import PopConv
 from rlexp.nn.nets import PopBatchNorm, PopLayerNorm, PopMLP, PopRMSNorm, hard_update_, soft_update_
 from rlexp.optim.optimizers import FusedAdam, RMSpropTF, TorchOptimizer, fast_kernels_run, make_optimizer
 
+pytestmark = pytest.mark.compat  # what differs between torch releases: the smoke subset
+
 OPTIMIZERS = {
     "adam": AdamConfig(name="adam", lr=0.01, weight_decay=0.1),
     "adamw": AdamWConfig(name="adamw", lr=0.01),

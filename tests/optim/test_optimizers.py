@@ -18,6 +18,8 @@ from rlexp.config.schema import (
 )
 from rlexp.optim.optimizers import _sqrt, fast_kernels_run, make_optimizer
 
+pytestmark = pytest.mark.compat  # bit for bit torch.optim's: the smoke subset run on the oldest and newest torch
+
 
 def structured(cls, **kw):
     """A config node as Hydra hands it to the code (a structured DictConfig)."""
