@@ -79,3 +79,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if defs[-1].scope in ("module", "session") and module.startswith("test_"):
                 item.add_marker(pytest.mark.xdist_group(module))
                 break
+
+
+@pytest.fixture
+def torch_without_private_entry_points(monkeypatch: pytest.MonkeyPatch):
+    """For one test, a torch whose private entry points the fast paths call are missing, as an older or a newer
+    release may lack them: the capability checks (``rlexp.nn.capabilities``) answer False, and torch's fused and
+    foreach functions raise when called. Their cached answers are forgotten before and after."""
+    import torch
+
+    from rlexp.nn import capabilities
+    from rlexp.optim.optimizers import fast_kernels_run
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a private torch entry point ran although the capability check said it is missing")
+
+    for name in dir(torch):
+        if name.startswith(("_fused_", "_foreach_")):
+            monkeypatch.setattr(torch, name, refuse)
+    for check in ("has_torch", "has_aten", "has_functional"):
+        monkeypatch.setattr(capabilities, check, lambda *names: False)
+    fast_kernels_run.cache_clear()
+    yield
+    monkeypatch.undo()
+    fast_kernels_run.cache_clear()
+    capabilities.clear()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
 
 
 def ref_activation(name: str, x: torch.Tensor, slope: float = 0.01, alpha: float = 1.0) -> torch.Tensor:
@@ -37,3 +38,15 @@ def ref_activation(name: str, x: torch.Tensor, slope: float = 0.01, alpha: float
     from rlexp.compose.plugins import REFERENCES  # a plugin's activation: the definition its plugin declares
 
     return REFERENCES[name](x)
+
+
+class RMSNorm(nn.Module):
+    """torch.nn.RMSNorm written out, for a torch before 2.4 (which has none): x / sqrt(mean(x^2) + eps) * weight."""
+
+    def __init__(self, width: int, eps: float, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width, dtype=dtype))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x / torch.sqrt(x.square().mean(-1, keepdim=True) + self.eps) * self.weight

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from rlexp.config.schema import ActivationConfig, ELUConfig, LeakyReLUConfig, require, require_choice
+from rlexp.nn import capabilities
 from rlexp.nn.component import Component, HostForward
 
 Function = Callable[[torch.Tensor], torch.Tensor]
@@ -30,7 +31,8 @@ class Activation:
     """One activation: ``function(cfg)`` the torch function; ``gain(cfg)`` the He/orthogonal gain
     (required: every activation has one); ``backward`` its derivative as autograd computes it (None:
     autograd); ``numpy(cfg)`` its numpy form for host acting (None: torch); ``width`` the outputs per
-    input unit (crelu: 2, and the next layer takes twice the inputs); ``schema`` its config class."""
+    input unit (crelu: 2, and the next layer takes twice the inputs); ``schema`` its config class;
+    ``kernels`` the ATen operators ``backward`` calls (a torch without one: autograd)."""
 
     schema: type
     function: Callable[[ActivationConfig], Function]
@@ -38,6 +40,7 @@ class Activation:
     backward: Backward | None = None
     numpy: NumpyForm | None = None
     width: int = 1
+    kernels: tuple[str, ...] = ()
 
 
 RELU_GAIN = math.sqrt(2.0)
@@ -73,6 +76,7 @@ ACTIVATIONS: dict[str, Activation] = {
         lambda cfg: torch.relu,
         _fixed(RELU_GAIN),
         backward=lambda g, h, y, cfg: torch.ops.aten.threshold_backward(g, y, 0),
+        kernels=("threshold_backward",),
         numpy=lambda cfg: lambda h: np.maximum(h, 0, out=h),
     ),
     "crelu": Activation(  # gain: ReLU's (each unit's two halves carry x^2 over twice the fan-in)
@@ -80,6 +84,7 @@ ACTIVATIONS: dict[str, Activation] = {
         lambda cfg: _crelu,
         _fixed(RELU_GAIN),
         backward=_crelu_backward,
+        kernels=("threshold_backward",),
         numpy=lambda cfg: lambda h: np.concatenate((np.maximum(h, 0), np.maximum(-h, 0)), -1),
         width=2,
     ),
@@ -88,6 +93,7 @@ ACTIVATIONS: dict[str, Activation] = {
         lambda cfg: lambda x: F.leaky_relu(x, cfg.negative_slope),
         lambda cfg: math.sqrt(2.0 / (1.0 + cfg.negative_slope**2)),
         backward=lambda g, h, y, cfg: torch.ops.aten.leaky_relu_backward(g, h, cfg.negative_slope, False),
+        kernels=("leaky_relu_backward",),
         numpy=lambda cfg: lambda h: np.where(h > 0, h, h * np.float32(cfg.negative_slope)),
     ),
     "elu": Activation(  # gain: ReLU's (torch's calculate_gain has none for ELU)
@@ -95,6 +101,7 @@ ACTIVATIONS: dict[str, Activation] = {
         lambda cfg: lambda x: F.elu(x, cfg.alpha),
         _fixed(RELU_GAIN),
         backward=lambda g, h, y, cfg: torch.ops.aten.elu_backward(g, cfg.alpha, 1, 1, False, h),
+        kernels=("elu_backward",),
         numpy=lambda cfg: lambda h: np.where(h > 0, h, np.float32(cfg.alpha) * np.expm1(np.minimum(h, 0))),
     ),
     "gelu": Activation(  # gain: ReLU's
@@ -102,24 +109,28 @@ ACTIVATIONS: dict[str, Activation] = {
         lambda cfg: F.gelu,
         _fixed(RELU_GAIN),
         backward=lambda g, h, y, cfg: torch.ops.aten.gelu_backward(g, h),
+        kernels=("gelu_backward",),
     ),
     "silu": Activation(  # gain: ReLU's
         ActivationConfig,
         lambda cfg: F.silu,
         _fixed(RELU_GAIN),
         backward=lambda g, h, y, cfg: torch.ops.aten.silu_backward(g, h),
+        kernels=("silu_backward",),
     ),
     "mish": Activation(  # x tanh(softplus(x)); gain: ReLU's, as for ELU, GELU and SiLU
         ActivationConfig,
         lambda cfg: F.mish,
         _fixed(RELU_GAIN),
         backward=lambda g, h, y, cfg: torch.ops.aten.mish_backward(g, h),
+        kernels=("mish_backward",),
     ),
     "tanh": Activation(
         ActivationConfig,
         lambda cfg: torch.tanh,
         _fixed(5.0 / 3.0),
         backward=lambda g, h, y, cfg: torch.ops.aten.tanh_backward(g, y),
+        kernels=("tanh_backward",),
         numpy=lambda cfg: lambda h: np.tanh(h, out=h),
     ),
     "softsign": Activation(
@@ -134,6 +145,7 @@ ACTIVATIONS: dict[str, Activation] = {
         lambda cfg: torch.sigmoid,
         _fixed(1.0),
         backward=lambda g, h, y, cfg: torch.ops.aten.sigmoid_backward(g, y),
+        kernels=("sigmoid_backward",),
     ),
 }
 
@@ -167,7 +179,7 @@ class PopActivation(Component):
         self.cfg = cfg
         self.entry = entry
         self.function = entry.function(cfg)
-        self.written_backward = self.entry.backward is not None
+        self.written_backward = self.entry.backward is not None and capabilities.has_aten(*self.entry.kernels)
         self.width = entry.width
 
     def extra_repr(self) -> str:

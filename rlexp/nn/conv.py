@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from rlexp.config.schema import ActivationConfig, ConfigError, NetworkConfig, NormalizationConfig
+from rlexp.nn import capabilities
 from rlexp.nn.activations import ACTIVATIONS, Activation, PopActivation
 from rlexp.nn.component import Component, ensure_grads
 from rlexp.nn.nets import (
@@ -151,6 +152,11 @@ class _Convolution:
     effective weight) is autograd's bit for bit; the layer kind declares whether it has one."""
 
     geometry: Geometry
+
+    @property
+    def written_backward(self) -> bool:
+        """The layer kind's, when ATen's convolution backward kernel is there (``convolve_backward``)."""
+        return super().written_backward and capabilities.has_aten("convolution_backward")  # type: ignore[misc]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.geometry.scale != 1.0:

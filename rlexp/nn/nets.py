@@ -33,6 +33,7 @@ from rlexp.config.schema import (
     require,
     require_choice,
 )
+from rlexp.nn import capabilities
 from rlexp.nn.activations import ACTIVATIONS, PopActivation
 from rlexp.nn.component import Component, HostForward, ParameterStorage, ensure_grads, numpy_view
 from rlexp.nn.init import init_linear, scheme_gain
@@ -301,13 +302,17 @@ class PopLayerNorm(Component):
     """LayerNorm over features, per member and sample, with a per-member affine: [P, B, H]."""
 
     stage = "norm"
-    written_backward = True
 
     def __init__(self, members: int, width: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(members, width))
         self.bias = nn.Parameter(torch.zeros(members, width))
         self.eps = eps
+
+    @property
+    def written_backward(self) -> bool:
+        """ATen's layer-norm kernels are there (``forward_saved``, ``backward_to_grads``)."""
+        return capabilities.has_torch("native_layer_norm") and capabilities.has_aten("native_layer_norm_backward")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.layer_norm(x, x.shape[-1:], eps=self.eps)
@@ -347,7 +352,8 @@ class PopLayerNorm(Component):
 class PopRMSNorm(Component):
     """RMSNorm over features, per member and sample, with a per-member scale: [P, B, H].
 
-    y = x / sqrt(mean(x^2) + eps) * weight: torch.nn.RMSNorm for each member.
+    y = x / sqrt(mean(x^2) + eps) * weight: torch.nn.RMSNorm for each member (F.rms_norm; a torch before 2.4,
+    which has neither, the same formula in public ops).
     """
 
     stage = "norm"
@@ -358,7 +364,11 @@ class PopRMSNorm(Component):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, x.shape[-1:], eps=self.eps) * self.weight.unsqueeze(1)
+        if capabilities.has_functional("rms_norm"):
+            x = F.rms_norm(x, x.shape[-1:], eps=self.eps)
+        else:
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return x * self.weight.unsqueeze(1)
 
     def host_forward(self) -> HostForward | None:
         weight, eps = numpy_view(self.weight)[:, None, :], np.float32(self.eps)
@@ -381,7 +391,6 @@ class PopBatchNorm(Component):
     """
 
     stage = "norm"
-    written_backward = True
     uses_batch_stats = True
 
     def __init__(self, members: int, width: int, eps: float, momentum: float) -> None:
@@ -392,6 +401,11 @@ class PopBatchNorm(Component):
         self.register_buffer("running_var", torch.ones(members, width))
         self.eps = eps
         self.momentum = momentum
+
+    @property
+    def written_backward(self) -> bool:
+        """ATen's batch-norm kernels are there (``forward_saved``, ``backward_to_grads``)."""
+        return capabilities.has_torch("native_batch_norm") and capabilities.has_aten("native_batch_norm_backward")
 
     @staticmethod
     def _channels(x: torch.Tensor) -> torch.Tensor:
@@ -842,8 +856,9 @@ def soft_update_(target: nn.Module, online: nn.Module, tau: float | list[tuple[i
 
 
 def _lerp_all(targets: list[torch.Tensor], sources: list[torch.Tensor], weight: float, fast: bool) -> None:
-    """``t.lerp_(s, weight)`` for each pair, in place: one foreach call, or tensor by tensor (``fast`` False)."""
-    if fast:
+    """``t.lerp_(s, weight)`` for each pair, in place: one foreach call, or tensor by tensor (``fast`` False, or
+    a torch without the foreach kernel)."""
+    if fast and capabilities.has_torch("_foreach_lerp_"):
         torch._foreach_lerp_(targets, sources, weight)
     else:
         for t, s in zip(targets, sources):
@@ -851,8 +866,9 @@ def _lerp_all(targets: list[torch.Tensor], sources: list[torch.Tensor], weight: 
 
 
 def _copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor], fast: bool) -> None:
-    """Copy each source into its target, in place: one foreach call, or tensor by tensor (``fast`` False)."""
-    if fast:
+    """Copy each source into its target, in place: one foreach call, or tensor by tensor (``fast`` False, or a
+    torch without the foreach kernel)."""
+    if fast and capabilities.has_torch("_foreach_copy_"):
         torch._foreach_copy_(targets, sources)
     else:
         for t, s in zip(targets, sources):

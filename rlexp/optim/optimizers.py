@@ -10,10 +10,13 @@ None is a torch.optim.Optimizer, whose first construction in a process imports t
 With the run's fast paths off (``make_optimizer(..., fast_paths=False)``) adam, adamw, rmsprop and sgd are
 torch.optim's own classes (``TorchOptimizer``: single-tensor, neither fused nor foreach), one parameter
 tensor each; rmsprop_tf, which torch.optim has no twin of, is ``RMSpropTF`` (public ops only) on them.
+An option whose private kernels the installed torch lacks on the parameters' device (``fast_kernels_run``)
+takes that plain form with the fast paths on too.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -32,6 +35,7 @@ from rlexp.config.schema import (
     require,
     require_choice,
 )
+from rlexp.nn import capabilities
 
 
 class OneGroup:
@@ -329,7 +333,8 @@ def _plain(params: list[torch.Tensor], c: OptimizerConfig) -> OneGroup:
         )
         return TorchOptimizer(optimizer, kinds, c.lr)
     if c.name == "sgd":
-        optimizer = torch.optim.SGD(params, lr=c.lr, momentum=c.momentum, nesterov=c.nesterov, fused=False, **plain)
+        # not fused by default (torch before 2.3 has no ``fused`` argument for SGD)
+        optimizer = torch.optim.SGD(params, lr=c.lr, momentum=c.momentum, nesterov=c.nesterov, **plain)
         return TorchOptimizer(optimizer, ("momentum_buffer",) if c.momentum != 0 else (), c.lr, counted=False)
     return _rmsprop_tf(params, c)
 
@@ -358,22 +363,48 @@ def _sgd(params, c: OptimizerConfig) -> FusedSGD:
 
 @dataclass(frozen=True)
 class Optimizer:
-    """An optimizer option: its constructor and the schema of its config."""
+    """An optimizer option: its constructor, the schema of its config and the private torch functions its
+    step calls (``kernels``: ``torch.<name>``)."""
 
     make: Callable[[list[torch.Tensor], OptimizerConfig], OneGroup]
     schema: type[OptimizerConfig]
+    kernels: tuple[str, ...] = ()
 
     def __call__(self, params: list[torch.Tensor], cfg: OptimizerConfig) -> OneGroup:
         return self.make(params, cfg)
 
 
+FOREACH = ("_foreach_add", "_foreach_add_", "_foreach_mul_", "_foreach_addcmul", "_foreach_addcmul_", "_foreach_lerp_")
 OPTIMIZERS: dict[str, Optimizer] = {
-    "adam": Optimizer(_adam, AdamConfig),
-    "adamw": Optimizer(_adamw, AdamWConfig),
-    "rmsprop": Optimizer(_rmsprop, RMSpropConfig),
+    "adam": Optimizer(_adam, AdamConfig, ("_fused_adam_", "_foreach_add_")),
+    "adamw": Optimizer(_adamw, AdamWConfig, ("_fused_adamw_", "_foreach_add_")),
+    "rmsprop": Optimizer(
+        _rmsprop,
+        RMSpropConfig,
+        (*FOREACH, "_foreach_addcdiv_", "_foreach_sqrt", "_foreach_sqrt_", "_foreach_clamp_min"),
+    ),
     "rmsprop_tf": Optimizer(_rmsprop_tf, RMSpropTFConfig),
-    "sgd": Optimizer(_sgd, SGDConfig),
+    "sgd": Optimizer(_sgd, SGDConfig, ("_fused_sgd_",)),
 }
+
+
+@functools.cache
+def fast_kernels_run(name: str, device_type: str) -> bool:
+    """Optimizer ``name``'s fast form runs with the installed torch on ``device_type``: torch has its
+    ``kernels`` and they step a one-element tensor there (torch 2.2 has ``_fused_adam_`` without a CPU
+    kernel, and no ``_fused_sgd_``). Tried once per process, on first use."""
+    entry = OPTIMIZERS[name]
+    if not entry.kernels:
+        return True
+    if not capabilities.has_torch(*entry.kernels):
+        return False
+    param = torch.zeros(1, device=device_type)
+    param.grad = torch.ones_like(param)
+    try:
+        entry.make([param], entry.schema()).step()
+    except (RuntimeError, TypeError):  # no kernel for the device (NotImplementedError), another signature
+        return False
+    return True
 
 
 def check_optimizer(cfg: DictConfig, key: str) -> None:
@@ -390,5 +421,9 @@ def check_optimizer(cfg: DictConfig, key: str) -> None:
 
 def make_optimizer(params: Iterable[torch.Tensor], cfg: OptimizerConfig, fast_paths: bool = True) -> OneGroup:
     """The optimizer a config names, over the given (population-stacked) parameters; with ``fast_paths``
-    False, torch.optim's own class (``TorchOptimizer``; rmsprop_tf: ``RMSpropTF``)."""
-    return OPTIMIZERS[cfg.name](list(params), cfg) if fast_paths else _plain(list(params), cfg)
+    False, or without its kernels in the installed torch, torch.optim's own class (``TorchOptimizer``;
+    rmsprop_tf: ``RMSpropTF``)."""
+    params = list(params)
+    if fast_paths and fast_kernels_run(cfg.name, params[0].device.type):
+        return OPTIMIZERS[cfg.name](params, cfg)
+    return _plain(params, cfg)

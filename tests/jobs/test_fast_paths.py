@@ -78,7 +78,9 @@ def built(monkeypatch) -> list[PopMLP]:
     return made
 
 
-@pytest.mark.parametrize("algo", sorted(NEVER_FAST))
+@pytest.mark.parametrize(
+    "algo", [pytest.param(a, marks=pytest.mark.compat) if a == "dqn" else a for a in sorted(NEVER_FAST)]
+)
 def test_a_job_with_the_fast_paths_off_never_reaches_one(algo, built, monkeypatch, tmp_path):
     forbid(monkeypatch, *private_kernels(), *component_fast_paths())
     summary = run_job(compose_config([*NEVER_FAST[algo], *QUIET, "fast_paths=false"]), tmp_path)
@@ -113,7 +115,12 @@ GRID = [  # activation, normalization, optimizer, clipping
 ]
 
 
-@pytest.mark.parametrize("choices", GRID, ids="-".join)
+COMPAT = {("tanh", "layer", "rmsprop", "global_norm"), ("silu", "rms", "adamw", "value")}  # the smoke subset's
+
+
+@pytest.mark.parametrize(
+    "choices", [pytest.param(c, marks=pytest.mark.compat) if c in COMPAT else c for c in GRID], ids="-".join
+)
 def test_dqn_learns_the_same_greedy_policy_either_way(choices, built, tmp_path):
     groups = [f"{g}={c}" for g, c in zip(("activation", "normalization", "optimizer", "clipping"), choices)]
     obs = torch.randn(2, 256, 4, generator=torch.Generator().manual_seed(6)) * torch.tensor([1.0, 1.0, 0.1, 1.0])
@@ -124,12 +131,14 @@ def test_dqn_learns_the_same_greedy_policy_either_way(choices, built, tmp_path):
     agree_off_ties(q_fast, q_plain)
 
 
+@pytest.mark.compat
 def test_a_diverging_dqn_diverges_either_way(built, tmp_path):
     overrides = [*DQN, "total_steps=800", "algo.learning_starts=500", "optimizer=sgd", "optimizer.lr=50"]
     statuses = [finals(overrides, fast, tmp_path / str(fast), built)[0] for fast in (True, False)]
     assert statuses[0] == statuses[1] == ["diverged", "diverged"]
 
 
+@pytest.mark.compat
 def test_ppo_learns_the_same_greedy_policy_either_way(built, tmp_path):
     overrides = ["algo=ppo", "total_steps=4096", "num_seeds=2", "network.hidden=[32,32]"]
     runs = {fast: finals(overrides, fast, tmp_path / str(fast), built) for fast in (True, False)}
@@ -151,3 +160,22 @@ def test_td3_learns_the_same_policy_either_way(built, tmp_path):
         fast, plain = (2 * torch.tanh(runs[k][1](obs)) for k in (True, False))
     assert float((fast - plain).abs().max()) < 0.4  # a tenth of the range
     assert np.isfinite(fast.numpy()).all()
+
+
+@pytest.mark.compat
+def test_a_torch_without_the_private_entry_points_trains_its_fast_paths_plain(
+    torch_without_private_entry_points, built, tmp_path
+):
+    """A torch release lacking the fused, foreach and ATen kernels (older or newer than this one): with the
+    fast paths on, each part takes its plain form (calling one of those would crash the job) and learns what
+    the fast paths off learn."""
+    groups = ["activation=tanh", "normalization=layer", "optimizer=rmsprop", "clipping=global_norm"]
+    overrides = [*DQN, *groups, "algo.target_update=soft", "algo.tau=0.1"]
+    obs = torch.randn(2, 256, 4, generator=torch.Generator().manual_seed(9)) * torch.tensor([1.0, 1.0, 0.1, 1.0])
+    fast = finals(overrides, True, tmp_path / "fast", built)
+    assert not fast[1].written_backward and fast[1].fast_paths  # autograd, although the switch is on
+    plain = finals(overrides, False, tmp_path / "plain", built)
+    assert fast[0] == plain[0] == ["ok", "ok"]
+    q_fast = torch.from_numpy(fast[1].host_inference()(obs.numpy()))
+    q_plain = torch.from_numpy(plain[1].host_inference()(obs.numpy()))
+    agree_off_ties(q_fast, q_plain)

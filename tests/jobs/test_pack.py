@@ -66,6 +66,7 @@ def assert_packed_equals_alone(tmp_path: Path, base: list[str], variants: list[l
     return jobs
 
 
+@pytest.mark.compat
 def test_dqn_members_differing_in_every_per_member_key_train_in_a_pack_as_alone(tmp_path):
     variants = [
         [],
@@ -214,13 +215,14 @@ GRID = [  # the stability grid's init x clipping x optimizer options
 @pytest.mark.parametrize(
     "base,variants",
     [
-        (
+        pytest.param(
             PPO,
             [
                 [],
                 ["optimizer=rmsprop", "clipping=none", "init=orthogonal"],
                 ["optimizer.lr=0.01", "regularization.l2=0.01", "algo.gamma=0.9", "algo.gae_lambda=0.8"],
             ],
+            marks=pytest.mark.compat,
         ),
         pytest.param(
             TD3,
@@ -232,10 +234,11 @@ GRID = [  # the stability grid's init x clipping x optimizer options
             [[], ["optimizer=rmsprop", "clipping=global_norm", "init=he"], ["algo.gamma=0.9", "algo.tau=0.05"]]
             + [["optimizer.lr=0.002", "regularization.l2=0.01"]],
         ),
-        (
+        pytest.param(
             MUZERO,
             [[], ["optimizer=rmsprop", "clipping=global_norm", "init=he"]]
             + [["optimizer.lr=0.002", "regularization.l2=0.01"]],
+            marks=pytest.mark.compat,
         ),
     ],
     ids=["ppo", "td3", "sac", "muzero_lite"],

@@ -19,6 +19,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+pytest.importorskip("rliable", reason="pip install -e '.[report]'")
+
 from launching import cli_env, read_wandb_records, read_wandb_run
 from PIL import Image
 from scipy.stats import trim_mean

@@ -15,7 +15,7 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
-from definitions import ref_activation
+from definitions import RMSNorm, ref_activation
 from omegaconf import OmegaConf
 from torch import nn
 
@@ -135,7 +135,8 @@ def twin_linear(layer: PopLinear, k: int) -> tuple[nn.Module, list]:
 
 
 def twin_norm(norm: nn.Module, k: int) -> tuple[nn.Module, list]:
-    """Member k's norm as nn.LayerNorm / nn.BatchNorm1d / nn.RMSNorm, and the tensor pairs."""
+    """Member k's norm as nn.LayerNorm / nn.BatchNorm1d / nn.RMSNorm (written out before torch 2.4), and the tensor
+    pairs."""
     width, dtype = norm.weight.shape[1], norm.weight.dtype
     if isinstance(norm, PopLayerNorm):
         twin = nn.LayerNorm(width, eps=norm.eps, dtype=dtype)
@@ -149,7 +150,9 @@ def twin_norm(norm: nn.Module, k: int) -> tuple[nn.Module, list]:
             (norm.running_var, twin.running_var),
         ]
     elif isinstance(norm, PopRMSNorm):
-        twin = nn.RMSNorm(width, eps=norm.eps, dtype=dtype)
+        twin = (
+            nn.RMSNorm(width, eps=norm.eps, dtype=dtype) if hasattr(nn, "RMSNorm") else RMSNorm(width, norm.eps, dtype)
+        )
         pairs = [(norm.weight, twin.weight)]
     else:
         raise KeyError(f"no torch.nn twin for {type(norm).__name__}")

@@ -19,6 +19,8 @@ from rlexp.config.schema import (
 from rlexp.nn.activations import ACTIVATIONS
 from rlexp.nn.nets import PopMLP, PopWeightNormLinear
 
+pytestmark = pytest.mark.compat  # bit for bit autograd's: the smoke subset run on the oldest and newest torch
+
 torch.set_num_threads(1)
 
 

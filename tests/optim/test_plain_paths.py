@@ -30,6 +30,8 @@ from rlexp.nn.nets import PopLayerNorm, PopLinear, PopMLP, hard_update_, plain_p
 from rlexp.optim.optimizers import RMSpropTF, TorchOptimizer, make_optimizer
 from rlexp.optim.pipeline import GradientPipeline, Health, PlainPipeline, gradient_pipeline
 
+pytestmark = pytest.mark.compat  # the fast paths' plain twins: the smoke subset run on the oldest and newest torch
+
 
 def forbid(monkeypatch: pytest.MonkeyPatch, *targets: tuple[object, str]) -> None:
     """Make each ``(owner, name)`` raise when called."""

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+pytest.importorskip("rliable", reason="pip install -e '.[report]'")
+
 from rliable import library, metrics
 from scipy.stats import trim_mean
 
