@@ -16,6 +16,8 @@ import pytest
 from launching import ROOT, cli_env, describe, job_dirs, read_json, read_jsonl, run_cli
 from test_checkpoints import assert_same_job, metrics
 
+pytestmark = pytest.mark.heavy  # the guide's sessions as written: CI runs them (-m heavy), not the default suite
+
 DOC = ROOT / "docs" / "extending.md"
 EXAMPLE = ROOT / "examples" / "rlexp_plugin_example"
 

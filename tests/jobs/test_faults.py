@@ -134,6 +134,7 @@ def test_a_held_job_dir_fails_that_job_of_a_multirun_and_the_others_run(tmp_path
     assert not (sweep / "1" / LOCK).exists()
 
 
+@pytest.mark.heavy
 def test_two_multiruns_into_one_sweep_dir_never_mix_their_grids(tmp_path, capsys):
     """A multirun holds its sweep dir: a second one, started while the first runs, is refused in one line
     naming it; once the first has stopped (SIGTERM after its first job's first record) a multirun of
@@ -224,6 +225,7 @@ def no_partial_files(root: Path) -> None:
         assert all(json.loads(line) for line in path.read_text().splitlines()), path
 
 
+@pytest.mark.heavy
 def test_a_full_disk_records_the_job_crashed_naming_the_file_and_resume_runs_it(small_fs, tmp_path):
     run_dir = small_fs / "run"
     args = [*FILLS, f"hydra.run.dir={run_dir}"]
@@ -242,6 +244,7 @@ def test_a_full_disk_records_the_job_crashed_naming_the_file_and_resume_runs_it(
     assert checked.stdout == "check: 1 jobs, 1 finished and intact; 0 problems\n", describe(checked)
 
 
+@pytest.mark.heavy
 def test_a_full_disk_in_a_checkpoint_names_the_checkpoint(small_fs, tmp_path):
     run_dir = small_fs / "run"
     args = [*FILLS, "checkpoint.every=500", "checkpoint.replay=true", "logger.mode=disabled"]
@@ -252,6 +255,7 @@ def test_a_full_disk_in_a_checkpoint_names_the_checkpoint(small_fs, tmp_path):
     assert not list(run_dir.rglob(".checkpoint.pt.*"))
 
 
+@pytest.mark.heavy
 def test_a_full_disk_in_a_multirun_records_the_job_and_attempts_the_others(small_fs, tmp_path):
     sweep = small_fs / "sweep"
     proc = run_cli(["-m", *FILLS, "logger.mode=disabled", "activation=relu,tanh,elu", f"hydra.sweep.dir={sweep}"],
@@ -391,6 +395,7 @@ def test_sigterm_stops_the_job_as_a_ctrl_c_does_and_records_it_terminated(tmp_pa
     check_finished_job(run_dir)
 
 
+@pytest.mark.heavy
 def test_sigterm_to_a_joblib_sweep_is_recorded_by_every_running_job_and_no_other_starts(tmp_path):
     """SIGTERM to the launcher's process (``timeout``, ``docker stop``) of a sweep whose jobs run in joblib's
     workers: each running job records it (crashed, ``Terminated: SIGTERM``, its W&B run closed, its lock

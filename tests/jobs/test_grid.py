@@ -203,6 +203,7 @@ def wait_for(paths: Sequence[Path], proc: subprocess.Popen, timeout: float = 300
         time.sleep(0.02)
 
 
+@pytest.mark.heavy
 def test_resume_after_a_kill_keeps_finished_jobs_and_completes_the_rest(tmp_path):
     sweep = tmp_path / "sweep"
     # a budget whose second half (3000 env steps of two members, learning) takes tenths of a second on a fast

@@ -42,6 +42,7 @@ def load_trials(sweep: Path):
     return optuna.load_study(study_name="optuna_dqn", storage=f"sqlite:///{sweep}/optuna.db").trials
 
 
+@pytest.mark.heavy
 def test_a_study_trains_batches_packed_fails_divergences_and_resumes(tmp_path):
     pytest.importorskip("optuna", reason=INSTALL)
     sweep = tmp_path / "sweep"

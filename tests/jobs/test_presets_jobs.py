@@ -38,6 +38,7 @@ def test_nan_hunt_with_tanh_does_not_diverge(tmp_path):
     assert job["counts"] == {"ok": 2, "diverged": 0, "crashed": 0}
 
 
+@pytest.mark.heavy
 def test_bench_smoke_writes_consistent_figures(tmp_path):
     """A tiny run of every section but packing (two grids of 24 jobs, minutes even tiny): each figure is
     measured, and each ratio is the one of its medians."""
