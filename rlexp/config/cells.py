@@ -27,8 +27,7 @@ MULTIRUN_YAML = "multirun.yaml"  # Hydra's record of the sweep, in the sweep dir
 
 def is_cell_key(key: str) -> bool:
     """True when ``key`` may name a cell: not in ``NON_CELL_KEYS`` (or under one), not the env, not Hydra's."""
-    non_cell = any(key == k or key.startswith(f"{k}.") for k in NON_CELL_KEYS)
-    return not non_cell and key not in TASK_KEYS and not key.startswith("hydra")
+    return not _under(key, NON_CELL_KEYS) and key not in TASK_KEYS and not key.startswith("hydra")
 
 
 def sweep_name(sweep_dir: Path) -> str:
@@ -68,6 +67,7 @@ def single_cell(choices: Mapping[str, Any], overrides: Any) -> str:
 
 
 def _under(key: str, prefixes: Sequence[str]) -> bool:
+    """True when ``key`` is one of ``prefixes`` or lies under one (``logger`` holds ``logger.mode``)."""
     return any(key == p or key.startswith(f"{p}.") for p in prefixes)
 
 
