@@ -48,6 +48,7 @@ from rlexp.config.schema import (
     NetworkConfig,
     NormalizationConfig,
     OptimizerConfig,
+    error_line,
 )
 from rlexp.diagnostics.instruments import HIDDEN_INSTRUMENTS, OWN_INSTRUMENTS
 from rlexp.diagnostics.interventions import INTERVENTIONS, Intervention
@@ -225,10 +226,7 @@ def _import(plugin: str, target: str) -> Callable[[Plugin], None]:
     try:
         module = importlib.import_module(module_name)
     except Exception as err:  # the plugin's own code: any error while importing it refuses it
-        first = (str(err).strip().splitlines() or [""])[0]
-        raise _refuse(
-            plugin, f"fails to import ({type(err).__name__}: {first})", "install it or put it on PYTHONPATH"
-        ) from None
+        raise _refuse(plugin, f"fails to import ({error_line(err)})", "install it or put it on PYTHONPATH") from None
     register = getattr(module, function or "register", None)
     if not callable(register):
         name = function or "register"
@@ -245,9 +243,8 @@ def _register(plugin: str, module: str, register: Callable[[Plugin], None]) -> N
     except PluginError as err:
         raise _refuse(plugin, err.problem, err.fix) from None
     except Exception as err:  # e.g. a spec built without one of its facts: TypeError, missing argument
-        first = (str(err).strip().splitlines() or [""])[0]
         fix = "declare every entry whole (docs/extending.md)"
-        raise _refuse(plugin, f"fails in register ({type(err).__name__}: {first})", fix) from None
+        raise _refuse(plugin, f"fails in register ({error_line(err)})", fix) from None
     for option in declared.options:
         registry = GROUPS[option.group].registry
         if registry is not None:

@@ -29,6 +29,12 @@ NON_CELL_KEYS = (
 )  # fmt: skip
 
 
+def error_line(err: BaseException) -> str:
+    """``<type>: <the first line of its message>`` of an error (its type alone repeated when it says nothing):
+    how a one-line refusal quotes an error raised by someone else's code."""
+    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [type(err).__name__])[0]}"
+
+
 class ConfigError(CompactHydraException):
     """A bad config value. Hydra prints its message as one line (no traceback) and exits non-zero."""
 

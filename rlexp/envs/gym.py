@@ -41,7 +41,7 @@ from gymnasium.wrappers import (
     TransformReward,
 )
 
-from rlexp.config.schema import ConfigError, EnvConfig
+from rlexp.config.schema import ConfigError, EnvConfig, error_line
 from rlexp.config.state import PLAIN, PerMember
 
 EXTRAS = {"box2d": "box2d", "mujoco": "mujoco"}  # gymnasium dependency name -> rlexp extra that installs it
@@ -162,10 +162,9 @@ def import_env_module(env_id: str) -> str:
     try:
         importlib.import_module(module)
     except Exception as err:  # the user's module: any error while importing it is the config's problem
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise ConfigError(
             "env.id",
-            f"cannot import module {module!r} of {env_id!r} ({type(err).__name__}: {first})",
+            f"cannot import module {module!r} of {env_id!r} ({error_line(err)})",
             "put the module on PYTHONPATH (env.id=module:EnvId imports it, then makes EnvId)",
         ) from None
     return name

@@ -36,7 +36,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlexp.config.schema import ConfigError, EnvConfig
+from rlexp.config.schema import ConfigError, EnvConfig, error_line
 from rlexp.config.state import PLAIN, PerMember
 from rlexp.envs.gym import TRAINING, EnvStep, PopulationEnv, env_seeds, episode_ends
 
@@ -120,10 +120,7 @@ def _own_world(cfg: EnvConfig, attribute: str) -> Any:
     try:
         imported = importlib.import_module(module)
     except Exception as err:  # the user's module: any error while importing it is the config's problem
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ConfigError(
-            "env.id", f"cannot import module {module!r} ({type(err).__name__}: {first})", "fix the module"
-        ) from None
+        raise ConfigError("env.id", f"cannot import module {module!r} ({error_line(err)})", "fix the module") from None
     world = getattr(imported, name, None)
     if world is None:
         raise ConfigError("env.id", f"module {module!r} has no {name}", f"define {name} in {module}")

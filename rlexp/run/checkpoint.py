@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlexp.config.schema import ConfigError
+from rlexp.config.schema import ConfigError, error_line
 from rlexp.config.state import PLAIN, PerMember, Shared, Stateful
 from rlexp.run.jobs import config_difference, space_checked
 
@@ -296,8 +296,7 @@ def read(path: Path, job_dir: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise CheckpointError(f"{name}: missing") from None
     except Exception as exc:  # cut off, garbage, a pickle of something else
-        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise CheckpointError(f"{name}: not a readable checkpoint ({type(exc).__name__}: {first_line})") from None
+        raise CheckpointError(f"{name}: not a readable checkpoint ({error_line(exc)})") from None
     written = content.get("format") if isinstance(content, dict) else None
     if isinstance(written, str) and written.startswith("rlexp-checkpoint/") and written != FORMAT:
         raise ConfigError(
