@@ -29,6 +29,7 @@ from rlexp.compose.plugins import load_plugins
 from rlexp.compose.registry import job_config, register
 from rlexp.config.schema import Config, ConfigError
 from rlexp.envs.gym import EVALUATION, PopulationEnv
+from rlexp.envs.shift import ShiftedEnv
 from rlexp.run.checkpoint import FILE, CheckpointError, Checkpoints, read, stack
 from rlexp.run.context import RunContext
 from rlexp.run.loggers import _fit, resolve_wandb_mode
@@ -106,6 +107,8 @@ def load_policy(run_dir: Path, paths: list[Path], episodes: int | None, video: b
         ctx.evaluator.env.close()
         env_cfg = dataclasses.replace(cfg.env, num_envs=cfg.eval.episodes, kwargs=kwargs)
         ctx.evaluator.env = PopulationEnv(env_cfg, ctx.seeds, EVALUATION)
+        if isinstance(ctx.env, ShiftedEnv):  # env.shift: the members' tasks, as the checkpoint restores them
+            ctx.evaluator.env = ShiftedEnv(ctx.evaluator.env, ctx.env.shift, counts=False)
     checkpoints = Checkpoints(run_dir, config, contents[0]["replay"])
     checkpoints.saved = stack([c["state"] for c in contents], contents[0]["shared"])
     ctx.checkpoints = checkpoints  # read only: checkpoint.every is 0

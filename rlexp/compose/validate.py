@@ -32,6 +32,7 @@ from rlexp.data.buffers import FrameStackReplay
 from rlexp.diagnostics.interventions import check_intervention
 from rlexp.envs.gym import check_env_id, frame_stack, make_env
 from rlexp.envs.marl import AgentSpace, MultiAgentPopulationEnv, check_marl_env, is_multi_agent
+from rlexp.envs.shift import check_shift, check_shift_spaces
 from rlexp.nn.activations import check_activation
 from rlexp.nn.init import check_init
 from rlexp.nn.nets import check_normalization
@@ -193,6 +194,7 @@ def validate(cfg: DictConfig) -> None:
             env.max_episode_steps,
             "an integer >= 1 (or null for the env's own limit)",
         )
+    check_shift(env.shift, env.id, is_multi_agent(env))
     diag, div, inject = cfg.diagnostics, cfg.divergence, cfg.debug.inject
     require(diag.every >= 0, "diagnostics.every", diag.every, "an integer >= 0 (0 = off)")
     require(diag.histogram_every >= 0, "diagnostics.histogram_every", diag.histogram_every, "an integer >= 0")
@@ -241,6 +243,8 @@ def validate(cfg: DictConfig) -> None:
         check_env_id(cfg.env.id)
     ALGOS[cfg.algo.name].check(cfg)
     obs_dim, action_dim, frames, stack = _validate_action_space(cfg)
+    if cfg.env.shift.kind != "none":  # a single-agent env (check_shift): its spaces, made once
+        check_shift_spaces(cfg.env.shift, cfg.env.id, env_spaces(cfg.env).kind, stack)
     check_resources(cfg, obs_dim, action_dim, frames, stack)
 
 

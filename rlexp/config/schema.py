@@ -565,6 +565,19 @@ class RewardNormConfig:
 
 
 @dataclass
+class ShiftConfig:
+    """A non-stationary task: the environment's world, seen through a permutation that changes (docs/plasticity.md)."""
+
+    kind: str = knob(
+        "none",
+        "none | permute_obs (each member's observation features in a fresh random order at each switch) | "
+        "permute_actions (discrete actions: the action indices' meanings in a fresh random order at each switch); "
+        "the first task is the identity; single-agent envs",
+    )
+    every: int = knob(10_000, "env steps per member between task switches")
+
+
+@dataclass
 class EnvConfig:
     """A gymnasium environment (one option per id)."""
 
@@ -586,6 +599,9 @@ class EnvConfig:
     )
     clip_reward: bool = knob(True, "atari (ALE/ ids): rewards clipped to their sign")
     episodic_life: bool = knob(True, "atari (ALE/ ids): a lost life ends the training episode (the game goes on)")
+    shift: ShiftConfig = knob(
+        ShiftConfig, "a non-stationary task: the world seen through a changing permutation (docs/plasticity.md)"
+    )
 
 
 # ---------------------------------------------------------------- evaluation

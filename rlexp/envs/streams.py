@@ -16,7 +16,8 @@ import torch
 
 def member_generator(member_seed: int, purpose: int) -> torch.Generator:
     """A CPU generator for one member and purpose (0 = weights, 1 = environments, 2 = stream,
-    3 = evaluation environments, 4 = evaluation stream, 10+ = networks, 100+ = interventions' fresh draws)."""
+    3 = evaluation environments, 4 = evaluation stream, 5 = task shifts, 10+ = networks,
+    100+ = interventions' fresh draws)."""
     state = np.random.SeedSequence([member_seed, purpose]).generate_state(1, dtype=np.uint64)[0]
     seed = int(state >> np.uint64(1))  # uint64 >> uint64: NumPy 1.x refuses uint64 >> int
     return torch.Generator().manual_seed(seed)

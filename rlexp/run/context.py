@@ -35,6 +35,7 @@ from rlexp.diagnostics.interventions import Interventions, Subject
 from rlexp.envs.gym import PopulationEnv
 from rlexp.envs.marl import MultiAgentPopulationEnv, MultiAgentStep, population_env
 from rlexp.envs.normalize import ObsNormalizer, RewardRange, RewardScaler
+from rlexp.envs.shift import ShiftedEnv, TaskShift
 from rlexp.envs.streams import MemberStreams, member_generator
 from rlexp.nn.nets import PopMLP, plain_paths, weight_parameters
 from rlexp.nn.networks import NETWORKS
@@ -80,7 +81,7 @@ class RunContext:
     cfg: Config  # the population's shared config (member 0's; its per-member keys: see member_cfgs)
     device: torch.device
     seeds: list[int]  # member k's seed: cfg.seed + k, or its cell's seed + its index in a pack
-    env: PopulationEnv | MultiAgentPopulationEnv  # P x E environments; numpy [P, E, ...] in and out, on the host
+    env: PopulationEnv | ShiftedEnv | MultiAgentPopulationEnv  # P x E environments; numpy [P, E, ...], on the host
     streams: MemberStreams  # each member's uniform numbers (actions, sampling, shuffling)
     obs_norm: ObsNormalizer  # identity unless obs_norm is on
     reward_norm: RewardScaler  # identity unless reward_norm is on
@@ -113,11 +114,14 @@ class RunContext:
             member_cfgs = initial_configs(cfg, len(seeds)) if cfg.pbt.interval > 0 else [cfg] * len(seeds)
         torch.manual_seed(cfg.seed)
         env = population_env(cfg.env, seeds, together=cfg.fast_paths)
+        shift = TaskShift.of(cfg.env.shift, env, seeds, cfg.total_steps)  # env.shift: None unless a kind is set
+        if shift is not None:
+            env = ShiftedEnv(env, shift, counts=True)
         gamma = member_values(member_cfgs, "algo.gamma")
         gamma = gamma[0] if len(set(gamma)) == 1 else np.array(gamma)[:, None]  # float or [P, 1]
         obs_norm = ObsNormalizer(cfg.obs_norm, len(seeds), env.obs_dim)
         reward_norm = RewardScaler(cfg.reward_norm, len(seeds), env.num_envs, gamma)
-        evaluator = Evaluator(cfg, seeds, obs_norm)
+        evaluator = Evaluator(cfg, seeds, obs_norm, shift)
         recorder = Recorder(cfg, env, seeds, device, obs_norm, reward_norm, evaluator, gamma)
         streams = MemberStreams(seeds)
         reward_range = RewardRange(len(seeds), cfg.algo.r_max)

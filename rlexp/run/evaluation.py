@@ -7,6 +7,9 @@ first episode only, so short episodes never crowd out long ones, and every evalu
 environment with the same seed (``env_seeds(member_seed, episodes, EVALUATION)``): a member meets
 the same start states at every evaluation, and members of equal seeds in different cells too.
 
+Under a task shift (``env.shift``) each member is evaluated on its current task, the permutation its
+training environments apply at the time of the evaluation.
+
 Evaluation touches nothing training reads: not the training environments, not the members' random
 streams (``eval.epsilon`` > 0 draws from a stream of its own), not the observation statistics
 (observations are normalized with the current ones, never folded in), not the networks' mode (they
@@ -26,6 +29,7 @@ from rlexp.config.schema import Config
 from rlexp.envs.gym import EVALUATION
 from rlexp.envs.marl import population_env
 from rlexp.envs.normalize import ObsNormalizer
+from rlexp.envs.shift import ShiftedEnv, TaskShift
 from rlexp.envs.streams import MemberStreams
 
 Policy = Callable[[np.ndarray], np.ndarray]  # normalized observations [P, N, obs] -> actions [P, N] or [P, N, A]
@@ -53,7 +57,10 @@ class Evaluation:
 class Evaluator:
     """The evaluation environments of a population and when they are played."""
 
-    def __init__(self, cfg: Config, member_seeds: list[int], obs_norm: ObsNormalizer) -> None:
+    def __init__(
+        self, cfg: Config, member_seeds: list[int], obs_norm: ObsNormalizer, shift: TaskShift | None = None
+    ) -> None:
+        """``shift``: training's task shift (env.shift), whose current task the evaluation environments see."""
         self.every = cfg.eval.every
         self.episodes = cfg.eval.episodes
         self.total_steps = cfg.total_steps
@@ -64,6 +71,8 @@ class Evaluator:
             # one environment per episode; whole games (Atari) with their own rewards
             env_cfg = dataclasses.replace(cfg.env, num_envs=self.episodes, episodic_life=False, clip_reward=False)
             self.env = population_env(env_cfg, member_seeds, EVALUATION, together=cfg.fast_paths)
+            if shift is not None:
+                self.env = ShiftedEnv(self.env, shift, counts=False)
         self._streams: MemberStreams | None = None  # made at the first draw (eval.epsilon > 0)
 
     def due(self, step: int, last_log_step: int) -> bool:

@@ -241,6 +241,7 @@ OUT_OF_DOMAIN: dict[str, str] = {
     "algo.policy_reg": "-1",
     "env.num_envs": "0",
     "env.max_episode_steps": "0",
+    "env.shift.every": "0",
     "divergence.q_bound_factor": "0",
     "divergence.grad_norm_bound": "-1",
     "divergence.patience": "0",

@@ -78,6 +78,23 @@ BAD_VALUES = {
     "tau_above_one": (["algo.tau=1.5"], "algo.tau", ["1.5"]),
     "muzero_lite_continuous_actions": (["algo=muzero_lite", "env=pendulum"], "algo", ["continuous action space"]),
     "env_id_typo": (["env.id=CartPole-v9"], "env.id", ["CartPole-v9", "CartPole-v1"]),
+    "shift_kind_unknown": (["env.shift.kind=permute_rewards"], "env.shift.kind", ["permute_rewards", "permute_obs"]),
+    "shift_every_zero": (["env.shift.kind=permute_obs", "env.shift.every=0"], "env.shift.every", ["0", ">= 1"]),
+    "shift_actions_of_a_continuous_env": (
+        ["algo=td3", "env=pendulum", "env.shift.kind=permute_actions"],
+        "env.shift.kind",
+        ["permute_actions needs discrete actions", "Pendulum-v1", "env.shift.kind=permute_obs"],
+    ),
+    "shift_obs_of_stacked_frames": (
+        ["env=atari_pong", "network=nature_cnn", "env.shift.kind=permute_obs"],
+        "env.shift.kind",
+        ["stacked frames", "env.shift.kind=permute_actions or none"],
+    ),
+    "shift_on_a_multi_agent_env": (
+        ["algo=maddpg", "env=simple_spread", "env.shift.kind=permute_obs"],
+        "env.shift.kind",
+        ["permute_obs", "multi-agent", "set it to none"],
+    ),
     "continuous_env_with_dqn": (["env.id=Pendulum-v1", "algo=dqn"], "algo", ["dqn", "cannot handle", "continuous"]),
     "batch_above_buffer": (["algo.batch_size=2000", "algo.buffer_size=1000"], "algo.batch_size", ["algo.buffer_size"]),
     "learning_starts_at_total": (

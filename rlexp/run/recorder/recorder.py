@@ -26,6 +26,7 @@ from rlexp.config.schema import Config
 from rlexp.diagnostics.instruments import Stats
 from rlexp.envs.gym import PopulationEnv
 from rlexp.envs.normalize import ObsNormalizer, RewardScaler
+from rlexp.envs.shift import ShiftedEnv
 from rlexp.nn.nets import PopMLP
 from rlexp.optim.pipeline import CAUSES, Health, UpdateStats
 from rlexp.run.evaluation import Evaluator, Policy
@@ -44,7 +45,7 @@ class Recorder:
     def __init__(
         self,
         cfg: Config,
-        env: PopulationEnv,
+        env: PopulationEnv | ShiftedEnv,
         seeds: list[int],
         device: torch.device,
         obs_norm: ObsNormalizer,
@@ -232,6 +233,7 @@ class Recorder:
         window, collapsed = self.window.take(step) if self.window is not None else ({}, {})
         instruments = self.metrics.take_instruments()
         counts = {name: values.tolist() for name, values in self.metrics.counts.items()}
+        shift = self.env.shift.metrics() if isinstance(self.env, ShiftedEnv) else {}  # env.shift: the current task
         for k in self.outputs.running():
             metrics: dict[str, Any] = {"perf/steps_per_s": sps, "train/updates": self.metrics.updates_total}
             metrics.update(self.metrics.noted(k))
@@ -248,6 +250,7 @@ class Recorder:
             metrics.update({name: float(values[k]) for name, values in window.items()})
             metrics.update(self.evaluations.metrics(k))
             metrics.update({name: values[k] for name, values in counts.items()})
+            metrics.update(shift)
             record = {name: values[k] for name, values in instruments.items()}
             metrics.update(record)
             if k in log.extra:
