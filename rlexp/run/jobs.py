@@ -14,6 +14,7 @@ steps and waits for its summaries (``DeferredInterrupts``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import json
@@ -27,6 +28,7 @@ import sys
 import tempfile
 import threading
 import traceback
+import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,9 +37,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import MISSING, DictConfig
 
-from rlexp.config.schema import NON_CELL_KEYS, SEED_KEYS, ConfigError
+from rlexp.config.schema import NON_CELL_KEYS, SEED_KEYS, Config, ConfigError
 
 FINISHED = ("ok", "diverged")
 STATUSES = (*FINISHED, "crashed")
@@ -393,14 +395,39 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def schema_default(key: str) -> Any:
+    """The default the config schema (``Config``) declares for a dotted key, or ``_ABSENT`` when the key
+    has none there (a group option's own key, a key of no field)."""
+    node: Any = Config
+    value: Any = _ABSENT
+    for name in key.split("."):
+        if not dataclasses.is_dataclass(node):
+            return _ABSENT
+        field = next((f for f in dataclasses.fields(node) if f.name == name), None)
+        if field is None:
+            return _ABSENT
+        if field.default is not dataclasses.MISSING and field.default != MISSING:  # MISSING: a group's choice
+            value = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            value = field.default_factory()
+        else:
+            value = _ABSENT
+        node = typing.get_type_hints(node)[name] if value is _ABSENT else value
+    return value
+
+
 def config_difference(
     recorded: dict[str, Any], current: dict[str, Any], ignore: Sequence[str] = ()
 ) -> tuple[str, Any, Any] | None:
     """The first key (dotted) whose value differs between two resolved configs, with both values;
-    None when they agree on every key outside ``RESUME_IGNORES`` and ``ignore``."""
+    None when they agree on every key outside ``RESUME_IGNORES`` and ``ignore``. A key the recorded
+    config lacks (a job started before rlexp had the option) agrees when the current value is the
+    schema's default: a new option's default keeps what the code did without it."""
     old, new = _flatten(recorded), _flatten(current)
     for key in sorted(set(old) | set(new)):
         if any(key == k or key.startswith(f"{k}.") for k in (*RESUME_IGNORES, *ignore)):
+            continue
+        if key not in old and new[key] == schema_default(key):
             continue
         if old.get(key, _ABSENT) != new.get(key, _ABSENT):
             return key, old.get(key, _ABSENT), new.get(key, _ABSENT)

@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from rlexp.config.schema import ConfigError
 from rlexp.report.main import find_job_dirs, load_job
 from rlexp.run.jobs import (
+    _ABSENT,
     CORRUPT,
     LOCK,
     RESERVE,
@@ -34,6 +35,7 @@ from rlexp.run.jobs import (
     is_finished,
     move_aside,
     release_dir,
+    schema_default,
     space_checked,
     start_job,
     write_json,
@@ -263,3 +265,16 @@ def test_resume_refuses_a_finished_job_of_another_config(tmp_path):
         start_job(tmp_path, config, resume=False)
     assert file_hashes(tmp_path) == before
     assert config_difference(config, {**config, "algo": {**config["algo"], "gamma": 0.5}})[0] == "algo.gamma"
+
+
+def test_a_key_the_recorded_job_lacks_agrees_only_at_its_schema_default():
+    """A job recorded before an option existed resumes when the option keeps its default (which keeps what
+    the code did without it), and not when it is set otherwise."""
+    config = OmegaConf.to_container(compose_config(), resolve=True)
+    recorded = {**config, "env": {k: v for k, v in config["env"].items() if k != "shift"}}
+    assert config["env"]["shift"] == {"kind": "none", "every": 10_000}  # the schema's defaults, written here
+    assert config_difference(recorded, config) is None
+    shifted = {**config, "env": {**config["env"], "shift": {"kind": "permute_obs", "every": 10_000}}}
+    assert config_difference(recorded, shifted) == ("env.shift.kind", _ABSENT, "permute_obs")
+    assert schema_default("algo.no_such_key") is _ABSENT  # a key of no schema field is never taken for a default
+    assert config_difference({**config, "algo": {}}, config)[0].startswith("algo.")  # an algo's keys do not vanish
