@@ -35,12 +35,21 @@ evaluation off (eval.episodes=0: the SB3 baselines do not evaluate; every sectio
                features extractor (conv 16 3x3 -> 128 -> actions) and the same settings (SB3's gradient
                clipping set out of reach: max_grad_norm 1e10); whole-process wall time of both.
 
+  minatar_population  rlexp DQN on MinAtar Breakout (the settings above) at num_seeds = 1 and 8, one torch
+               thread each: the loop's wall time; the figure is env steps/s per seed at P = 8 over P = 1's.
+  minatar_floor  the MinAtar DQN update (a batch of 32 through dqn_loss and the gradient pipeline, one
+               member, one thread) timed in a fresh process against its arithmetic floor: the update's
+               FLOPs (online and target forward, weight and input gradients) at the rate torch.bmm
+               reaches there on the network's largest layer, both measured in the same process.
+
 Optional sections, only with --only (they need the mujoco extra and take minutes a round):
 
   sac_mujoco_vs_sb3  rlexp SAC (population of 1) vs SB3 SAC on Hopper-v5 with rl-baselines3-zoo's
                settings (SB3's defaults: Adam 3e-4, batch 256, 256-256 ReLU, tau 0.005, alpha tuned;
                learning_starts 10000, scaled as DQN's below), --mujoco-steps env steps (default 5k);
                whole-process wall time of both.
+  td3_mujoco_population  rlexp TD3 on Hopper-v5 (256-256, learning_starts as above) at num_seeds = 1
+               and 5, one torch thread each: env steps/s per seed at P = 5 over P = 1's.
 
 Defaults: DQN 50k steps, PPO 100k steps, MinAtar 20k steps, populations 1 4 16 64, 5 repeats. --quick:
 DQN 10k steps, PPO 10k steps, MinAtar 5k steps, populations 1 16, 1 repeat (MinAtar's learning_starts:
@@ -52,8 +61,9 @@ Ratios (targets): dqn_speedup_vs_sb3 = sb3 / rlexp (>= 1.8); per_seed_throughput
 population's env steps/s at P=16 over P=1's, i.e. 16 x wall(P=1) / wall(P=16) (>= 4);
 diagnostics_overhead = default / off - 1 (<= 0.10); startup_to_first_step_s (<= 2.5 s);
 ppo_speedup_vs_sb3 = sb3 / rlexp (>= 1.5); packed_grid_speedup = unpacked / packed (>= 2.5: the grid's
-75 minutes to 30); sac_mujoco_speedup_vs_sb3 = sb3 / rlexp (>= 1.0); minatar_dqn_speedup_vs_sb3 = sb3 / rlexp
-(>= 1.0).
+75 minutes to 30); sac_mujoco_speedup_vs_sb3 = sb3 / rlexp (>= 1.8); minatar_dqn_speedup_vs_sb3 = sb3 / rlexp
+(>= 1.5); minatar_per_seed_p8_vs_p1 = 8 x wall(P=1) / wall(P=8) (>= 3); td3_mujoco_per_seed_p5_vs_p1 =
+5 x wall(P=1) / wall(P=5) (>= 1); minatar_update_over_floor = the update's time / its floor (<= 3).
 
 Besides each case, medians_s holds dqn_rlexp_loop and ppo_rlexp_loop (rlexp's loop-only wall time,
 from summary.json) and startup_process (the start-up runs, launch to exit). Peak RSS: the largest
@@ -83,8 +93,18 @@ from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("dqn_vs_sb3", "population", "diagnostics", "startup", "ppo_vs_sb3", "packing", "minatar_vs_sb3")
-OPTIONAL_SECTIONS = ("sac_mujoco_vs_sb3",)  # measured only when --only names them
+SECTIONS = (
+    "dqn_vs_sb3",
+    "population",
+    "diagnostics",
+    "startup",
+    "ppo_vs_sb3",
+    "packing",
+    "minatar_vs_sb3",
+    "minatar_population",
+    "minatar_floor",
+)
+OPTIONAL_SECTIONS = ("sac_mujoco_vs_sb3", "td3_mujoco_population")  # measured only when --only names them
 SB3_SECTIONS = ("dqn_vs_sb3", "ppo_vs_sb3", "sac_mujoco_vs_sb3", "minatar_vs_sb3")
 MINATAR_LEARNING_STARTS = 5_000  # conf/experiment/minatar_dqn.yaml
 SB3_FIX = 'pip install -e ".[bench]"'
@@ -99,9 +119,15 @@ TARGETS = {
     "startup_to_first_step_s": ("<=", 2.5),
     "ppo_speedup_vs_sb3": (">=", 1.5),
     "packed_grid_speedup": (">=", 2.5),
-    "sac_mujoco_speedup_vs_sb3": (">=", 1.0),
-    "minatar_dqn_speedup_vs_sb3": (">=", 1.0),
+    "sac_mujoco_speedup_vs_sb3": (">=", 1.8),
+    "minatar_dqn_speedup_vs_sb3": (">=", 1.5),
+    "minatar_per_seed_p8_vs_p1": (">=", 3.0),
+    "td3_mujoco_per_seed_p5_vs_p1": (">=", 1.0),
+    "minatar_update_over_floor": ("<=", 3.0),
 }
+MINATAR_POPULATION = 8  # minatar_population: P = 1 against P = this
+MUJOCO_POPULATION = 5  # td3_mujoco_population: P = 1 against P = this
+FLOOR_UPDATES = 200  # minatar_floor: updates per timing (the median of 5 timings)
 # the packing section's 24-cell slice of the stability grid: 2 network shapes x its 12 init x clipping x
 # optimizer cells, each a population of 8 seeds (the grid's own settings, a shorter budget)
 GRID_SLICE = ["activation=relu,tanh", "normalization=none"]
@@ -253,6 +279,7 @@ class Sample:
     rss_mb: float
     loop_s: float | None = None  # summary.json wall_s: the training loop (start-up excluded)
     startup_s: float | None = None  # launch to the first env step
+    floor_s: float | None = None  # minatar_floor: the update's arithmetic at the measured matmul rate
 
 
 def run_process(command: list[str], env: dict[str, str], workdir: Path) -> tuple[float, float, float]:
@@ -302,6 +329,95 @@ def sb3_run(algo: str, steps: int, seed: int, workdir: Path, learning_starts: in
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     _, wall, rss = run_process(sb3_command(algo, steps, seed, learning_starts), env, workdir)
     return Sample(process_s=wall, rss_mb=rss)
+
+
+def minatar_update_floor(members: int, updates: int) -> dict[str, float]:
+    """The MinAtar DQN update (``+experiment=minatar_dqn``: a batch of 32 through ``dqn_loss`` and the
+    gradient pipeline, as the training loop runs it, one torch thread) timed in this process, beside its
+    arithmetic floor: the update's multiply-adds (per member and sample: the online and the target
+    forward, the weight gradients and the input gradients of every layer but the first) at the rate this
+    machine's ``torch.bmm`` reaches on the network's largest layer. Seconds per update; FLOPs; GFLOP/s."""
+    import copy
+
+    import torch
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from rlexp.algos.dqn import dqn_loss
+    from rlexp.compose.registry import register
+    from rlexp.data.buffers import Batch
+    from rlexp.run.context import RunContext
+
+    torch.set_num_threads(1)
+    overrides = ["+experiment=minatar_dqn", f"num_seeds={members}", "logger.mode=disabled", "eval.episodes=0"]
+    register()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_object(compose(config_name="config", overrides=overrides))
+    ctx = RunContext.create(cfg, torch.device("cpu"))
+    n_actions, obs_dim, batch_size = int(ctx.env.action_space.n), ctx.env.obs_dim, cfg.algo.batch_size
+    q_net = ctx.make_net(obs_dim, n_actions)
+    target_net = copy.deepcopy(q_net).requires_grad_(False)
+    pipeline = ctx.make_pipeline(q_net)
+    written = q_net.written_backward and not pipeline.has_penalty
+    generator = torch.Generator().manual_seed(0)
+
+    def frames() -> torch.Tensor:
+        return (torch.rand(members, batch_size, obs_dim, generator=generator) < 0.1).float()  # [P, B, obs]
+
+    batch = Batch(
+        obs=frames(),
+        actions=torch.randint(n_actions, (members, batch_size), generator=generator),
+        rewards=(torch.rand(members, batch_size, generator=generator) < 0.05).float(),
+        next_obs=frames(),
+        terminated=torch.zeros(members, batch_size),
+    )
+    r_scale = torch.ones(members)
+
+    def update() -> None:
+        loss, _ = dqn_loss(q_net, target_net, batch, cfg.algo, r_scale, written, cfg.algo.gamma)
+        pipeline.step(loss, 0, written_backward=written)
+
+    def seconds(fn: Callable[[], object], n: int) -> float:
+        """The median of 5 timings of n calls, per call."""
+        for _ in range(max(1, n // 10)):
+            fn()
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            times.append((time.perf_counter() - start) / n)
+        return statistics.median(times)
+
+    update_s = seconds(update, updates)
+    macs = []  # per member and sample: each layer's multiply-adds
+    for layer in q_net.layers:
+        out, fan_in = layer.weight.shape[1:]
+        g = getattr(layer, "geometry", None)
+        macs.append(out * fan_in * (g.out_height * g.out_width if g is not None else 1))
+    flops = 2 * members * batch_size * (4 * sum(macs) - macs[0])  # online, target, weight grads, input grads
+    largest = max(q_net.layers, key=lambda layer: layer.weight[0].numel())
+    out, fan_in = largest.weight.shape[1:]
+    a, b = torch.rand(members, batch_size, fan_in), torch.rand(members, fan_in, out)
+    matmul_s = seconds(lambda: torch.bmm(a, b), updates)
+    rate = 2 * members * batch_size * fan_in * out / matmul_s  # FLOP/s
+    ctx.env.close(), ctx.evaluator.close()
+    return {"update_s": update_s, "floor_s": flops / rate, "flops": flops, "matmul_gflops": rate / 1e9}
+
+
+def floor_command(members: int, updates: int) -> list[str]:
+    """The command line of a floor measurement: this script's internal --floor sub-command."""
+    return [sys.executable, str(Path(__file__).resolve()), "--floor", str(members), "--steps", str(updates)]
+
+
+def floor_run(members: int, updates: int, workdir: Path) -> Sample:
+    """One floor measurement in a fresh process (``minatar_update_floor``; its JSON on stdout)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(floor_command(members, updates), env=env, cwd=workdir, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench.py: the floor measurement failed\n{proc.stderr[-2000:]}")
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    return Sample(process_s=found["update_s"], rss_mb=0.0, floor_s=found["floor_s"])
 
 
 def grid_command(overrides: list[str], sweep_dir: Path) -> list[str]:
@@ -489,6 +605,25 @@ def build_cases(
             sb3_case("minatar_dqn", minatar_steps, starts),
             sb3_command("minatar_dqn", minatar_steps, 0, starts),
         )
+    if "minatar_population" in sections:
+        starts = min(MINATAR_LEARNING_STARTS, minatar_steps // 5)
+        for p in (1, MINATAR_POPULATION):
+            over = ["+experiment=minatar_dqn", f"total_steps={minatar_steps}", f"algo.learning_starts={starts}"]
+            over += [f"num_seeds={p}", "threads=1"]
+            add(f"minatar_p{p}", loop, rlexp_case(over), rlexp_command(over, "disabled"))
+    if "td3_mujoco_population" in sections:
+        starts = scaled_learning_starts(mujoco_steps, ZOO_MUJOCO_LEARNING_STARTS)
+        for p in (1, MUJOCO_POPULATION):
+            over = ["algo=td3", "env=hopper", "network.hidden=[256,256]", f"total_steps={mujoco_steps}"]
+            over += [f"algo.learning_starts={starts}", f"num_seeds={p}", "threads=1"]
+            add(f"td3_mujoco_p{p}", loop, rlexp_case(over), rlexp_command(over, "disabled"))
+    if "minatar_floor" in sections:
+        add(
+            "minatar_update",
+            whole,
+            lambda r: floor_run(1, FLOOR_UPDATES, workdir),
+            floor_command(1, FLOOR_UPDATES),
+        )
     return cases, commands
 
 
@@ -498,6 +633,11 @@ def ratios_of(medians: dict[str, float]) -> dict[str, float | None]:
 
     def div(a: str, b: str) -> float | None:
         return medians[a] / medians[b] if a in medians and b in medians else None
+
+    def per_seed(case: str, members: int) -> float | None:
+        """A population's env steps/s per seed over one seed's: members x wall(P = 1) / wall(P = members)."""
+        ratio = div(f"{case}_p1", f"{case}_p{members}")
+        return None if ratio is None else members * ratio
 
     throughput = div("population_p1", "population_p16")  # wall(1) / wall(16): same steps per seed
     overhead = div("diagnostics_default", "diagnostics_off")
@@ -510,6 +650,9 @@ def ratios_of(medians: dict[str, float]) -> dict[str, float | None]:
         "packed_grid_speedup": div("grid24_unpacked", "grid24_packed"),
         "sac_mujoco_speedup_vs_sb3": div("sac_mujoco_sb3", "sac_mujoco_rlexp"),
         "minatar_dqn_speedup_vs_sb3": div("minatar_sb3", "minatar_rlexp"),
+        "minatar_per_seed_p8_vs_p1": per_seed("minatar", MINATAR_POPULATION),
+        "td3_mujoco_per_seed_p5_vs_p1": per_seed("td3_mujoco", MUJOCO_POPULATION),
+        "minatar_update_over_floor": div("minatar_update", "minatar_floor"),
     }
 
 
@@ -572,7 +715,7 @@ def print_table(
     print(f"\n{'case':24s} {'median s':>9s}  samples s")
     for name, value in medians.items():
         extra = f"  (peak RSS {rss[name[len('population_p') :]]:.0f} MB)" if name.startswith("population_p") else ""
-        print(f"{name:24s} {value:9.2f}  {' '.join(f'{v:.2f}' for v in samples[name])}{extra}")
+        print(f"{name:24s} {value:9.4g}  {' '.join(f'{v:.4g}' for v in samples[name])}{extra}")
     print(f"\n{'figure':32s} {'value':>8s}  {'target':>8s}  verdict  {'per round':>9s}")
     for name, value in ratios.items():
         op, target = TARGETS[name]
@@ -628,6 +771,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench.json")
     sb3_runs = ("dqn", "ppo", "sac_hopper", "minatar_dqn")
     parser.add_argument("--sb3", choices=sb3_runs, help=argparse.SUPPRESS)  # internal: one SB3 run
+    parser.add_argument("--floor", type=int, help=argparse.SUPPRESS)  # internal: one floor measurement, P members
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--learning-starts", type=int, default=CLEANRL_LEARNING_STARTS, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -641,6 +785,9 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
+    if args.floor:
+        print(json.dumps(minatar_update_floor(args.floor, args.steps or FLOOR_UPDATES)))
+        return 0
     if args.sb3:
         if args.sb3 == "dqn":
             sb3_dqn(args.steps, args.seed, args.learning_starts)
@@ -691,6 +838,8 @@ def main() -> int:
                     extra.setdefault(f"{name}_loop", []).append(sample.loop_s)
                 if name == "startup_to_first_step":
                     extra.setdefault("startup_process", []).append(sample.process_s)
+                if name == "minatar_update":
+                    extra.setdefault("minatar_floor", []).append(sample.floor_s)
                 if name in ("grid24_unpacked", "grid24_packed"):
                     extra.setdefault(f"{name}_loop", []).append(sample.loop_s)
                 if name.startswith("population_p"):

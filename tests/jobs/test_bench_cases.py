@@ -15,7 +15,7 @@ def test_a_sections_runs_do_not_depend_on_the_other_sections(monkeypatch, tmp_pa
     bench = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "bench", bench)  # its dataclasses look their module up
     spec.loader.exec_module(bench)
-    for runner in ("rlexp_run", "sb3_run", "grid_run"):  # each run records what it would start
+    for runner in ("rlexp_run", "sb3_run", "grid_run", "floor_run"):  # each run records what it would start
         monkeypatch.setattr(bench, runner, lambda *args, runner=runner, **kwargs: (runner, args, kwargs))
     sizes = dict(steps=3000, ppo_steps=2048, minatar_steps=5000, populations=[1, 16], threads=1, workdir=tmp_path)
     sizes |= dict(pack_steps=2000, pack_populations=(1, 12), mujoco_steps=2000)  # MinAtar and SAC: other starts
