@@ -74,8 +74,6 @@ class SubmititBackend:
         import submitit
 
         executor = submitit.AutoExecutor(folder=str(self.folder / "%j"), cluster=self.cluster)  # a dir per job
-        with contextlib.suppress(OSError):
-            (self.folder / "%j").rmdir()  # the executor makes the pattern's own dir too
         executor.update_parameters(**self.parameters)
         jobs = executor.map_array(fn, list(tasks))
         results: list[Any] = []
@@ -84,6 +82,8 @@ class SubmititBackend:
                 results.append(job.result())
             except Exception as exc:  # killed, timed out, lost: its pack's cells fail, the others go on
                 results.append(Failure(f"submitit job {job.job_id}: {_one_line(exc)}"))
+        with contextlib.suppress(OSError):
+            (self.folder / "%j").rmdir()  # submitit makes the pattern's own dir too, and leaves it empty
         return results
 
 

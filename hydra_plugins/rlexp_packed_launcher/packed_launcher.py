@@ -61,17 +61,24 @@ class PackedLauncher(Launcher):
         self.hydra_context: HydraContext | None = None
         self.backend: Backend | None = None
 
+    @staticmethod
+    def check_settings(conf: DictConfig, sweep_dir: Path) -> Backend:
+        """The backend ``conf`` (the launcher's config) names, its settings checked: a ConfigError naming
+        the key, the value and the fix, before anything is written (``rlexp.cli.check_command_line``
+        calls it before Hydra starts)."""
+        from rlexp.config.schema import ConfigError
+
+        if conf.max_members < 1:
+            raise ConfigError("hydra.launcher.max_members", f"{conf.max_members} is below 1", "give a value >= 1")
+        return backend(conf, sweep_dir)
+
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        """Check the launcher's settings before anything is written (one line, exit code 2), and compose
-        every job's config through ``SweepComposer`` from now on (Hydra's sweeper checks each with it)."""
+        """Check the launcher's settings (one line, exit code 2), and compose every job's config through
+        ``SweepComposer`` from now on (Hydra's sweeper checks each with it)."""
         from rlexp.config.schema import ConfigError
 
         try:
-            if self.conf.max_members < 1:
-                raise ConfigError(
-                    "hydra.launcher.max_members", f"{self.conf.max_members} is below 1", "give a value >= 1"
-                )
-            self.backend = backend(self.conf, Path(str(config.hydra.sweep.dir)))
+            self.backend = self.check_settings(self.conf, Path(str(config.hydra.sweep.dir)))
         except ConfigError as err:
             print(err, file=sys.stderr, flush=True)
             raise SystemExit(2) from None
