@@ -87,10 +87,18 @@ class PackedLauncher(Launcher):
         hydra_context.config_loader.load_sweep_config = self.composer.check  # type: ignore[method-assign]
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        assert self.config is not None and self.hydra_context is not None and self.backend is not None
+        loader = self.hydra_context.config_loader
+        vars(loader).pop("load_sweep_config", None)  # Hydra's own in the tasks' pickled context
+        try:
+            return self._launch(job_overrides, initial_job_idx)
+        finally:
+            loader.load_sweep_config = self.composer.check  # type: ignore[method-assign]  # the next batch's check
+
+    def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
         from rlexp.run.pack import plan
 
-        assert self.config is not None and self.hydra_context is not None and self.backend is not None
-        vars(self.hydra_context.config_loader).pop("load_sweep_config", None)  # Hydra's own again (for the workers)
+        assert self.config is not None and self.backend is not None
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         jobs = [self._plan(list(o), initial_job_idx + i) for i, o in enumerate(job_overrides)]
@@ -102,7 +110,7 @@ class PackedLauncher(Launcher):
             flush=True,
         )
         if self.conf.dry_run:
-            self._print_plan(packs, len(jobs) - len(todo))
+            self._end_dry_run(packs, len(jobs) - len(todo))
         outcome: dict[int, CellResult] = {}
         finished = [job for job in jobs if job.finished]
         if finished:  # resume: their recorded summaries, each cell's "is finished" line
@@ -139,8 +147,8 @@ class PackedLauncher(Launcher):
         whole = {spec.num: self.composer.config(self.config, spec) for spec in alone}
         return PackTask([job.spec for job in jobs], structures, whole, self.hydra_context, Singleton.get_state())
 
-    def _print_plan(self, packs: list[list[Planned]], finished: int) -> None:
-        """The dry run's output: one line per pack (its members and its jobs), then what was written."""
+    def _end_dry_run(self, packs: list[list[Planned]], finished: int) -> None:
+        """Print the plan, one line per pack (its members and its jobs), and what was written; exit 0."""
         from rlexp.cli import SweepSummary
 
         assert self.config is not None

@@ -13,6 +13,7 @@ packs a multirun's jobs with it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ def pack_key(cfg: DictConfig, member_keys: tuple[str, ...]) -> str:
 class PackEntry:
     """What planning reads of a cell's config (a grid's launcher keeps this, not the config)."""
 
-    key: str  # pack_key
+    key: str  # sha-256 of its pack_key (a grid of 10^5 cells keeps 64 characters of each)
     members: int  # num_seeds
     order: str  # its optimizer and clipping configs: equal ones sit side by side in a pack
     work: int  # estimated work per member: env steps x the components of the network's layers
@@ -56,7 +57,8 @@ def pack_entry(cfg: DictConfig, member_keys: tuple[str, ...]) -> PackEntry:
     per_layer = 2 + (cfg.normalization.name != "none")
     components = per_layer * len(cfg.network.hidden) + 1  # + the output layer
     order = repr(cfg.optimizer) + repr(cfg.clipping)
-    return PackEntry(pack_key(cfg, member_keys), int(cfg.num_seeds), order, int(cfg.total_steps) * components)
+    key = hashlib.sha256(pack_key(cfg, member_keys).encode()).hexdigest()
+    return PackEntry(key, int(cfg.num_seeds), order, int(cfg.total_steps) * components)
 
 
 def plan(entries: list[PackEntry], max_members: int) -> list[list[int]]:
