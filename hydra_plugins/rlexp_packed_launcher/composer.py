@@ -7,9 +7,8 @@ through that composition, and on its other overrides (``optimizer.lr=0.01``, ``s
 composes each distinct list of group overrides (a *structure*) once, with Hydra, and makes a job's config
 from its structure's: the value overrides applied by Hydra's own function, then what Hydra sets per job
 (the task overrides, ``hydra.job.override_dirname``; the structure holds the master config's resolver
-cache). A job whose
-sweep overrides hold a ``hydra.`` key is composed by Hydra whole. ``tests/jobs/test_launch_cost.py``
-checks every job's config against Hydra's, key for key and flag for flag.
+cache). A job whose sweep overrides hold a ``hydra.`` key is composed by Hydra whole.
+``tests/plugins/test_packed_launcher.py`` checks every job's config against Hydra's.
 """
 
 import copy

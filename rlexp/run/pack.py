@@ -48,7 +48,7 @@ class PackEntry:
 
     key: str  # sha-256 of its pack_key (a grid of 10^5 cells keeps 64 characters of each)
     members: int  # num_seeds
-    order: str  # its optimizer and clipping configs: equal ones sit side by side in a pack
+    order: tuple[str, str]  # its optimizer and clipping configs: equal ones sit side by side in a pack
     work: int  # estimated work per member: env steps x the components of the network's layers
 
 
@@ -56,7 +56,7 @@ def pack_entry(cfg: DictConfig, member_keys: tuple[str, ...]) -> PackEntry:
     """``cfg``'s ``PackEntry`` (``member_keys``: its algorithm's per-member keys)."""
     per_layer = 2 + (cfg.normalization.name != "none")
     components = per_layer * len(cfg.network.hidden) + 1  # + the output layer
-    order = repr(cfg.optimizer) + repr(cfg.clipping)
+    order = (repr(cfg.optimizer), repr(cfg.clipping))
     key = hashlib.sha256(pack_key(cfg, member_keys).encode()).hexdigest()
     return PackEntry(key, int(cfg.num_seeds), order, int(cfg.total_steps) * components)
 
