@@ -264,6 +264,7 @@ def check_command_line(argv: Sequence[str], conf_dir: Path) -> None:
                 )
             check_config(base)
             return
+        check_launcher(base)
         params = base.hydra.sweeper.get("params")
         params = OmegaConf.to_container(params) if isinstance(params, DictConfig) else {}
         sweep = [f"{k}={v}" for k, v in params.items()] + overrides
@@ -273,6 +274,20 @@ def check_command_line(argv: Sequence[str], conf_dir: Path) -> None:
             raise translate(err, sweep, lambda key: base) from None
         for job in jobs:
             check_config(composed(job))
+
+
+def check_launcher(config: DictConfig) -> None:
+    """A multirun's launcher checks its own settings before Hydra starts, when its class offers
+    ``check_settings(conf, sweep_dir)`` (rlexp_packed: its backend, ``max_members``): a ConfigError."""
+    from hydra.utils import get_class
+
+    try:
+        launcher = get_class(str(config.hydra.launcher._target_))
+    except Exception:  # a plugin not installed: Hydra's composition names it
+        return
+    check = getattr(launcher, "check_settings", None)
+    if check is not None:
+        check(config.hydra.launcher, Path(str(config.hydra.sweep.dir)))
 
 
 def needs_whole_check(argv: Sequence[str]) -> bool:

@@ -8,14 +8,19 @@ be the same, bit for bit, in both.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import shutil
+import signal
+import tempfile
 from pathlib import Path
 
 import pytest
 from composing import compose_config
-from launching import describe, file_hashes, job_dirs, message_lines, read_json, read_jsonl, run_cli
-from test_grid import CRASH, CRASHED, SMALL, check_crashed_job, check_finished_job
+from launching import Launch, describe, file_hashes, job_dirs, message_lines, read_json, read_jsonl, run_cli
+from omegaconf import OmegaConf
+from test_grid import CRASH, CRASHED, SMALL, check_crashed_job, check_finished_job, wait_for
 
 from rlexp.algos import ALGOS
 from rlexp.run.pack import Cell, plan_packs, run_pack
@@ -302,3 +307,134 @@ def test_packed_launcher_refuses_max_members_below_one(tmp_path):
         describe(proc)
     )
     assert not list((tmp_path / "s").glob("*/summary.json"))
+
+
+@pytest.mark.parametrize(
+    "setting,line",
+    [
+        (
+            "hydra.launcher.backend=joblibb",
+            "config error: hydra.launcher.backend: unknown backend 'joblibb'; "
+            "use one of: local, submitit_local, slurm, ray",
+        ),
+        (
+            "hydra.launcher.backend=ray",  # the ray extra lives in its own environment, never in dev
+            "config error: hydra.launcher.backend: ray needs ray, which is not installed; pip install -e '.[ray]'",
+        ),
+    ],
+    ids=["unknown", "missing_extra"],
+)
+def test_packed_launcher_refuses_a_bad_backend_in_one_line_writing_nothing(tmp_path, setting, line):
+    if "ray" in setting and importlib.util.find_spec("ray") is not None:
+        pytest.skip("ray is installed here")
+    proc = run_cli([*SMALL, *PACKED, setting, f"hydra.sweep.dir={tmp_path / 's'}"], tmp_path)
+    assert proc.returncode == 2 and message_lines(proc) == [line], describe(proc)
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_dry_run_prints_the_plan_and_makes_no_job_dir(tmp_path):
+    sweep = tmp_path / "s"
+    proc = run_cli([*SMALL, *PACKED, "hydra.launcher.dry_run=true", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    assert message_lines(proc) == [
+        "rlexp_packed: 4 jobs in 2 packs (max_members=96, backend=local)",
+        "pack 1: 4 members, 2 cells: jobs 1, 0",  # relu: global_norm, then none (clipping in order)
+        "pack 2: 4 members, 2 cells: jobs 3, 2",
+        f"dry run: nothing trained, no job dir made; written: {sweep}/multirun.yaml",
+    ], describe(proc)
+    assert sorted(p.name for p in sweep.iterdir()) == ["multirun.yaml"]
+
+
+# ====================================================================== packs as submitit jobs
+SUBMITIT = ["hydra/launcher=rlexp_packed", "hydra.launcher.backend=submitit_local", "logger.mode=disabled"]
+
+
+def assert_each_cell_as_alone(sweep: Path, tmp_path: Path) -> None:
+    """Each job dir of ``sweep``: its members' records equal those of the cell's own job, trained alone."""
+    for job_dir in job_dirs(sweep):
+        overrides = [str(x) for x in OmegaConf.load(job_dir / ".hydra" / "overrides.yaml")]
+        alone = tmp_path / "alone" / job_dir.name
+        run_population(compose_config(overrides), alone, prepare, read_json(job_dir / "summary.json")["cell"])
+        for k in range(2):
+            rows, summary = member_records(job_dir, k)
+            assert rows and (rows, summary) == member_records(alone, k), (job_dir, k)
+
+
+def test_packs_as_submitit_jobs_train_each_member_as_its_own_job(tmp_path):
+    """The small grid's relu cells as one pack, a submitit job of its own (submitit's local executor):
+    every job dir written as its own job writes it, each member bitwise as alone."""
+    sweep = tmp_path / "sweep"
+    proc = run_cli([*SMALL, *SUBMITIT, "activation=relu", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    assert "2 jobs in 1 packs" in proc.stdout, describe(proc)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(str(sweep))]
+    assert sorted(ln.split(":")[0] for ln in lines) == [str(sweep / "0"), str(sweep / "1")]  # one line per cell
+    for job_dir in job_dirs(sweep):
+        assert check_finished_job(job_dir)["packed_with"] == 2
+        assert (job_dir / ".hydra" / "config.yaml").is_file() and (job_dir / ".hydra" / "hydra.yaml").is_file()
+    assert len(list((sweep / ".submitit").iterdir())) == 1  # one submitit job: the pack
+    assert_each_cell_as_alone(sweep, tmp_path)
+
+
+@pytest.mark.heavy
+def test_a_killed_submitit_pack_runs_again_on_resume_and_no_other_packs_file_changes(tmp_path):
+    """Two packs (relu, tanh) of two cells, each a submitit job: the tanh pack's job is killed (SIGKILL)
+    once it has written records; its cells fail, the relu pack ends. resume=true runs the tanh cells again
+    (the killed attempts moved aside) and leaves every file of the relu cells as it was, bytes and mtimes;
+    every member ends as in its own job."""
+    sweep = tmp_path / "sweep"
+    budget = ["total_steps=2000", "algo.learning_starts=200", "logger.log_every=1000", "logger.progress=off"]
+    args = ["+experiment=stability_grid_small", *budget, *SUBMITIT, "clipping=none", "init=he,xavier"]
+    args.append(f"hydra.sweep.dir={sweep}")
+    first = Launch(args, tmp_path / "first")
+    try:
+        rows = sweep / "2" / "seed_0" / "metrics.jsonl"  # job 2: activation=tanh, init=he
+        wait_for([rows], first.proc)
+        pid = json.loads((sweep / "2" / ".lock").read_bytes().split(b"\0", 1)[0])["pid"]
+        os.kill(pid, signal.SIGKILL)  # the tanh pack's submitit job (a child of the grid's process)
+        killed = first.result()
+    finally:
+        first.stop()
+    assert killed.returncode != 0 and "a pack of 2 cells failed: submitit job" in killed.stderr, describe(killed)
+    relu = [sweep / "0", sweep / "1"]
+    kept = {d: (file_hashes(d), {p: p.stat().st_mtime_ns for p in d.rglob("*")}) for d in relu}
+    assert all(check_finished_job(d)["choices"]["activation"] == "relu" for d in relu)
+    assert not (sweep / "2" / "summary.json").exists() and not (sweep / "3" / "summary.json").exists()
+
+    again = run_cli([*args, "resume=true"], tmp_path / "second")
+    assert again.returncode == 0 and "2 jobs in 1 packs" in again.stdout, describe(again)
+    assert {d: (file_hashes(d), {p: p.stat().st_mtime_ns for p in d.rglob("*")}) for d in relu} == kept
+    assert (sweep / "2" / "attempt_1" / "seed_0" / "metrics.jsonl").is_file()  # the killed attempt, kept
+    assert_each_cell_as_alone(sweep, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not importlib.util.find_spec("ray"),
+    reason="needs the ray extra in its own environment (python -m venv; pip install -e '.[ray]' pytest; see .ci/run)",
+)
+def test_packs_as_ray_tasks_train_each_member_as_its_own_job_and_isolate_a_crash(tmp_path):
+    """The small grid, each cell as is and forced to crash, as four packs (activation x crash), each a
+    task of a local Ray cluster (Ray's files under tmp dirs, as tests/jobs/test_grid.py's Ray test)."""
+    sweep = tmp_path / "sweep"
+    ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    args = [*SMALL, "hydra/launcher=rlexp_packed", "hydra.launcher.backend=ray", "logger.mode=disabled"]
+    try:
+        proc = run_cli(
+            [*args, "debug.crash_at_step=-1,400", f"hydra.sweep.dir={sweep}"],
+            tmp_path,
+            HOME=str(tmp_path / "home"),
+            RAY_TMPDIR=ray_tmp,
+        )
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert proc.returncode != 0 and "8 jobs in 4 packs" in proc.stdout, describe(proc)  # the crashed cells fail
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(str(sweep))]
+    assert sorted(ln.split(":")[0] for ln in lines) == sorted(str(d) for d in job_dirs(sweep))  # one per cell
+    crashed = [d for d in job_dirs(sweep) if CRASH in read_json(d / "summary.json")["cell"]]
+    assert len(crashed) == 4 and all(check_crashed_job(d, CRASHED)["packed_with"] == 2 for d in crashed)
+    fine = [d for d in job_dirs(sweep) if d not in crashed]
+    assert all(check_finished_job(d)["packed_with"] == 2 and (d / ".hydra" / "hydra.yaml").is_file() for d in fine)
+    for d in crashed:
+        shutil.rmtree(d)
+    assert_each_cell_as_alone(sweep, tmp_path)
