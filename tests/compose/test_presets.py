@@ -108,6 +108,26 @@ def test_small_grid_preset_is_a_few_cells_with_a_tiny_budget():
     assert (cfg.num_seeds, cfg.total_steps, cfg.algo.learning_starts) == (SEEDS, 2000, 200)
 
 
+FINDINGS = sorted(p.stem for p in (CONF / "experiment" / "finding").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", FINDINGS)
+def test_finding_preset_is_a_packed_multirun_documented_on_the_findings_page(name):
+    """Each finding: a multirun of its own, packed, in outputs/findings/<name>, valid, its header citing
+    the published claim and pointing at docs/findings.md, which gives its command."""
+    cfg = compose_hydra([f"+experiment=finding/{name}"], return_hydra_config=True)
+    assert cfg.hydra.mode.name == "MULTIRUN"
+    assert cfg.hydra.sweep.dir == f"outputs/findings/{name}"
+    assert cfg.hydra.launcher._target_.endswith(".PackedLauncher")
+    assert len(cfg.hydra.sweeper.params) >= 1
+    validate(compose_config([f"+experiment=finding/{name}"]))
+    header = (CONF / "experiment" / "finding" / f"{name}.yaml").read_text().split("defaults:")[0]
+    assert "Finding:" in header and "docs/findings.md" in header
+    assert any(str(year) in header for year in range(2010, 2026))  # the claim's citation
+    assert f"python -m rlexp.train +experiment=finding/{name}" in header
+    assert f"+experiment=finding/{name}" in (ROOT / "docs" / "findings.md").read_text()
+
+
 def test_resume_does_not_change_the_cell():
     cfg = compose_hydra(["resume=true"], return_hydra_config=True)
     assert cfg.resume is True

@@ -2,13 +2,15 @@
 run writes consistent figures."""
 
 import json
+import math
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from composing import compose_config
+from composing import compose_config, compose_hydra
+from launching import run_cli
 
 from rlexp.train import run_job
 
@@ -36,6 +38,32 @@ def test_nan_hunt_really_diverges_and_is_located(tmp_path):
 def test_nan_hunt_with_tanh_does_not_diverge(tmp_path):
     job = _short("nan_hunt/tanh", tmp_path)
     assert job["counts"] == {"ok": 2, "diverged": 0, "crashed": 0}
+
+
+FINDINGS = sorted(p.stem for p in (ROOT / "conf" / "experiment" / "finding").glob("*.yaml"))
+TINY = ["total_steps=400", "algo.learning_starts=100", "num_seeds=2", "logger.log_every=200", "logger.mode=disabled"]
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("name", FINDINGS)
+def test_finding_runs_as_written_at_a_tiny_budget(name, tmp_path):
+    """Each finding's command as docs/findings.md gives it, at a tiny budget: every cell of its grid trains
+    and writes its summary. A swept key with more than two values keeps its first (the grids' 192 cells
+    would take minutes even tiny)."""
+    sweep = tmp_path / "sweep"
+    params = compose_hydra([f"+experiment=finding/{name}"], return_hydra_config=True).hydra.sweeper.params
+    values = {key: str(v).split(",") for key, v in params.items()}
+    values = {key: v if len(v) <= 2 else v[:1] for key, v in values.items()}
+    narrowed = [f"{key}={','.join(v)}" for key, v in values.items() if len(v) == 1]
+    args = [f"+experiment=finding/{name}", *TINY, *narrowed, "logger.progress=off", f"hydra.sweep.dir={sweep}"]
+    proc = run_cli(args, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    expected = math.prod(len(v) for v in values.values())
+    summaries = sorted(sweep.glob("*/summary.json"))
+    assert len(summaries) == expected
+    for path in summaries:
+        job = json.loads(path.read_text())
+        assert job["counts"]["crashed"] == 0 and sum(job["counts"].values()) == 2
 
 
 @pytest.mark.heavy
@@ -66,6 +94,8 @@ def test_bench_smoke_writes_consistent_figures(tmp_path):
             "startup",
             "ppo_vs_sb3",
             "minatar_vs_sb3",
+            "minatar_population",
+            "minatar_floor",
             "--out",
             str(out),
         ],
@@ -92,6 +122,10 @@ def test_bench_smoke_writes_consistent_figures(tmp_path):
         "minatar_rlexp",
         "minatar_rlexp_loop",
         "minatar_sb3",
+        "minatar_p1",
+        "minatar_p8",
+        "minatar_update",
+        "minatar_floor",
     }
     assert all(v > 0 for v in medians.values())
     assert all(samples[name] == [value] for name, value in medians.items())  # one repeat: the median is it
@@ -106,12 +140,15 @@ def test_bench_smoke_writes_consistent_figures(tmp_path):
     assert ratios["startup_to_first_step_s"] == pytest.approx(medians["startup_to_first_step"])
     assert ratios["ppo_speedup_vs_sb3"] == pytest.approx(medians["ppo_sb3"] / medians["ppo_rlexp"])
     assert ratios["minatar_dqn_speedup_vs_sb3"] == pytest.approx(medians["minatar_sb3"] / medians["minatar_rlexp"])
+    assert ratios["minatar_per_seed_p8_vs_p1"] == pytest.approx(8 * medians["minatar_p1"] / medians["minatar_p8"])
+    assert ratios["minatar_update_over_floor"] == pytest.approx(medians["minatar_update"] / medians["minatar_floor"])
     assert set(bench["targets"]) == set(ratios) == set(bench["passed"]) == set(bench["ratios_per_round_median"])
     samples, rounds = bench["samples_s"], bench["settings"]["repeats"]
     per_round = [samples["ppo_sb3"][r] / samples["ppo_rlexp"][r] for r in range(rounds)]
     assert bench["ratios_per_round_median"]["ppo_speedup_vs_sb3"] == pytest.approx(statistics.median(per_round))
     assert ratios["packed_grid_speedup"] is None and bench["passed"]["packed_grid_speedup"] is None  # not measured
     assert ratios["sac_mujoco_speedup_vs_sb3"] is None  # optional: measured only with --only
+    assert ratios["td3_mujoco_per_seed_p5_vs_p1"] is None
     for name, value in ratios.items():
         if value is None:
             assert bench["passed"][name] is None
