@@ -401,7 +401,8 @@ def minatar_update_floor(members: int, updates: int) -> dict[str, float]:
     a, b = torch.rand(members, batch_size, fan_in), torch.rand(members, fan_in, out)
     matmul_s = seconds(lambda: torch.bmm(a, b), updates)
     rate = 2 * members * batch_size * fan_in * out / matmul_s  # FLOP/s
-    ctx.env.close(), ctx.evaluator.close()
+    ctx.env.close()
+    ctx.evaluator.close()
     return {"update_s": update_s, "floor_s": flops / rate, "flops": flops, "matmul_gflops": rate / 1e9}
 
 
