@@ -324,9 +324,14 @@ def sb3_command(algo: str, steps: int, seed: int, learning_starts: int = 0) -> l
     return command + (["--learning-starts", str(learning_starts)] if algo != "ppo" else [])
 
 
+def script_env() -> dict[str, str]:
+    """The environment of this script's own sub-commands (--sb3, --floor): the repo root on PYTHONPATH."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
 def sb3_run(algo: str, steps: int, seed: int, workdir: Path, learning_starts: int = 0) -> Sample:
     """One SB3 training run in a fresh process."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = script_env()
     _, wall, rss = run_process(sb3_command(algo, steps, seed, learning_starts), env, workdir)
     return Sample(process_s=wall, rss_mb=rss)
 
@@ -413,7 +418,7 @@ def floor_command(members: int, updates: int) -> list[str]:
 
 def floor_run(members: int, updates: int, workdir: Path) -> Sample:
     """One floor measurement in a fresh process (``minatar_update_floor``; its JSON on stdout)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = script_env()
     proc = subprocess.run(floor_command(members, updates), env=env, cwd=workdir, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"bench.py: the floor measurement failed\n{proc.stderr[-2000:]}")
@@ -505,6 +510,8 @@ def build_cases(
     ]
     startup = ["total_steps=2000", "algo.learning_starts=1000"]
     ppo = ["+experiment=cleanrl_ppo", f"total_steps={ppo_steps}", "algo.anneal_lr=false"]
+    minatar_starts = min(MINATAR_LEARNING_STARTS, minatar_steps // 5)
+    minatar = ["+experiment=minatar_dqn", f"total_steps={minatar_steps}", f"algo.learning_starts={minatar_starts}"]
     cases: list[Case] = []
     commands: dict[str, list[str]] = {}
 
@@ -523,6 +530,12 @@ def build_cases(
         """An SB3 run for a round's seed, its values bound now: a later section rebinding a name the
         section used (``starts``) cannot change what an earlier section's case runs."""
         return lambda r: sb3_run(algo, steps, r, workdir, learning_starts)
+
+    def one_and_many(name: str, overrides: list[str], members: int) -> None:
+        """``overrides`` at P = 1 and P = ``members``, one torch thread each (cases <name>_p1, <name>_p<members>)."""
+        for p in (1, members):
+            over = [*overrides, f"num_seeds={p}", "threads=1"]
+            add(f"{name}_p{p}", loop, rlexp_case(over), rlexp_command(over, "disabled"))
 
     if "dqn_vs_sb3" in sections:
         add("dqn_rlexp", whole, rlexp_case(dqn), rlexp_command(dqn, "disabled"))
@@ -592,8 +605,6 @@ def build_cases(
             sb3_command("sac_hopper", mujoco_steps, 0, starts),
         )
     if "minatar_vs_sb3" in sections:
-        starts = min(MINATAR_LEARNING_STARTS, minatar_steps // 5)
-        minatar = ["+experiment=minatar_dqn", f"total_steps={minatar_steps}", f"algo.learning_starts={starts}"]
         add(
             "minatar_rlexp",
             whole,
@@ -603,21 +614,15 @@ def build_cases(
         add(
             "minatar_sb3",
             whole,
-            sb3_case("minatar_dqn", minatar_steps, starts),
-            sb3_command("minatar_dqn", minatar_steps, 0, starts),
+            sb3_case("minatar_dqn", minatar_steps, minatar_starts),
+            sb3_command("minatar_dqn", minatar_steps, 0, minatar_starts),
         )
     if "minatar_population" in sections:
-        starts = min(MINATAR_LEARNING_STARTS, minatar_steps // 5)
-        for p in (1, MINATAR_POPULATION):
-            over = ["+experiment=minatar_dqn", f"total_steps={minatar_steps}", f"algo.learning_starts={starts}"]
-            over += [f"num_seeds={p}", "threads=1"]
-            add(f"minatar_p{p}", loop, rlexp_case(over), rlexp_command(over, "disabled"))
+        one_and_many("minatar", minatar, MINATAR_POPULATION)
     if "td3_mujoco_population" in sections:
         starts = scaled_learning_starts(mujoco_steps, ZOO_MUJOCO_LEARNING_STARTS)
-        for p in (1, MUJOCO_POPULATION):
-            over = ["algo=td3", "env=hopper", "network.hidden=[256,256]", f"total_steps={mujoco_steps}"]
-            over += [f"algo.learning_starts={starts}", f"num_seeds={p}", "threads=1"]
-            add(f"td3_mujoco_p{p}", loop, rlexp_case(over), rlexp_command(over, "disabled"))
+        td3 = ["algo=td3", "env=hopper", "network.hidden=[256,256]", f"total_steps={mujoco_steps}"]
+        one_and_many("td3_mujoco", [*td3, f"algo.learning_starts={starts}"], MUJOCO_POPULATION)
     if "minatar_floor" in sections:
         add(
             "minatar_update",
