@@ -13,6 +13,7 @@ in one loop.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +61,33 @@ def copy_matrices(dst: torch.Tensor, src: torch.Tensor) -> None:
             d.copy_(s)
     else:
         dst.copy_(src)
+
+
+@functools.cache
+def transposed_out_exact(batch: int, size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """``torch.bmm(x.mT, grad, out=dst.mT)`` gives the bits of ``torch.bmm(x.mT, grad)`` for x [P, B, in],
+    grad [P, B, out] and dst [P, out, in] of ``size`` and ``stride``, tried once per shape and layout on
+    random values: where BLAS runs the product with the output transposed in the same order (a large
+    layer), a weight's gradient is written in place (``write_weight_grads``); where it does not, it is not."""
+    members, n_out, n_in = size
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(members, batch, n_in, generator=generator)
+    grad = torch.randn(members, batch, n_out, generator=generator)
+    dst = torch.empty_strided(size, stride)
+    torch.bmm(x.mT, grad, out=dst.mT)
+    return torch.equal(dst.mT, torch.bmm(x.mT, grad))
+
+
+def write_weight_grads(dst: torch.Tensor, x: torch.Tensor, grad: torch.Tensor) -> None:
+    """dst [P, out, in] = (x^T grad)^T for x [P, B, in] and grad [P, B, out], autograd's bits for a linear
+    layer's weight (``member_bmm(x.mT, grad)`` seen transposed): written in place where that gives the
+    same bits (``transposed_out_exact``), else computed and copied (``copy_matrices``)."""
+    n_out, n_in = dst.shape[1:]
+    large = n_out > 1 and n_in * n_out >= TRANSPOSED_COPY_MIN and x.dtype == torch.float32 and x.device.type == "cpu"
+    if large and transposed_out_exact(x.shape[1], tuple(dst.shape), dst.stride()):
+        torch.bmm(x.mT, grad, out=dst.mT)
+    else:
+        copy_matrices(dst, member_bmm(x.mT, grad).mT)
 
 
 def member_baddbmm(bias: torch.Tensor, x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
@@ -132,8 +160,13 @@ class PopLinear(Component):
         x, weight = saved[:2]
         ensure_grads(self.weight, self.bias)
         torch.sum(grad, 1, out=self.bias.grad)
-        self._weight_grads(saved, member_bmm(x.mT, grad).mT)  # [P, in, out] seen as [P, out, in], as autograd has it
+        self._output_weight_grads(saved, grad)
         return member_bmm(grad, weight) if input_grad else None
+
+    def _output_weight_grads(self, saved: tuple, grad: torch.Tensor) -> None:
+        """Write the gradients that come from ``grad`` [P, B, out] wrt the output: the weight used is the
+        weight, whose gradient is written in place."""
+        write_weight_grads(self.weight.grad, saved[0], grad)
 
     def _weight_grads(self, saved: tuple, grad_weight: torch.Tensor) -> None:
         """Write the gradients that come from the one wrt the weight used, [P, out, in]."""
@@ -199,6 +232,9 @@ class PopWeightNormLinear(PopLinear):
         """``forward`` without autograd, and what ``backward_to_grads`` needs (the norms and scales too)."""
         weight, norms, scale = self._scaled()
         return member_baddbmm(self.bias.unsqueeze(1), x, weight.mT), (x, weight, norms, scale)
+
+    def _output_weight_grads(self, saved: tuple, grad: torch.Tensor) -> None:
+        self._weight_grads(saved, member_bmm(saved[0].mT, grad).mT)  # [P, in, out] seen as [P, out, in]
 
     def _weight_grads(self, saved: tuple, grad_weight: torch.Tensor) -> None:
         """The gradients of v and g as autograd composes them through w = v * (g / sqrt(sum(v^2) + eps)):

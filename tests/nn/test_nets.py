@@ -109,6 +109,25 @@ def test_copy_matrices_copies_transposed_and_plain_sources(members, shape):
     assert torch.equal(flat[:, rows * cols :], torch.zeros(members, 16))
 
 
+@pytest.mark.parametrize("members, n_in, n_out", [(1, 1024, 128), (3, 256, 128), (2, 128, 6), (1, 64, 1)])
+def test_the_written_weight_gradient_has_autograds_bits_in_a_padded_buffer(members, n_in, n_out):
+    """A layer's written backward gives its weight the gradient autograd gives, bit for bit, into a view of
+    a wider buffer as the pipeline's flat gradients are, whether it writes in place (a large layer where BLAS
+    allows it: ``transposed_out_exact``) or copies (a narrow head, a value head of one member)."""
+    g = torch.Generator().manual_seed(0)
+    x, grad = torch.randn(members, 32, n_in, generator=g), torch.randn(members, 32, n_out, generator=g)
+    layer = PopLinear(members, n_in, n_out)
+    torch.nn.init.normal_(layer.weight, generator=g)
+    layer(x).backward(grad)
+    autograd = layer.weight.grad.clone()
+    flat = torch.full((members, n_out * n_in + 5), 7.0)
+    layer.weight.grad = flat[:, : n_out * n_in].view(members, n_out, n_in)
+    layer.backward_to_grads(layer.forward_saved(x)[1], grad, input_grad=False)
+    assert torch.equal(layer.weight.grad, autograd)
+    assert torch.equal(layer.weight.grad, torch.bmm(x.mT, grad).mT)  # x^T grad, the direct computation
+    assert torch.equal(flat[:, n_out * n_in :], torch.full((members, 5), 7.0))
+
+
 @pytest.mark.parametrize("batch, n_in, n_out", [(128, 64, 1), (32, 256, 1), (10, 400, 1), (256, 3, 1), (128, 64, 64)])
 def test_a_population_of_one_computes_a_layer_as_a_member_of_three(batch, n_in, n_out):
     """Forward, input and parameter gradients (autograd's and the written ones) and the acting forward of a
