@@ -94,8 +94,7 @@ def td_target(
     discount (default ``algo.gamma`` for all)."""
     with torch.no_grad():
         boot_net = target_net if target_net is not None else q_net
-        if q_net.uses_batch_stats:
-            boot_net.eval()  # targets use running statistics (docs/instruments.md: batch normalization)
+        boot_net.eval()  # targets use running statistics (batch norm) and a spectral norm's u as it is
         next_q = boot_net(batch.next_obs)  # [P, B, A]
         if algo.double:
             next_action = (q_net(batch.next_obs) if boot_net is not q_net else next_q).argmax(-1, keepdim=True)
@@ -124,14 +123,12 @@ def dqn_loss(
     """
     target = td_target(q_net, target_net, batch, algo, r_max, gamma)  # [P, B]
     taken = batch.actions.unsqueeze(-1)  # [P, B, 1]
-    if q_net.uses_batch_stats:
-        q_net.train()  # the loss's forward normalizes with batch statistics
+    q_net.train()  # the loss's forward: batch statistics, a spectral norm's power iteration
     if written_backward:
         q_all, saved = q_net.forward_saved(batch.obs)  # [P, B, A]
     else:
         q_all = q_net(batch.obs)  # [P, B, A]
-    if q_net.uses_batch_stats:
-        q_net.eval()
+    q_net.eval()
     q = q_all.gather(-1, taken).squeeze(-1)  # [P, B]
     td = q - target
     q_value, td_abs = q.detach(), td.detach().abs()

@@ -150,7 +150,6 @@ def train(ctx: RunContext) -> None:
 
     built = build(ctx)
     actor, critic = built.nets["actor"], built.nets["critic"]
-    batch_stats = actor.net.uses_batch_stats or critic.uses_batch_stats  # the update then trains with batch ones
     recurrent = isinstance(critic, RecurrentNet)  # network=lstm: states carried, rollouts unrolled again
     if recurrent:
         memory = RolloutMemory({"actor": actor.net, "critic": critic}, algo.num_steps, num_envs)
@@ -266,13 +265,11 @@ def train(ctx: RunContext) -> None:
             with unrolled:
                 diagnose = recorder.diagnose(updates)
                 recorder.inject_param(critic, step)  # debug.inject.what=param poisons the critic
-                if batch_stats:
-                    actor.train(), critic.train()
+                actor.train(), critic.train()  # batch statistics, a spectral norm's power iteration
                 out = actor.net(mb.obs)
                 new_log_prob, entropy = actor.log_prob_entropy(mb.obs, mb.actions, out)
                 new_values = critic(mb.obs).squeeze(-1)
-                if batch_stats:
-                    actor.eval(), critic.eval()
+                actor.eval(), critic.eval()
                 losses = ppo_losses(new_log_prob, entropy, new_values, mb, algo)
                 actor_update = actor_pipe.step(losses["actor_loss"], step, diagnose)
                 critic_update = critic_pipe.step(losses["critic_loss"], step, diagnose)

@@ -12,7 +12,10 @@ forward maps [P, B, in] -> [P, B, out] without mixing members. Beyond ``forward`
   memory, or None when it has none (acting then runs torch);
 * ``fast_forward()``: a function equal to ``forward`` under no_grad with the least overhead per
   call, for acting (default: ``forward``); it may hold views of the parameters;
-* ``uses_batch_stats``: True when training mode normalizes with the batch's own statistics.
+* ``uses_batch_stats``: True when training mode normalizes with the batch's own statistics;
+* ``mode_dependent``: True when its forward in training mode differs from eval mode's (batch
+  statistics, a spectral norm's power iteration): a component whose forward reads ``self.training``
+  must declare it, since a network without one switches modes by its own flag alone (``PopNetwork.train``).
 
 ``PopMLP`` runs components in one loop and uses each capability only where every component of the
 network declares it.
@@ -39,11 +42,13 @@ class ParameterStorage:
 
 
 class Component(nn.Module):
-    """Base of the components: no written backward, no host form, no batch statistics."""
+    """Base of the components: no written backward, no host form, no batch statistics, the same forward in
+    either mode."""
 
     stage = ""
     written_backward = False
     uses_batch_stats = False
+    mode_dependent = False
 
     def forward_saved(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
         raise NotImplementedError(f"{type(self).__name__} has no written backward")
@@ -68,3 +73,18 @@ def ensure_grads(*params: torch.Tensor) -> None:
 def numpy_view(t: torch.Tensor) -> np.ndarray:
     """The memory of a CPU tensor as a numpy array (no copy: in-place changes show through)."""
     return t.detach().numpy()
+
+
+class PopNetwork(nn.Module):
+    """Base of the population networks: ``train(mode)`` walks the modules only when a component's forward
+    depends on the mode (``mode_dependent``, set by the network from its components); a network where
+    none does computes the same in either mode and sets its own flag alone. The training loops switch
+    modes around every update, and walking every module costs more than a small network's forward."""
+
+    mode_dependent = True
+
+    def train(self, mode: bool = True) -> PopNetwork:
+        if self.mode_dependent:
+            return super().train(mode)
+        self.training = mode
+        return self

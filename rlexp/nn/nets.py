@@ -36,7 +36,7 @@ from rlexp.config.schema import (
 )
 from rlexp.nn import capabilities
 from rlexp.nn.activations import ACTIVATIONS, PopActivation
-from rlexp.nn.component import Component, HostForward, ParameterStorage, ensure_grads, numpy_view
+from rlexp.nn.component import Component, HostForward, ParameterStorage, PopNetwork, ensure_grads, numpy_view
 from rlexp.nn.init import init_linear, scheme_gain
 
 log = logging.getLogger(__name__)
@@ -274,6 +274,7 @@ class PopSpectralNormLinear(PopLinear):
     """
 
     written_backward = False
+    mode_dependent = True  # training mode runs the power iteration
     EPS = 1e-12
     INIT_ITERATIONS = 15  # power iterations once the weight is drawn (as torch's spectral_norm)
 
@@ -428,6 +429,7 @@ class PopBatchNorm(Component):
 
     stage = "norm"
     uses_batch_stats = True
+    mode_dependent = True
 
     def __init__(self, members: int, width: int, eps: float, momentum: float) -> None:
         super().__init__()
@@ -608,7 +610,7 @@ def _describe(component: Component) -> str:
     return f"{type(component).__name__}({detail})" if detail else type(component).__name__
 
 
-class PopMLP(nn.Module):
+class PopMLP(PopNetwork):
     """Population MLP: [P, B, n_in] -> [P, B, n_out].
 
     Hidden layer: linear (the normalization's) -> the normalization's norm, if any -> activation
@@ -674,6 +676,7 @@ class PopMLP(nn.Module):
         self.output_scale = network.output_scale
         self._components = [c for components, _ in self._blocks for c in components]
         self.uses_batch_stats = any(c.uses_batch_stats for c in self._components)  # acting must run in eval mode
+        self.mode_dependent = any(c.mode_dependent for c in self._components)
         self._sequential = not any(self.residual) and not extra_in  # one chain of components
         missing = sorted({_describe(c) for c in self._components if not c.written_backward})
         # gradients written without autograd (forward_saved, backward_to_grads)

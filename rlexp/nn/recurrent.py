@@ -34,7 +34,7 @@ from torch import nn
 
 from rlexp.config.schema import ActivationConfig, InitConfig, NetworkConfig, NormalizationConfig
 from rlexp.nn.activations import ACTIVATIONS, PopActivation
-from rlexp.nn.component import Component
+from rlexp.nn.component import Component, PopNetwork
 from rlexp.nn.init import init_linear, scheme_gain
 from rlexp.nn.nets import NORMALIZATIONS, Observer, PopMLP
 
@@ -115,7 +115,7 @@ class PopLSTM(Component):
         return torch.stack(self.cell_step(gi, *state.unbind(2)), 2)
 
 
-class RecurrentNet(nn.Module):
+class RecurrentNet(PopNetwork):
     """Population recurrent network [P, B, n_in] -> [P, B, n_out] (see the module docstring)."""
 
     def __init__(
@@ -167,6 +167,7 @@ class RecurrentNet(nn.Module):
         object.__setattr__(self, "head", head)  # its modules are registered above, under the layer indices
         self.activation = activation
         self.uses_batch_stats = head.uses_batch_stats or any(c.uses_batch_stats for b in self.encoder for c in b)
+        self.mode_dependent = head.mode_dependent or any(c.mode_dependent for b in self.encoder for c in b)
 
     @contextlib.contextmanager
     def unroll(self, state: torch.Tensor, starts: torch.Tensor) -> Iterator[None]:

@@ -135,7 +135,6 @@ class Recorder(torch.nn.Module):
     def __init__(self, net: PopMLP) -> None:
         super().__init__()
         self.net = net
-        self.uses_batch_stats = net.uses_batch_stats
         self.calls = []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -244,6 +243,36 @@ def test_pipeline_refuses_written_grads_with_a_penalty():
     assert pipe.has_penalty
     with pytest.raises(ValueError, match="penalty"):
         pipe.step(torch.zeros(2), env_step=1, written_backward=True)
+
+
+def test_a_spectral_norms_power_iteration_runs_in_the_update_and_not_in_the_target():
+    """dqn_loss runs the online network's forward in training mode, as torch's spectral_norm does there: the
+    update moves u one power iteration towards W's first left singular vector (written out here), then
+    leaves the network in eval mode; the target's forward (eval mode) leaves the target's u as it is."""
+    P = 3
+    q_net = PopMLP(
+        P,
+        OBS,
+        ACT,
+        NetworkConfig(name="mlp", hidden=[8, 8]),
+        ActivationConfig(name="relu"),
+        NormalizationConfig(name="spectral", power_iterations=1),
+        GainInitConfig(name="he"),
+        [torch.Generator().manual_seed(k) for k in range(P)],
+    )
+    target_net = copy.deepcopy(q_net)
+    layer = q_net.layers[0]
+    with torch.no_grad():  # a new W: u is no longer near its first left singular vector
+        layer.weight.copy_(torch.randn(layer.weight.shape, generator=torch.Generator().manual_seed(5)))
+    u, weight, target_u = layer.u.clone(), layer.weight.detach().clone(), target_net.layers[0].u.clone()
+    v = F.normalize(torch.einsum("po,poi->pi", u, weight), dim=-1, eps=1e-12)
+    expected = F.normalize(torch.einsum("poi,pi->po", weight, v), dim=-1, eps=1e-12)
+    q_net.eval(), target_net.eval()  # as the training loop leaves them (acting)
+    dqn_loss(q_net, target_net, make_batch(P, 16), algo_cfg(), torch.ones(P))
+    torch.testing.assert_close(layer.u, expected)
+    assert not torch.equal(layer.u, u)
+    assert torch.equal(target_net.layers[0].u, target_u)
+    assert not q_net.training and not layer.training
 
 
 def test_dqn_loss_switches_change_the_result():

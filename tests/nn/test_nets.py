@@ -584,3 +584,47 @@ def test_hard_update_copies_parameters_and_buffers():
     with torch.no_grad():
         next(online.parameters()).add_(1.0)
     assert not torch.equal(next(target.parameters()), next(online.parameters()))
+
+
+@pytest.mark.parametrize("normalization", ["none", "layer", "weight", "batch", "spectral"])
+def test_a_network_walks_its_modules_to_switch_modes_only_where_its_forward_depends_on_the_mode(normalization):
+    """PopNetwork.train: a network with a batch or spectral norm switches every component (their forwards
+    read the mode); one without computes the same in either mode and switches its own flag alone."""
+    dependent = normalization in ("batch", "spectral")
+    net = PopMLP(
+        2,
+        3,
+        2,
+        NetworkConfig(name="mlp", hidden=[8, 8]),
+        ActivationConfig(name="relu"),
+        NormalizationConfig(name=normalization),
+        GainInitConfig(name="he"),
+        [torch.Generator().manual_seed(k) for k in range(2)],
+    )
+    assert net.mode_dependent == dependent
+    x = torch.randn(2, 5, 3, generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        y_train = net.train()(x)
+        y_eval = net.eval()(x)
+    assert not net.training
+    components = [m for m in net.modules() if m is not net]
+    assert all(not m.training for m in components) == dependent
+    if not dependent:
+        assert torch.equal(y_train, y_eval)
+
+
+def test_every_component_whose_code_reads_the_mode_declares_it():
+    """A component class whose own code reads ``self.training`` declares ``mode_dependent`` (a network of
+    components that do not switches only its own flag, PopNetwork.train)."""
+    import inspect
+
+    import rlexp.nn.conv  # noqa: F401  (the convolutional components)
+    import rlexp.nn.recurrent  # noqa: F401
+    from rlexp.nn.component import Component
+
+    def subclasses(cls: type) -> list[type]:
+        return [c for sub in cls.__subclasses__() for c in (sub, *subclasses(sub))]
+
+    found = [cls for cls in subclasses(Component) if "self.training" in inspect.getsource(cls)]
+    assert {cls.__name__ for cls in found} >= {"PopBatchNorm", "PopSpectralNormLinear"}
+    assert all(cls.mode_dependent for cls in found)
