@@ -34,8 +34,9 @@ from launching import (
 )
 from omegaconf import OmegaConf
 
+from rlexp.cli import check_command_line
 from rlexp.config.cells import cell_name
-from rlexp.config.schema import NON_CELL_KEYS
+from rlexp.config.schema import NON_CELL_KEYS, ConfigError
 
 GROUPS = (
     "activation",
@@ -93,6 +94,9 @@ HYDRA_REFUSALS = {
     "sweep_with_a_misspelled_option": (["-m", "activation=relu,tnh"], "activation", ["did you mean activation=tanh"]),
     "non_ascii_unquoted": (["logger.project=naïve"], "logger.project", ["ASCII", "\"logger.project='naïve'\""]),
 }
+# the cases run as processes: a single run's composition (Hydra's refusal, then the same line rlexp.cli.
+# check_command_line gives in process for the others), the non-ASCII argv, and a multirun's check before Hydra
+HYDRA_REFUSALS_AS_PROCESSES = ("misspelled_key", "non_ascii_unquoted", "sweep_with_a_misspelled_option")
 
 # case -> (overrides, key named first on the error line, other words the line must contain)
 BAD_VALUES = {
@@ -131,40 +135,40 @@ BAD_VALUES = {
         ["4", "[1, 3]", "3 linear layers"],
     ),
 }
-# the cases also run as the CLI, as processes: every case takes the same path (rlexp.cli.ConfigCheck, before
-# Hydra makes a dir), which the others' tests take in process
-BAD_VALUES_AS_PROCESSES = ("lr_negative", "env_id_typo", "batch_above_buffer")
+# a case also runs as the CLI, as a process: every case takes the same path (rlexp.cli.ConfigCheck, before
+# Hydra makes a dir), which the others' tests (tests/compose/test_options.py, the same table) take in process
+BAD_VALUES_AS_PROCESSES = ("lr_negative",)
 
 
 # ====================================================================== the runs that train
 SINGLE_LR = 0.005  # not any yaml's default: it must come from the command line
 SINGLE_OVERRIDES = [*BUDGET, f"optimizer.lr={SINGLE_LR}", "num_seeds=2", "logger.mode=offline"]
 SWEEP = ["activation=relu,tanh", "init=xavier,he"]
-RERUN_OVERRIDES = ["num_seeds=1", *BUDGET, "logger.mode=disabled"]
+RERUN_OVERRIDES = ["num_seeds=1", *BUDGET]
+# W&B mode: the single run's explicit logger.mode=offline beats $WANDB_MODE=disabled, which alone (the rerun's
+# two runs) disables W&B
+ENV_DISABLED = {"WANDB_MODE": "disabled"}
 
 
 def _run_specs(base: Path) -> dict[str, tuple]:
     """fixture name -> (args, tmp, env) of each CLI run that trains."""
     return {
-        "single_run": ([*SINGLE_OVERRIDES, f"hydra.run.dir={base / 'single_run' / 'run'}"], base / "single_run", {}),
+        "single_run": (
+            [*SINGLE_OVERRIDES, f"hydra.run.dir={base / 'single_run' / 'run'}"],
+            base / "single_run",
+            ENV_DISABLED,
+        ),
         "multi_run": (
             ["-m", *SWEEP, *BUDGET, "logger.mode=offline", f"hydra.sweep.dir={base / 'multi_run' / 'multi'}"],
             base / "multi_run",
             {},
         ),
-        # W&B mode: $WANDB_MODE=disabled alone, and overridden by an explicit logger.mode=offline
-        "env_disabled_run": (
-            ["num_seeds=1", *BUDGET, f"hydra.run.dir={base / 'env_disabled_run' / 'run'}"],
-            base / "env_disabled_run",
-            {"WANDB_MODE": "disabled"},
-        ),
-        "explicit_offline_run": (
-            ["num_seeds=1", *BUDGET, "logger.mode=offline", f"hydra.run.dir={base / 'explicit_offline_run' / 'run'}"],
-            base / "explicit_offline_run",
-            {"WANDB_MODE": "disabled"},
-        ),
         # the first of two runs into the same run dir
-        "rerun_run": ([*RERUN_OVERRIDES, f"hydra.run.dir={base / 'rerun_run' / 'run'}"], base / "rerun_run", {}),
+        "rerun_run": (
+            [*RERUN_OVERRIDES, f"hydra.run.dir={base / 'rerun_run' / 'run'}"],
+            base / "rerun_run",
+            ENV_DISABLED,
+        ),
     }
 
 
@@ -181,7 +185,8 @@ def runs(request, tmp_path_factory):
     pool = ThreadPoolExecutor(max_workers=2)
     bad = {}
     if "bad_runs" in wanted:
-        cases = {k: v[0] for k, v in HYDRA_REFUSALS.items()} | {k: BAD_VALUES[k][0] for k in BAD_VALUES_AS_PROCESSES}
+        cases = {k: HYDRA_REFUSALS[k][0] for k in HYDRA_REFUSALS_AS_PROCESSES}
+        cases |= {k: BAD_VALUES[k][0] for k in BAD_VALUES_AS_PROCESSES}
         for k, args in cases.items():
             tmp = base / "bad" / k
             dirs = [f"hydra.run.dir={tmp / 'run'}", f"hydra.sweep.dir={tmp / 'run'}"]
@@ -206,16 +211,6 @@ def multi_run(runs):
 
 
 @pytest.fixture(scope="module")
-def env_disabled_run(runs):
-    return finished(runs, "env_disabled_run")
-
-
-@pytest.fixture(scope="module")
-def explicit_offline_run(runs):
-    return finished(runs, "explicit_offline_run")
-
-
-@pytest.fixture(scope="module")
 def rerun_run(runs):
     return finished(runs, "rerun_run")
 
@@ -232,22 +227,36 @@ def assert_no_training(run_dir: Path) -> None:
     assert not run_dir.exists(), sorted(str(p) for p in run_dir.rglob("*"))
 
 
+def assert_names(line: str, key: str, words: Sequence[str]) -> None:
+    assert line.startswith(f"config error: {key}: "), line
+    for word in words:
+        assert word in line, (word, line)
+
+
 def assert_refused(proc: subprocess.CompletedProcess, run_dir: Path, key: str, words: Sequence[str]) -> None:
     """A CLI refusal: exit code 2, one line on stderr naming the key (and these words), no traceback, no dir."""
     assert proc.returncode == 2, describe(proc)
     assert "Traceback" not in proc.stdout + proc.stderr, describe(proc)
     lines = message_lines(proc)
     assert len(lines) == 1 and lines[0] in proc.stderr.splitlines(), describe(proc)
-    assert lines[0].startswith(f"config error: {key}: "), lines[0]
-    for word in words:
-        assert word in lines[0], (word, lines[0])
+    assert_names(lines[0], key, words)
     assert_no_training(run_dir)
 
 
-@pytest.mark.parametrize("case", sorted(HYDRA_REFUSALS))
+@pytest.mark.parametrize("case", HYDRA_REFUSALS_AS_PROCESSES)
 def test_hydras_refusals_are_one_line_with_the_fix(bad_runs, case):
     _, key, words = HYDRA_REFUSALS[case]
     assert_refused(*bad_runs[case], key, words)
+
+
+@pytest.mark.parametrize("case", sorted(set(HYDRA_REFUSALS) - set(HYDRA_REFUSALS_AS_PROCESSES)))
+def test_hydras_other_refusals_are_the_line_the_cli_prints(case):
+    """The line a refused single run prints (rlexp.train.refuse_or_pass), in process."""
+    args, key, words = HYDRA_REFUSALS[case]
+    with pytest.raises(ConfigError) as refused:
+        check_command_line(args, CONF)
+    assert "\n" not in str(refused.value)
+    assert_names(str(refused.value), key, words)
 
 
 @pytest.mark.parametrize("case", BAD_VALUES_AS_PROCESSES)
@@ -399,8 +408,9 @@ def test_non_tty_progress_is_plain_lines(single_run):
 
 
 # ====================================================================== 5. WANDB_MODE
-def test_wandb_mode_from_environment(env_disabled_run):
-    proc, base = env_disabled_run
+def test_wandb_mode_from_environment(rerun_run):
+    """$WANDB_MODE=disabled, no logger.mode: no W&B run (either run into the rerun's dir)."""
+    proc, base = rerun_run
     assert proc.returncode == 0, describe(proc)
     member = base / "run" / "seed_0"
     assert not (member / "wandb").exists()
@@ -408,10 +418,9 @@ def test_wandb_mode_from_environment(env_disabled_run):
     assert json.loads((base / "run" / "summary.json").read_text())["status"] == "ok"
 
 
-def test_explicit_logger_mode_beats_wandb_mode(explicit_offline_run):
-    proc, base = explicit_offline_run
-    assert proc.returncode == 0, describe(proc)
-    member = base / "run" / "seed_0"
+def test_explicit_logger_mode_beats_wandb_mode(single_run):
+    """The single run: logger.mode=offline under $WANDB_MODE=disabled."""
+    member = single_run["dir"] / "seed_0"
     wb = read_wandb_run(member)
     assert len(wb["history"]) == len(read_jsonl(member / "metrics.jsonl")) == TOTAL_STEPS // LOG_EVERY
     assert wb["exit_code"] == 0
@@ -467,7 +476,7 @@ def test_rerun_into_same_dir_rewrites_metrics(rerun_run):
     assert first.returncode == 0, describe(first)
     run_dir = base / "run"
     (run_dir / "summary.json").unlink()  # as if the first run had been killed before its end
-    second = run_cli([*RERUN_OVERRIDES, "seed=7", f"hydra.run.dir={run_dir}"], base)
+    second = run_cli([*RERUN_OVERRIDES, "seed=7", f"hydra.run.dir={run_dir}"], base, **ENV_DISABLED)
     assert second.returncode == 0, describe(second)
     # the first attempt's files are kept aside (a finished run dir is refused: tests/jobs/test_grid.py)
     assert json.loads((run_dir / "attempt_1" / "seed_0" / "summary.json").read_text())["seed"] == 0

@@ -4,8 +4,10 @@ members for the open files, a crash's clean-up, W&B online without a server. The
 docs/grids.md names them; their pieces in process are in tests/run/ (test_jobs.py, test_interrupts.py)
 and tests/compose/test_validate.py.
 
-Runs that train use ``python -m rlexp.train`` in a subprocess with a tiny budget and W&B disabled; every
-output is under pytest's tmp_path.
+Runs that train use ``python -m rlexp.train`` in a subprocess with a tiny budget and W&B disabled where the
+process is what is tested (its signals, its exit, its lock); a job that only takes over a dead holder's lock
+or resumes what a process left runs in process (``run_job``, as the CLI's job runs it). Every output is under
+pytest's tmp_path.
 """
 
 from __future__ import annotations
@@ -273,13 +275,17 @@ def test_a_full_disk_in_a_multirun_records_the_job_and_attempts_the_others(small
     ], describe(checked)
 
 
+def resumed(run_dir: Path) -> dict:
+    """The job of ``TINY`` in ``run_dir`` with resume=true, in process (as the CLI's job runs it): its summary."""
+    return run_job(compose_config([*TINY, "resume=true"]), run_dir)
+
+
 def test_a_killed_holders_lock_is_taken_over(tmp_path):
     run_dir = tmp_path / "run"
     holder = start_holder(run_dir)
     kill(holder)  # the kernel drops its lock; its .lock file and content stay
     assert json.loads((run_dir / LOCK).read_text())["pid"] == holder.pid
-    proc = run_cli([*TINY, f"hydra.run.dir={run_dir}"], tmp_path)
-    assert proc.returncode == 0, describe(proc)
+    assert run_job(compose_config(TINY), run_dir)["status"] == "ok"
     check_finished_job(run_dir)
     assert not (run_dir / LOCK).exists()  # released at the job's end
     assert not list(run_dir.glob("attempt_*"))  # a stale lock alone is no earlier attempt
@@ -308,14 +314,14 @@ def test_an_unwritable_sweep_dir_is_refused_in_one_line(tmp_path):
     assert lines[0].startswith(f"config error: hydra.sweep.dir: cannot create or write {sweep}: ENOTDIR ("), lines
 
 
-def test_resume_reruns_a_finished_run_whose_summary_is_corrupt(tmp_path):
+def test_resume_reruns_a_finished_run_whose_summary_is_corrupt(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    first = run_cli([*TINY, f"hydra.run.dir={run_dir}"], tmp_path / "first")
-    assert first.returncode == 0, describe(first)
+    assert run_job(compose_config(TINY), run_dir)["status"] == "ok"
     cut(run_dir / "summary.json")
-    second = run_cli([*TINY, "resume=true", f"hydra.run.dir={run_dir}"], tmp_path / "second")
-    assert second.returncode == 0, describe(second)
-    assert f"corrupt: {run_dir / 'summary.json'}: not JSON (" in second.stdout, describe(second)
+    capsys.readouterr()
+    assert resumed(run_dir)["status"] == "ok"
+    out = capsys.readouterr().out
+    assert f"corrupt: {run_dir / 'summary.json'}: not JSON (" in out, out
     check_finished_job(run_dir)
     assert (run_dir / "attempt_1" / CORRUPT).read_text().startswith("summary.json: not JSON")
     assert (run_dir / "attempt_1" / "seed_0" / "metrics.jsonl").exists()
@@ -368,8 +374,7 @@ def test_ctrl_c_records_the_job_crashed_and_resume_runs_it_again(tmp_path):
     between_env_steps = "rlexp/run/recorder/schedule.py" in frames[-1] and frames[-1].endswith("in steps")
     assert between_env_steps, frames[-3:]
     assert not (run_dir / LOCK).exists()
-    second = run_cli([*TINY, "resume=true", f"hydra.run.dir={run_dir}"], tmp_path / "second")
-    assert second.returncode == 0, describe(second)
+    assert resumed(run_dir)["status"] == "ok"
     check_finished_job(run_dir)
     assert read_json(run_dir / "attempt_1" / "summary.json")["status"] == "crashed"
 
@@ -390,8 +395,7 @@ def test_sigterm_stops_the_job_as_a_ctrl_c_does_and_records_it_terminated(tmp_pa
     frames = [ln for ln in (run_dir / "error.txt").read_text().splitlines() if ln.lstrip().startswith("File ")]
     assert "rlexp/run/recorder/schedule.py" in frames[-1] and frames[-1].endswith("in steps")  # between env steps
     assert not (run_dir / LOCK).exists()
-    second = run_cli([*TINY, "resume=true", f"hydra.run.dir={run_dir}"], tmp_path / "second")
-    assert second.returncode == 0, describe(second)
+    assert resumed(run_dir)["status"] == "ok"
     check_finished_job(run_dir)
 
 
