@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rlexp.report.stats import bootstrap_mean
+
 EDGE = 3  # tasks averaged at each end
 
 
@@ -30,16 +32,6 @@ def task_ends(metrics: Path) -> list[float]:
         if "shift/task" in record and "episode/return_last10" in record:
             ends[int(record["shift/task"])] = float(record["episode/return_last10"])
     return [ends[t] for t in sorted(ends)]
-
-
-def interval(values: np.ndarray, reps: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """(mean, 95% low, 95% high) of ``values`` with a percentile bootstrap over members (NaNs: none)."""
-    if len(values) == 0:
-        return float("nan"), float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    means = values[rng.integers(0, len(values), size=(reps, len(values)))].mean(axis=1)
-    low, high = np.percentile(means, [2.5, 97.5])
-    return float(values.mean()), float(low), float(high)
 
 
 def table(sweep: Path, skip: int) -> str:
@@ -55,7 +47,8 @@ def table(sweep: Path, skip: int) -> str:
         for k, e in enumerate(ends):
             matrix[k, : len(e)] = e
         early, late = matrix[:, skip : skip + EDGE], matrix[:, tasks - EDGE :]
-        spans = [interval(m[~np.isnan(m).any(axis=1)].mean(axis=1)) for m in (early, late)]
+        means = [m[~np.isnan(m).any(axis=1)].mean(axis=1) for m in (early, late)]  # per member reaching them
+        spans = [bootstrap_mean([v], 2000, np.random.default_rng(0)) for v in means]
         shown = [f"{v:.0f} [{lo:.0f}, {hi:.0f}]" if np.isfinite(v) else "—" for v, lo, hi in spans]
         per_task = " ".join(f"{v:.0f}" for v in np.nanmean(matrix, axis=0))
         in_late = int((~np.isnan(late).any(axis=1)).sum())

@@ -20,7 +20,15 @@ from scipy.stats import trim_mean
 
 from rlexp.report.html import render_html
 from rlexp.report.main import build_report, instrument_panels, write_outputs
-from rlexp.report.stats import NORMALIZATION, bootstrap_iqm, iqm_fast, normalizations, performance_profiles, poi_fast
+from rlexp.report.stats import (
+    NORMALIZATION,
+    bootstrap_iqm,
+    bootstrap_mean,
+    iqm_fast,
+    normalizations,
+    performance_profiles,
+    poi_fast,
+)
 
 
 def grid(root: Path) -> list[dict[str, str]]:
@@ -246,6 +254,10 @@ def test_interval_estimates_poi_matrix_and_curves_match_direct_computations(synt
         np.concatenate([g[rng.integers(0, len(g), size=(200, len(g)))] for g in groups], 1), 0.25, 1
     )
     assert got == pytest.approx((trim_mean(np.concatenate(groups), 0.25), *np.percentile(stats_direct, [2.5, 97.5])))
+    got = bootstrap_mean(groups, 200, np.random.default_rng(11))  # the same resamples, their means
+    rng = np.random.default_rng(11)
+    means_direct = np.concatenate([g[rng.integers(0, len(g), size=(200, len(g)))] for g in groups], 1).mean(1)
+    assert got == pytest.approx((np.concatenate(groups).mean(), *np.percentile(means_direct, [2.5, 97.5])))
 
 
 def test_two_envs_an_empty_metrics_file_and_a_crashed_job_label_every_figure_honestly(tmp_path):
