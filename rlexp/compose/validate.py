@@ -23,6 +23,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.nodes import ValueNode
 
 from rlexp.algos import ALGOS
 from rlexp.compose.plugins import load_plugins
@@ -105,7 +106,8 @@ def _check_finite(node: DictConfig, prefix: str = "") -> None:
         path = f"{prefix}{key}"
         if path in ("hydra", "env.kwargs"):
             continue
-        value = node[key]
+        child = node._get_node(key)  # a plain value read as stored (OmegaConf's checked access is most of the cost)
+        value = child._value() if isinstance(child, ValueNode) and not child._is_interpolation() else node[key]
         if isinstance(value, DictConfig):
             _check_finite(value, f"{path}.")
         elif isinstance(value, float) and not math.isfinite(value):

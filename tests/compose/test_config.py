@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 from composing import compose_config, compose_hydra
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from rlexp.compose.config_doc import markdown
@@ -31,15 +33,14 @@ STABILITY_GROUPS = ("activation", "init", "normalization", "clipping", "optimize
 PRESETS = [p.stem for p in sorted((CONF / "experiment").glob("*.yaml"))]
 
 
-def _with_option(preset_cfg, probes, group: str, option: str):
-    """The preset composed with ``group=option``, built from composes of the preset with one option per schema:
+def _option_node(probes: list, group: str, option: str):
+    """The group's node of the preset composed with ``group=option``, taken from the probe of the option's schema:
     an option yaml holds its schema and its name only, and a group's keys are the group's own (both tested here),
     so two options of one schema compose to the same group but for the name."""
     probe = next(p for p in probes if SCHEMAS[group][p[group].name] is SCHEMAS[group][option])
-    cfg = pickle.loads(pickle.dumps(preset_cfg))  # a deep copy (copy.deepcopy's, 4x faster)
-    cfg[group] = pickle.loads(pickle.dumps(probe[group]))
-    cfg[group].name = option
-    return cfg
+    node = pickle.loads(pickle.dumps(probe[group]))  # a deep copy (copy.deepcopy's, 4x faster)
+    node.name = option
+    return node
 
 
 def _first_option_of_each_schema(group: str) -> list[str]:
@@ -54,31 +55,38 @@ def _probes(preset: str) -> list:
     firsts = {g: _first_option_of_each_schema(g) for g in STABILITY_GROUPS}
     depth = max(len(options) for options in firsts.values())
     return [
-        compose_hydra([f"+experiment={preset}", *(f"{g}={o[k]}" for g, o in firsts.items() if k < len(o))])
+        compose_config([f"+experiment={preset}", *(f"{g}={o[k]}" for g, o in firsts.items() if k < len(o))])
         for k in range(depth)
     ]
 
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_composes_with_every_stability_option(preset):
-    """A preset sets keys of its groups; every option of those groups still composes and validates."""
-    preset_cfg, probes = compose_config([f"+experiment={preset}"]), _probes(preset)
+    """A preset sets keys of its groups; every option of those groups still composes and validates (one group
+    changed at a time: the preset's own node put back before the next group)."""
+    cfg, probes = compose_config([f"+experiment={preset}"]), _probes(preset)
     for group in STABILITY_GROUPS:
+        own = pickle.loads(pickle.dumps(cfg[group]))
         for option in group_options(group):
-            cfg = _with_option(preset_cfg, probes, group, option)
+            cfg[group] = _option_node(probes, group, option)
             assert cfg[group].name == option
             validate(cfg)
+        cfg[group] = own
+    assert cfg == compose_config([f"+experiment={preset}"])
 
 
 def test_a_preset_with_an_option_is_built_as_hydra_composes_it():
-    """The construction above against Hydra itself, on the preset that writes keys of the most of these groups."""
+    """The construction above against Hydra itself, on the preset that writes keys of the most of these groups:
+    one option of each schema, its last (renamed from its probe's first where the schema has more than one)."""
     preset = "seed_critic"
     preset_cfg, probes = compose_config([f"+experiment={preset}"]), _probes(preset)
     for group in STABILITY_GROUPS:
-        for option in group_options(group):
-            built = _with_option(preset_cfg, probes, group, option)
+        for option in {SCHEMAS[group][option]: option for option in group_options(group)}.values():
+            built = pickle.loads(pickle.dumps(preset_cfg))
+            built[group] = _option_node(probes, group, option)
             composed = compose_hydra([f"+experiment={preset}", f"{group}={option}"])
             assert OmegaConf.to_container(built) == OmegaConf.to_container(composed), (group, option)
+            assert OmegaConf.get_type(built[group]) is OmegaConf.get_type(composed[group])
 
 
 COMPOSITIONS = [
@@ -323,14 +331,22 @@ def test_the_out_of_domain_table_covers_every_numeric_key():
 
 def refused_keys(base: list[str], keys: list[str]) -> dict[str, str | None]:
     """For each key, the key validate names once the key is set to its out-of-domain value on the command
-    line after ``base``, or None when it is accepted."""
-    named: dict[str, str | None] = {}
+    line after ``base``, or None when it is accepted: one composed config, each key set as Hydra sets a
+    command-line override and put back after its check."""
+    cfg, named = compose_config(base), {}
     for key in keys:
+        before = OmegaConf.select(cfg, key)
+        before = OmegaConf.to_container(before) if OmegaConf.is_config(before) else before
+        ConfigLoaderImpl._apply_overrides_to_config(
+            OverridesParser.create().parse_overrides([f"{key}={OUT_OF_DOMAIN[key]}"]), cfg
+        )
         try:
-            validate(compose_config([*base, f"{key}={OUT_OF_DOMAIN[key]}"]))
+            validate(cfg)
             named[key] = None
         except ConfigError as err:
             named[key] = err.key
+        OmegaConf.update(cfg, key, before, merge=False)
+    assert cfg == compose_config(base)  # every key put back
     return named
 
 
