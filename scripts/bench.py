@@ -42,7 +42,7 @@ evaluation off (eval.episodes=0: the SB3 baselines do not evaluate; every sectio
                FLOPs (online and target forward, weight and input gradients) at the rate torch.bmm
                reaches there on the network's largest layer, both measured in the same process.
 
-Optional sections, only with --only (they need the mujoco extra and take minutes a round):
+Optional sections, only with --only (they need the mujoco extra; the first two take minutes a round):
 
   sac_mujoco_vs_sb3  rlexp SAC (population of 1) vs SB3 SAC on Hopper-v5 with rl-baselines3-zoo's
                settings (SB3's defaults: Adam 3e-4, batch 256, 256-256 ReLU, tau 0.005, alpha tuned;
@@ -50,6 +50,18 @@ Optional sections, only with --only (they need the mujoco extra and take minutes
                whole-process wall time of both.
   td3_mujoco_population  rlexp TD3 on Hopper-v5 (256-256, learning_starts as above) at num_seeds = 1
                and 5, one torch thread each: env steps/s per seed at P = 5 over P = 1's.
+  sac_floor    rlexp's SAC update as the training loop runs it, with sac_mujoco_vs_sb3's settings (Hopper-v5,
+               256-256 ReLU, batch 256, Adam, alpha tuned; one member, one thread), against its arithmetic
+               floor. The update's time: the loop wall time (summary.json wall_s) of a 1200-step run with
+               updates (240 random steps, then one update a step) minus that of the same run without
+               (algo.learning_starts=1199: one update, at the last step), over the difference of their
+               update counts (train/updates in metrics.jsonl). So it holds the gradient step (alpha's,
+               the critics' and the actor's pipeline steps, the targets' EMA) and the work the loop adds
+               per update: the replay sample, the noise draws, the records (and every diagnostics.every
+               updates the instruments), acting through the policy instead of at random: what the SB3
+               comparison pays per update. The floor, in a fresh process (bench.py --floor 1 --floor-update
+               sac): the update's matmul FLOPs (sac_update_flops, from sac.build's layer shapes) at the
+               rate torch.bmm reaches there on the largest layer ([256 x 256] . [256 x 256]).
 
 Defaults: DQN 50k steps, PPO 100k steps, MinAtar 20k steps, populations 1 4 16 64, 5 repeats. --quick:
 DQN 10k steps, PPO 10k steps, MinAtar 5k steps, populations 1 16, 1 repeat (MinAtar's learning_starts:
@@ -63,14 +75,17 @@ diagnostics_overhead = default / off - 1 (<= 0.10); startup_to_first_step_s (<= 
 ppo_speedup_vs_sb3 = sb3 / rlexp (>= 1.5); packed_grid_speedup = unpacked / packed (>= 2.5: the grid's
 75 minutes to 30); sac_mujoco_speedup_vs_sb3 = sb3 / rlexp (>= 1.8); minatar_dqn_speedup_vs_sb3 = sb3 / rlexp
 (>= 1.5); minatar_per_seed_p8_vs_p1 = 8 x wall(P=1) / wall(P=8) (>= 3); td3_mujoco_per_seed_p5_vs_p1 =
-5 x wall(P=1) / wall(P=5) (>= 1); minatar_update_over_floor = the update's time / its floor (<= 3).
+5 x wall(P=1) / wall(P=5) (>= 1); minatar_update_over_floor = the update's time / its floor (<= 3);
+sac_update_over_floor = SAC's update time / its floor (no target: informational).
 
 Besides each case, medians_s holds dqn_rlexp_loop and ppo_rlexp_loop (rlexp's loop-only wall time,
-from summary.json) and startup_process (the start-up runs, launch to exit). Peak RSS: the largest
-over the repeats, per population.
+from summary.json), startup_process (the start-up runs, launch to exit), minatar_floor (the floor
+beside the update's time) and sac_update (the SAC update's time from each round's sac_loop and
+sac_loop_idle). Peak RSS: the largest over the repeats, per population.
 
 Prints a table and writes bench.json (date, machine and load, versions, settings, commands, medians,
-every sample, peak RSS, throughput, ratios, targets) to the repo root unless --out says otherwise.
+every sample, peak RSS, throughput, the floor measurements, sac_floor's update counts, ratios, targets) to
+the repo root unless --out says otherwise.
 The SB3 sections need stable-baselines3: pip install -e ".[bench]".
 """
 
@@ -104,14 +119,17 @@ SECTIONS = (
     "minatar_population",
     "minatar_floor",
 )
-OPTIONAL_SECTIONS = ("sac_mujoco_vs_sb3", "td3_mujoco_population")  # measured only when --only names them
+OPTIONAL_SECTIONS = ("sac_mujoco_vs_sb3", "td3_mujoco_population", "sac_floor")  # measured only when --only names them
 SB3_SECTIONS = ("dqn_vs_sb3", "ppo_vs_sb3", "sac_mujoco_vs_sb3", "minatar_vs_sb3")
+MUJOCO_SECTIONS = ("sac_mujoco_vs_sb3", "td3_mujoco_population", "sac_floor")
+MUJOCO_FIX = 'pip install -e ".[mujoco]"'
 MINATAR_LEARNING_STARTS = 5_000  # conf/experiment/minatar_dqn.yaml
 SB3_FIX = 'pip install -e ".[bench]"'
 CLEANRL_LEARNING_STARTS = 10_000  # conf/experiment/cleanrl_dqn.yaml
 DEFAULT_LEARNING_STARTS = 1_000  # conf/algo/dqn.yaml
 ZOO_MUJOCO_LEARNING_STARTS = 10_000  # rl-baselines3-zoo's sac.yml, its MuJoCo entries
-# name -> (comparison, target); PASS when the figure compares true against the target
+# name -> (comparison, target); PASS when the figure compares true against the target (a figure not
+# here, sac_update_over_floor, is informational: no verdict)
 TARGETS = {
     "dqn_speedup_vs_sb3": (">=", 1.8),
     "per_seed_throughput_p16_vs_p1": (">=", 4.0),
@@ -128,6 +146,8 @@ TARGETS = {
 MINATAR_POPULATION = 8  # minatar_population: P = 1 against P = this
 MUJOCO_POPULATION = 5  # td3_mujoco_population: P = 1 against P = this
 FLOOR_UPDATES = 200  # minatar_floor: updates per timing (the median of 5 timings)
+SAC_LOOP_STEPS = 1_200  # sac_floor: env steps per run (learning_starts 240: 960 updates, or 1 without)
+SAC_FLOOR_MATMULS = 200  # sac_floor: torch.bmm calls per timing of the floor's rate (the median of 5)
 # the packing section's 24-cell slice of the stability grid: 2 network shapes x its 12 init x clipping x
 # optimizer cells, each a population of 8 seeds (the grid's own settings, a shorter budget)
 GRID_SLICE = ["activation=relu,tanh", "normalization=none"]
@@ -279,7 +299,9 @@ class Sample:
     rss_mb: float
     loop_s: float | None = None  # summary.json wall_s: the training loop (start-up excluded)
     startup_s: float | None = None  # launch to the first env step
-    floor_s: float | None = None  # minatar_floor: the update's arithmetic at the measured matmul rate
+    floor_s: float | None = None  # minatar_floor, sac_floor: the update's arithmetic at the measured matmul rate
+    floor: dict[str, float] | None = None  # and the --floor sub-command's whole JSON (flops, matmul_gflops too)
+    updates: int | None = None  # sac_floor's runs: the gradient steps taken (train/updates, the last record)
 
 
 def run_process(command: list[str], env: dict[str, str], workdir: Path) -> tuple[float, float, float]:
@@ -299,8 +321,9 @@ def run_process(command: list[str], env: dict[str, str], workdir: Path) -> tuple
     return launched, wall, rusage.ru_maxrss / 1024.0  # ru_maxrss is KiB on Linux
 
 
-def rlexp_run(overrides: list[str], workdir: Path, mode: str = "disabled") -> Sample:
-    """One rlexp training job in a fresh process, its run dir under ``workdir``."""
+def rlexp_run(overrides: list[str], workdir: Path, mode: str = "disabled", updates: bool = False) -> Sample:
+    """One rlexp training job in a fresh process, its run dir under ``workdir``; with ``updates``, the
+    number of gradient steps it took (one member's last record's train/updates)."""
     run_dir = Path(tempfile.mkdtemp(dir=workdir))
     command = rlexp_command(overrides, mode) + [f"hydra.run.dir={run_dir}"]
     launched, wall, rss = run_process(command, {**os.environ, "WANDB_SILENT": "true"}, workdir)
@@ -308,7 +331,11 @@ def rlexp_run(overrides: list[str], workdir: Path, mode: str = "disabled") -> Sa
     if summary["status"] != "ok" or summary.get("first_step_at") is None:
         raise SystemExit(f"bench.py: {' '.join(overrides)} ended {summary['status']}: {summary.get('error')}")
     first_step = datetime.fromisoformat(summary["first_step_at"]).timestamp()
-    return Sample(process_s=wall, rss_mb=rss, loop_s=summary["wall_s"], startup_s=first_step - launched)
+    sample = Sample(process_s=wall, rss_mb=rss, loop_s=summary["wall_s"], startup_s=first_step - launched)
+    if updates:
+        last = next(run_dir.glob("*/metrics.jsonl")).read_text().splitlines()[-1]
+        sample.updates = json.loads(last)["train/updates"]
+    return sample
 
 
 def rlexp_command(overrides: list[str], mode: str) -> list[str]:
@@ -336,28 +363,92 @@ def sb3_run(algo: str, steps: int, seed: int, workdir: Path, learning_starts: in
     return Sample(process_s=wall, rss_mb=rss)
 
 
-def minatar_update_floor(members: int, updates: int) -> dict[str, float]:
-    """The MinAtar DQN update (``+experiment=minatar_dqn``: a batch of 32 through ``dqn_loss`` and the
-    gradient pipeline, as the training loop runs it, one torch thread) timed in this process, beside its
-    arithmetic floor: the update's multiply-adds (per member and sample: the online and the target
-    forward, the weight gradients and the input gradients of every layer but the first) at the rate this
-    machine's ``torch.bmm`` reaches on the network's largest layer. Seconds per update; FLOPs; GFLOP/s."""
-    import copy
+def seconds(fn: Callable[[], object], n: int) -> float:
+    """The median of 5 timings of n calls of ``fn``, per call (after n // 10 calls to warm up)."""
+    for _ in range(max(1, n // 10)):
+        fn()
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        times.append((time.perf_counter() - start) / n)
+    return statistics.median(times)
 
-    import torch
+
+def compose_config(overrides: list[str]) -> object:
+    """rlexp's config for ``overrides`` (W&B and evaluation off), as ``rlexp.train`` composes it."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from rlexp.algos.dqn import dqn_loss
     from rlexp.compose.registry import register
+
+    register()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return OmegaConf.to_object(compose(config_name="config", overrides=overrides))
+
+
+def layer_macs(net: object) -> list[int]:
+    """Each linear (or convolution) layer's multiply-adds per member and sample, in forward order."""
+    macs = []
+    for layer in net.layers:
+        out, fan_in = layer.weight.shape[1:]
+        g = getattr(layer, "geometry", None)
+        macs.append(out * fan_in * (g.out_height * g.out_width if g is not None else 1))
+    return macs
+
+
+def dqn_update_flops(macs: list[int], members: int, batch_size: int) -> int:
+    """A DQN update's FLOPs (2 per multiply-add) from its network's per-layer multiply-adds: the online
+    and the target forward, the weight gradients, and the input gradients of every layer but the first
+    (the observation needs none)."""
+    return 2 * members * batch_size * (4 * sum(macs) - macs[0])
+
+
+def sac_update_flops(actor: list[int], critic: list[int], members: int, batch_size: int) -> int:
+    """One SAC gradient step's FLOPs (2 per multiply-add) from the actor's and one critic's per-layer
+    multiply-adds (a gradient step of ``sac.train``; matmuls only, the elementwise passes and the
+    optimizers left out). Per member and sample, the actor: its forward on s (with autograd), its forward
+    on s' for the target, its weight gradients and its input gradients but the first layer's (from the
+    actor loss; s needs none): 4 A - a_0. Each of the twin critics: the target critic's forward on
+    (s', a'), its forward on (s, a) and, from the critic loss, its weight gradients and input gradients but
+    the first layer's ((s, a) needs none); then its forward on (s, a_pi) and, from the actor loss, the input
+    gradients of every layer, the first included (to reach a_pi; its weights frozen, no weight gradients):
+    6 C - c_0 per critic. The alpha loss has no matmul."""
+    a, c = sum(actor), sum(critic)
+    return 2 * members * batch_size * (4 * a - actor[0] + 2 * (6 * c - critic[0]))
+
+
+def matmul_rate(members: int, batch_size: int, fan_in: int, out: int, calls: int) -> float:
+    """The FLOP/s ``torch.bmm`` reaches here on [P, B, fan_in] . [P, fan_in, out] (median of 5 timings)."""
+    import torch
+
+    a, b = torch.rand(members, batch_size, fan_in), torch.rand(members, fan_in, out)
+    return 2 * members * batch_size * fan_in * out / seconds(lambda: torch.bmm(a, b), calls)
+
+
+def largest_layer(nets: list[object]) -> tuple[int, int]:
+    """(fan_in, out) of the nets' largest linear layer (by weights per member)."""
+    largest = max((layer for net in nets for layer in net.layers), key=lambda layer: layer.weight[0].numel())
+    out, fan_in = largest.weight.shape[1:]
+    return fan_in, out
+
+
+def minatar_update_floor(members: int, updates: int) -> dict[str, float]:
+    """The MinAtar DQN update (``+experiment=minatar_dqn``: a batch of 32 through ``dqn_loss`` and the
+    gradient pipeline, as the training loop runs it, one torch thread) timed in this process, beside its
+    arithmetic floor: the update's multiply-adds (``dqn_update_flops``) at the rate this machine's
+    ``torch.bmm`` reaches on the network's largest layer. Seconds per update; FLOPs; GFLOP/s."""
+    import copy
+
+    import torch
+
+    from rlexp.algos.dqn import dqn_loss
     from rlexp.data.buffers import Batch
     from rlexp.run.context import RunContext
 
     torch.set_num_threads(1)
-    overrides = ["+experiment=minatar_dqn", f"num_seeds={members}", "logger.mode=disabled", "eval.episodes=0"]
-    register()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = OmegaConf.to_object(compose(config_name="config", overrides=overrides))
+    cfg = compose_config(["+experiment=minatar_dqn", f"num_seeds={members}", "logger.mode=disabled", "eval.episodes=0"])
     ctx = RunContext.create(cfg, torch.device("cpu"))
     n_actions, obs_dim, batch_size = int(ctx.env.action_space.n), ctx.env.obs_dim, cfg.algo.batch_size
     q_net = ctx.make_net(obs_dim, n_actions)
@@ -382,48 +473,59 @@ def minatar_update_floor(members: int, updates: int) -> dict[str, float]:
         loss, _ = dqn_loss(q_net, target_net, batch, cfg.algo, r_scale, written, cfg.algo.gamma)
         pipeline.step(loss, 0, written_backward=written)
 
-    def seconds(fn: Callable[[], object], n: int) -> float:
-        """The median of 5 timings of n calls, per call."""
-        for _ in range(max(1, n // 10)):
-            fn()
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            for _ in range(n):
-                fn()
-            times.append((time.perf_counter() - start) / n)
-        return statistics.median(times)
-
     update_s = seconds(update, updates)
-    macs = []  # per member and sample: each layer's multiply-adds
-    for layer in q_net.layers:
-        out, fan_in = layer.weight.shape[1:]
-        g = getattr(layer, "geometry", None)
-        macs.append(out * fan_in * (g.out_height * g.out_width if g is not None else 1))
-    flops = 2 * members * batch_size * (4 * sum(macs) - macs[0])  # online, target, weight grads, input grads
-    largest = max(q_net.layers, key=lambda layer: layer.weight[0].numel())
-    out, fan_in = largest.weight.shape[1:]
-    a, b = torch.rand(members, batch_size, fan_in), torch.rand(members, fan_in, out)
-    matmul_s = seconds(lambda: torch.bmm(a, b), updates)
-    rate = 2 * members * batch_size * fan_in * out / matmul_s  # FLOP/s
+    flops = dqn_update_flops(layer_macs(q_net), members, batch_size)
+    rate = matmul_rate(members, batch_size, *largest_layer([q_net]), updates)  # FLOP/s
     ctx.env.close()
     ctx.evaluator.close()
     return {"update_s": update_s, "floor_s": flops / rate, "flops": flops, "matmul_gflops": rate / 1e9}
 
 
-def floor_command(members: int, updates: int) -> list[str]:
-    """The command line of a floor measurement: this script's internal --floor sub-command."""
-    return [sys.executable, str(Path(__file__).resolve()), "--floor", str(members), "--steps", str(updates)]
+def sac_floor(members: int, calls: int) -> dict[str, float]:
+    """The arithmetic floor of rlexp's SAC update on Hopper-v5 (``sac_mujoco_overrides``: 256-256 ReLU,
+    batch 256): its multiply-adds (``sac_update_flops``, from the layers of ``sac.build``'s networks) at
+    the rate this machine's ``torch.bmm`` reaches on their largest layer ([B, 256] . [256, 256]; median of 5
+    timings of ``calls`` calls, one torch thread). Seconds per update; FLOPs; GFLOP/s."""
+    import torch
+
+    from rlexp.algos import sac
+    from rlexp.run.context import RunContext
+
+    torch.set_num_threads(1)
+    # the steps set total_steps and learning_starts alone, which the networks do not read
+    overrides = [*sac_mujoco_overrides(5_000), f"num_seeds={members}", "logger.mode=disabled", "eval.episodes=0"]
+    cfg = compose_config(overrides)
+    ctx = RunContext.create(cfg, torch.device("cpu"))
+    nets = sac.build(ctx).nets
+    actor, critics = nets["actor"], list(nets["critics"])
+    flops = sac_update_flops(layer_macs(actor), layer_macs(critics[0]), members, cfg.algo.batch_size)
+    rate = matmul_rate(members, cfg.algo.batch_size, *largest_layer([actor, *critics]), calls)
+    ctx.env.close()
+    ctx.evaluator.close()
+    return {"floor_s": flops / rate, "flops": flops, "matmul_gflops": rate / 1e9}
 
 
-def floor_run(members: int, updates: int, workdir: Path) -> Sample:
-    """One floor measurement in a fresh process (``minatar_update_floor``; its JSON on stdout)."""
+FLOORS = {"minatar": minatar_update_floor, "sac": sac_floor}  # --floor-update: which update's floor --floor measures
+
+
+def floor_command(members: int, updates: int, update: str = "minatar") -> list[str]:
+    """The command line of a floor measurement: this script's internal --floor sub-command (``update``:
+    which update, a key of ``FLOORS``; MinAtar's, the default, needs no flag)."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--floor", str(members), "--steps", str(updates)]
+    return command + (["--floor-update", update] if update != "minatar" else [])
+
+
+def floor_run(members: int, updates: int, workdir: Path, update: str = "minatar") -> Sample:
+    """One floor measurement in a fresh process (``FLOORS[update]``; its JSON on stdout). process_s: the
+    update's time where the process times it (MinAtar's), else the floor's."""
     env = script_env()
-    proc = subprocess.run(floor_command(members, updates), env=env, cwd=workdir, capture_output=True, text=True)
+    command = floor_command(members, updates, update)
+    proc = subprocess.run(command, env=env, cwd=workdir, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"bench.py: the floor measurement failed\n{proc.stderr[-2000:]}")
     found = json.loads(proc.stdout.strip().splitlines()[-1])
-    return Sample(process_s=found["update_s"], rss_mb=0.0, floor_s=found["floor_s"])
+    update_s = found.get("update_s", found["floor_s"])
+    return Sample(process_s=update_s, rss_mb=0.0, floor_s=found["floor_s"], floor=found)
 
 
 def grid_command(overrides: list[str], sweep_dir: Path) -> list[str]:
@@ -630,10 +732,32 @@ def build_cases(
             lambda r: floor_run(1, FLOOR_UPDATES, workdir),
             floor_command(1, FLOOR_UPDATES),
         )
+    if "sac_floor" in sections:  # sac_update: (sac_loop - sac_loop_idle) / their updates' difference, per round
+        sac = [*sac_mujoco_overrides(SAC_LOOP_STEPS), "threads=1"]
+        idle = [o for o in sac if not o.startswith("algo.learning_starts=")]
+        idle.append(f"algo.learning_starts={SAC_LOOP_STEPS - 1}")  # rlexp needs it < total_steps: one update
+        for name, over in (("sac_loop", sac), ("sac_loop_idle", idle)):
+            add(
+                name,
+                loop,
+                lambda r, over=over: rlexp_run(over + [f"seed={r}"], workdir, updates=True),
+                rlexp_command(over, "disabled"),
+            )
+        add(
+            "sac_floor",
+            lambda s: s.floor_s,
+            lambda r: floor_run(1, SAC_FLOOR_MATMULS, workdir, "sac"),
+            floor_command(1, SAC_FLOOR_MATMULS, "sac"),
+        )
     return cases, commands
 
 
 # ------------------------------------------------------------------ figures and report
+def sac_update_s(loop: Sample, idle: Sample) -> float:
+    """Seconds per SAC update in the loop: the loop time the updates add, over how many more there were."""
+    return (loop.loop_s - idle.loop_s) / (loop.updates - idle.updates)
+
+
 def ratios_of(medians: dict[str, float]) -> dict[str, float | None]:
     """The five figures with targets, from the medians (None when their cases were not measured)."""
 
@@ -659,12 +783,13 @@ def ratios_of(medians: dict[str, float]) -> dict[str, float | None]:
         "minatar_per_seed_p8_vs_p1": per_seed("minatar", MINATAR_POPULATION),
         "td3_mujoco_per_seed_p5_vs_p1": per_seed("td3_mujoco", MUJOCO_POPULATION),
         "minatar_update_over_floor": div("minatar_update", "minatar_floor"),
+        "sac_update_over_floor": div("sac_update", "sac_floor"),
     }
 
 
 def verdict(name: str, value: float | None) -> bool | None:
-    """True when ``value`` meets its target, None when it was not measured."""
-    if value is None:
+    """True when ``value`` meets its target, None when it was not measured or has no target."""
+    if value is None or name not in TARGETS:
         return None
     op, target = TARGETS[name]
     return value >= target if op == ">=" else value <= target
@@ -724,7 +849,7 @@ def print_table(
         print(f"{name:24s} {value:9.4g}  {' '.join(f'{v:.4g}' for v in samples[name])}{extra}")
     print(f"\n{'figure':32s} {'value':>8s}  {'target':>8s}  verdict  {'per round':>9s}")
     for name, value in ratios.items():
-        op, target = TARGETS[name]
+        op, target = TARGETS.get(name, ("", "-"))
         ok = verdict(name, value)
         shown = "n/a" if value is None else f"{value:.3f}"
         in_rounds = "n/a" if paired[name] is None else f"{paired[name]:.3f}"
@@ -778,6 +903,7 @@ def main() -> int:
     sb3_runs = ("dqn", "ppo", "sac_hopper", "minatar_dqn")
     parser.add_argument("--sb3", choices=sb3_runs, help=argparse.SUPPRESS)  # internal: one SB3 run
     parser.add_argument("--floor", type=int, help=argparse.SUPPRESS)  # internal: one floor measurement, P members
+    parser.add_argument("--floor-update", choices=tuple(FLOORS), default="minatar", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--learning-starts", type=int, default=CLEANRL_LEARNING_STARTS, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -791,8 +917,13 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
+    needs_mujoco = [s for s in sections if s in MUJOCO_SECTIONS]
+    if needs_mujoco and importlib.util.find_spec("mujoco") is None:
+        print(f"bench.py: mujoco is not installed (needed by {', '.join(needs_mujoco)}): {MUJOCO_FIX}", file=sys.stderr)
+        return 2
     if args.floor:
-        print(json.dumps(minatar_update_floor(args.floor, args.steps or FLOOR_UPDATES)))
+        default = FLOOR_UPDATES if args.floor_update == "minatar" else SAC_FLOOR_MATMULS
+        print(json.dumps(FLOORS[args.floor_update](args.floor, args.steps or default)))
         return 0
     if args.sb3:
         if args.sb3 == "dqn":
@@ -836,9 +967,12 @@ def main() -> int:
         samples: dict[str, list[float]] = {name: [] for name, _, _ in cases}
         extra: dict[str, list[float]] = {}  # rlexp's loop-only times; the start-up run's whole process
         rss: dict[str, list[float]] = {}
+        floors: dict[str, list[dict[str, float]]] = {}  # each floor case's measurements, round by round
+        updates: dict[str, list[int]] = {}  # sac_floor's runs: their gradient steps, round by round
         for r in range(repeats):
+            ran: dict[str, Sample] = {}
             for name, figure, run in cases:
-                sample = run(r)
+                sample = ran[name] = run(r)
                 samples[name].append(figure(sample))
                 if name in ("dqn_rlexp", "ppo_rlexp", "sac_mujoco_rlexp", "minatar_rlexp"):
                     extra.setdefault(f"{name}_loop", []).append(sample.loop_s)
@@ -846,11 +980,17 @@ def main() -> int:
                     extra.setdefault("startup_process", []).append(sample.process_s)
                 if name == "minatar_update":
                     extra.setdefault("minatar_floor", []).append(sample.floor_s)
+                if name in ("minatar_update", "sac_floor"):
+                    floors.setdefault(name, []).append(sample.floor)
+                if sample.updates is not None:
+                    updates.setdefault(name, []).append(sample.updates)
                 if name in ("grid24_unpacked", "grid24_packed"):
                     extra.setdefault(f"{name}_loop", []).append(sample.loop_s)
                 if name.startswith("population_p"):
                     rss.setdefault(name[len("population_p") :], []).append(sample.rss_mb)
                 print(f"[{r + 1}/{repeats}] {name}: {samples[name][-1]:.2f} s", flush=True)
+            if "sac_loop" in ran:
+                extra.setdefault("sac_update", []).append(sac_update_s(ran["sac_loop"], ran["sac_loop_idle"]))
     samples.update(extra)
     medians = {name: statistics.median(values) for name, values in samples.items()}
     ratios = ratios_of(medians)
@@ -896,9 +1036,13 @@ def main() -> int:
         "peak_rss_mb": peak_rss,
         "throughput": throughput,
         "pack_per_member_steps_per_s": pack_throughput,
+        "floors": floors,  # per floor case and round: floor_s, flops, matmul_gflops (and MinAtar's update_s)
+        "updates": updates,  # per sac_floor run and round: its gradient steps
         "ratios": ratios,  # from the medians: what the verdicts judge
         "ratios_per_round_median": paired,  # each round's figure, then the median over rounds
-        "targets": {name: {"op": op, "value": value} for name, (op, value) in TARGETS.items()},
+        "targets": {  # null: an informational figure (sac_update_over_floor)
+            name: {"op": TARGETS[name][0], "value": TARGETS[name][1]} if name in TARGETS else None for name in ratios
+        },
         "passed": {name: verdict(name, value) for name, value in ratios.items()},
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -148,6 +148,7 @@ def test_bench_smoke_writes_consistent_figures(tmp_path):
     assert bench["ratios_per_round_median"]["ppo_speedup_vs_sb3"] == pytest.approx(statistics.median(per_round))
     assert ratios["packed_grid_speedup"] is None and bench["passed"]["packed_grid_speedup"] is None  # not measured
     assert ratios["sac_mujoco_speedup_vs_sb3"] is None  # optional: measured only with --only
+    assert ratios["sac_update_over_floor"] is None and bench["targets"]["sac_update_over_floor"] is None  # no target
     assert ratios["td3_mujoco_per_seed_p5_vs_p1"] is None
     for name, value in ratios.items():
         if value is None:
