@@ -10,7 +10,6 @@ import math
 
 import numpy as np
 import pytest
-import scipy.stats
 import torch
 import torch.nn.functional as F
 from composing import compose_config
@@ -293,6 +292,8 @@ def test_policy_log_prob_and_entropy_match_torch_distributions():
 
 
 def test_policy_sampling_is_the_inverse_cdf_of_each_members_uniforms():
+    from scipy.stats import norm
+
     P, E, A = 2, 50, 3
     g = torch.Generator().manual_seed(4)
     out = torch.randn(P, E, A, generator=g)
@@ -313,7 +314,7 @@ def test_policy_sampling_is_the_inverse_cdf_of_each_members_uniforms():
     with torch.no_grad():
         gaussian.log_std.fill_(math.log(0.5))
     sampled = gaussian.sample(out, u)
-    expected = out + 0.5 * torch.tensor(scipy.stats.norm.ppf(u.double().numpy()), dtype=torch.float32)
+    expected = out + 0.5 * torch.tensor(norm.ppf(u.double().numpy()), dtype=torch.float32)
     torch.testing.assert_close(sampled, expected, rtol=1e-4, atol=1e-4)
 
 
@@ -325,6 +326,8 @@ def tanh_normal_actor(P: int, A: int) -> tuple[Actor, np.ndarray, np.ndarray]:
 def test_tanh_normal_log_prob_entropy_and_mode_are_the_direct_computation():
     """log pi of the squashed action (tanh's and the box's Jacobian), the entropy's one-sample estimate at the
     rollout's sample (its value and its reparameterized gradient), the std's biased softplus, the mode."""
+    from scipy.stats import norm
+
     P, B, A = 2, 7, 3
     g = torch.Generator().manual_seed(5)
     actor, low, high = tanh_normal_actor(P, A)
@@ -365,7 +368,7 @@ def test_tanh_normal_log_prob_entropy_and_mode_are_the_direct_computation():
         assert np.array_equal(actor.mode(out, None, None), into_box(out[..., :A]))  # tanh of the location
         assert np.array_equal(actor.env_action(u, low, high), into_box(u))
         uniform = torch.rand(P, B, A, generator=g)
-        normal = torch.tensor(scipy.stats.norm.ppf(uniform.double().numpy()), dtype=torch.float32)
+        normal = torch.tensor(norm.ppf(uniform.double().numpy()), dtype=torch.float32)
         torch.testing.assert_close(
             actor.sample(out, uniform), out[..., :A] + std.float() * normal, rtol=1e-4, atol=1e-4
         )

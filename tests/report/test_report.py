@@ -15,9 +15,6 @@ import pytest
 
 pytest.importorskip("rliable", reason="pip install -e '.[report]'")
 
-from rliable import library, metrics
-from scipy.stats import trim_mean
-
 from rlexp.report.html import render_html
 from rlexp.report.main import build_report, instrument_panels, write_outputs
 from rlexp.report.stats import (
@@ -114,6 +111,9 @@ def synthetic(tmp_path_factory) -> Path:
 
 
 def test_iqm_ci_profile_and_poi_match_rliable(synthetic):
+    from rliable import library, metrics
+    from scipy.stats import trim_mean
+
     report = build_report(synthetic, reps=300, seed=7, draw=False)
     by_cell = {s.cell: s for s in report.cells}
     a = by_cell["activation=relu,init=he"]  # optimizer follows init here: it names no cell of its own
@@ -148,6 +148,8 @@ def test_iqm_ci_profile_and_poi_match_rliable(synthetic):
 def test_eval_return_is_the_score_when_the_jobs_evaluated(synthetic, tmp_path):
     """Jobs that evaluated are scored by eval_return (a member without one is not scored), and the page
     and grid.csv say so; jobs without evaluation keep the training final_return."""
+    from scipy.stats import trim_mean
+
     root = tmp_path / "evaluated"
     evals = [100.0, 200.0, 300.0, 400.0, 500.0, 600.0, 700.0, None]  # the last member never evaluated
     write_job(root, "0", {"activation": "relu"}, A, eval_returns=evals)
@@ -189,6 +191,8 @@ def test_instrument_curves_draw_each_members_records_per_cell(synthetic, tmp_pat
 def test_scoring_rule_switches_how_diverged_members_count(synthetic):
     """--diverged-score: frozen keeps a diverged member's score, zero gives it the random policy's
     return (CartPole-v1's in NORMALIZATION), drop leaves it out; n scored/total says how many entered."""
+    from scipy.stats import trim_mean
+
     cell = "activation=tanh,init=he"  # B, members 0 and 3 diverged
     random = NORMALIZATION["CartPole-v1"][0]
     expected = {
@@ -205,6 +209,9 @@ def test_scoring_rule_switches_how_diverged_members_count(synthetic):
 
 
 def test_interval_estimates_poi_matrix_and_curves_match_direct_computations(synthetic):
+    from rliable import library, metrics
+    from scipy.stats import trim_mean
+
     report = build_report(synthetic, reps=100, seed=3)
     x = np.array(A).reshape(-1, 1)
     gamma = NORMALIZATION["CartPole-v1"][1]  # CartPole-v1's reference return: the optimality gap's threshold
@@ -261,6 +268,8 @@ def test_interval_estimates_poi_matrix_and_curves_match_direct_computations(synt
 
 
 def test_two_envs_an_empty_metrics_file_and_a_crashed_job_label_every_figure_honestly(tmp_path):
+    from scipy.stats import trim_mean
+
     root = tmp_path / "sweep"
     acro = [-500.0, -400.0, -300.0, -200.0, -150.0, -120.0, -110.0, -100.0]
     write_job(root, "0", {"activation": "relu"}, A, empty=(2,))
