@@ -96,6 +96,13 @@ def write_job(
         (job / f"seed_{m['member']}" / "wandb" / f"offline-run-20260101_000000-run{name}m{k}").mkdir(parents=True)
 
 
+def unwritten_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report draws every figure and writes none as a PNG file."""
+    from rlexp.report import plots
+
+    monkeypatch.setattr(plots, "_png", lambda fig, path: plots._plt().close(fig))
+
+
 A = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 800.0]  # middle 50%: 30, 40, 50, 60 -> IQM 45
 B = [5.0, 1.0, 2.0, 3.0, 4.0, 6.0, 7.0, 8.0]  # middle 50%: 3, 4, 5, 6 -> IQM 4.5
 
@@ -208,10 +215,11 @@ def test_scoring_rule_switches_how_diverged_members_count(synthetic):
         assert f"--diverged-score {rule}</code>" in render_html(report)
 
 
-def test_interval_estimates_poi_matrix_and_curves_match_direct_computations(synthetic):
+def test_interval_estimates_poi_matrix_and_curves_match_direct_computations(synthetic, monkeypatch):
     from rliable import library, metrics
     from scipy.stats import trim_mean
 
+    unwritten_figures(monkeypatch)
     report = build_report(synthetic, reps=100, seed=3)
     x = np.array(A).reshape(-1, 1)
     gamma = NORMALIZATION["CartPole-v1"][1]  # CartPole-v1's reference return: the optimality gap's threshold
