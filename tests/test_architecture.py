@@ -63,7 +63,10 @@ def imported_modules(module: str) -> set[str]:
     return found - own
 
 
-IMPORTS: dict[str, set[str]] = {m: imported_modules(m) for m in MODULES}
+@pytest.fixture(scope="module")
+def imports() -> dict[str, set[str]]:
+    """Each rlexp module's imported rlexp modules."""
+    return {m: imported_modules(m) for m in MODULES}
 
 
 def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -114,8 +117,8 @@ def cycle_through(start: str, group: set[str], graph: dict[str, set[str]]) -> li
     return paths[start]
 
 
-def test_rlexp_imports_have_no_cycle():
-    cycles = [" -> ".join(c) for c in import_cycles(IMPORTS)]
+def test_rlexp_imports_have_no_cycle(imports):
+    cycles = [" -> ".join(c) for c in import_cycles(imports)]
     assert not cycles, "import cycles among rlexp modules:\n" + "\n".join(cycles)
 
 
@@ -173,8 +176,8 @@ def test_every_module_lies_in_a_layer():
     assert packages == set(LAYERS)
 
 
-def test_no_module_imports_from_a_higher_layer():
-    upward = upward_imports(IMPORTS)
+def test_no_module_imports_from_a_higher_layer(imports):
+    upward = upward_imports(imports)
     assert not upward, "imports from a higher layer:\n" + "\n".join(upward)
 
 
@@ -184,12 +187,12 @@ def test_the_layer_check_names_an_upward_import():
     assert upward_imports({"rlexp.train": {"rlexp.algos"}, "rlexp.algos.dqn": {"rlexp.run.context"}}) == []
 
 
-def test_no_algorithm_imports_another():
+def test_no_algorithm_imports_another(imports):
     """What algorithms share lives in ``rlexp.algos.common``; the registry (``rlexp.algos``) gathers them."""
     algorithms = {m for m in MODULES if m.startswith("rlexp.algos.")} - {"rlexp.algos.common"}
     for module in algorithms:
-        assert not IMPORTS[module] & algorithms, module
-    assert "rlexp.algos" in IMPORTS["rlexp.train"]  # the entry point picks the algorithm
+        assert not imports[module] & algorithms, module
+    assert "rlexp.algos" in imports["rlexp.train"]  # the entry point picks the algorithm
 
 
 def test_each_algorithm_trains_with_a_run_context_and_declares_its_schema():
@@ -225,12 +228,12 @@ def private_reaches(source: str) -> list[str]:
     ]
 
 
-def test_checkpoints_keep_the_file_format_and_reach_into_no_part():
+def test_checkpoints_keep_the_file_format_and_reach_into_no_part(imports):
     """``rlexp/run/checkpoint.py`` treats every part through the ``Stateful`` protocol: it imports no
     module of a part (so names no part's class) and touches no other module's private attribute."""
     module = "rlexp.run.checkpoint"
     allowed = {"rlexp.config", "rlexp.config.schema", "rlexp.config.state", "rlexp.run.jobs"}
-    assert IMPORTS[module] <= allowed, f"{module} imports {sorted(IMPORTS[module] - allowed)}"
+    assert imports[module] <= allowed, f"{module} imports {sorted(imports[module] - allowed)}"
     reaches = private_reaches(MODULES[module].read_text())
     assert not reaches, f"{module} reaches into privates:\n" + "\n".join(reaches)
 
