@@ -131,7 +131,7 @@ def test_every_group_has_options():
         assert options(group), f"conf/{group}/ has no option"
 
 
-def partners(group: str, option: str, cfg: Any) -> list[str]:
+def partners(group: str, option: str) -> list[str]:
     """The overrides that make an option valid with the defaults: an algorithm with an env of its kind
     of actions or agents, a torso with its kind of observations, an env with an algorithm (and torso)
     that handles it."""
@@ -145,22 +145,21 @@ def partners(group: str, option: str, cfg: Any) -> list[str]:
         ]
     if group != "env":
         return []
-    if is_multi_agent(cfg.env):
+    env = compose_config([f"env={option}"]).env
+    if is_multi_agent(env):
         return ["algo=maddpg"]
-    if cfg.env.id.startswith("MinAtar/"):
+    if env.id.startswith("MinAtar/"):
         return ["network=cnn"]
-    if cfg.env.id.startswith("ALE/"):  # a smaller replay than the default's 100k frame stacks
+    if env.id.startswith("ALE/"):  # a smaller replay than the default's 100k frame stacks
         return ["network=nature_cnn", "algo.buffer_size=1000"]
-    if not needs_box2d(cfg.env.id) and isinstance(gym.make(cfg.env.id).action_space, gym.spaces.Box):
+    if not needs_box2d(env.id) and isinstance(gym.make(env.id).action_space, gym.spaces.Box):
         return ["algo=td3"]
     return []
 
 
 @pytest.mark.parametrize("group,option", ALL_OPTIONS, ids=[f"{g}={o}" for g, o in ALL_OPTIONS])
 def test_every_option_composes_and_validates(group, option):
-    cfg = compose_config([f"{group}={option}"])
-    if with_partners := partners(group, option, cfg):
-        cfg = compose_config([f"{group}={option}", *with_partners])
+    cfg = compose_config(sorted([f"{group}={option}", *partners(group, option)]))
     if not is_multi_agent(cfg.env):
         try:
             check_env_id(cfg.env.id)  # registers an optional family's ids (MinAtar, ALE)
