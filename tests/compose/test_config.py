@@ -11,7 +11,7 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
-from composing import compose_config, compose_hydra, writes_after_options
+from composing import compose_config, compose_hydra, merging_as_shipped, writes_after_options
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -103,6 +103,37 @@ def test_the_tests_composition_is_hydras(overrides):
     assert OmegaConf.to_container(cfg) == OmegaConf.to_container(expected)
     assert OmegaConf.is_struct(cfg) and OmegaConf.get_type(cfg.algo) is OmegaConf.get_type(expected.algo)
     assert compose_config(overrides) is not cfg  # each call its own config
+
+
+def _nodes(node, path: str = "") -> dict[str, tuple]:
+    """Every node of a config by its dotted path: its type, its value (a container's: None) and its flags."""
+    value = None if OmegaConf.is_config(node) else node._value()
+    found = {path: (OmegaConf.get_type(node), value, node._metadata.flags)}
+    if OmegaConf.is_config(node) and not node._is_missing() and not node._is_none():
+        for key in node.keys() if OmegaConf.is_dict(node) else range(len(node)):
+            found.update(_nodes(node._get_node(key), f"{path}.{key}"))
+    return found
+
+
+PREFIX_SETS = [
+    [],
+    ["+experiment=seed_critic"],
+    ["activation=tanh"],
+    ["activation=tanh", "optimizer=sgd"],
+    ["algo=ppo", "env=pendulum"],
+    ["algo=sac", "env=pendulum"],
+    ["+experiment=nan_hunt", "intervention=redo"],
+]
+
+
+def test_a_composition_from_merged_prefixes_is_hydras():
+    """tests/composing.py merges a defaults list from the longest prefix it merged before: node for node (type,
+    value, flags; the hydra node included) what Hydra's own merge gives, for compositions that share prefixes."""
+    for overrides in PREFIX_SETS:
+        cached = compose_hydra(overrides, return_hydra_config=True)
+        with merging_as_shipped():
+            shipped = compose_hydra(overrides, return_hydra_config=True)
+        assert _nodes(cached) == _nodes(shipped), overrides
 
 
 @pytest.mark.parametrize("group", sorted(SCHEMAS))
