@@ -119,9 +119,8 @@ SECTIONS = (
     "minatar_population",
     "minatar_floor",
 )
-OPTIONAL_SECTIONS = ("sac_mujoco_vs_sb3", "td3_mujoco_population", "sac_floor")  # measured only when --only names them
+OPTIONAL_SECTIONS = ("sac_mujoco_vs_sb3", "td3_mujoco_population", "sac_floor")  # only when --only names them (mujoco)
 SB3_SECTIONS = ("dqn_vs_sb3", "ppo_vs_sb3", "sac_mujoco_vs_sb3", "minatar_vs_sb3")
-MUJOCO_SECTIONS = ("sac_mujoco_vs_sb3", "td3_mujoco_population", "sac_floor")
 MUJOCO_FIX = 'pip install -e ".[mujoco]"'
 MINATAR_LEARNING_STARTS = 5_000  # conf/experiment/minatar_dqn.yaml
 SB3_FIX = 'pip install -e ".[bench]"'
@@ -917,7 +916,7 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
-    needs_mujoco = [s for s in sections if s in MUJOCO_SECTIONS]
+    needs_mujoco = [s for s in sections if s in OPTIONAL_SECTIONS]
     if needs_mujoco and importlib.util.find_spec("mujoco") is None:
         print(f"bench.py: mujoco is not installed (needed by {', '.join(needs_mujoco)}): {MUJOCO_FIX}", file=sys.stderr)
         return 2
