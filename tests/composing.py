@@ -222,13 +222,19 @@ def _is_choice(override: Override) -> bool:
     return not isinstance(override.value(), dict) and ((CONF / group).is_dir() or group.startswith("hydra/"))
 
 
+def set_keys(cfg: DictConfig, overrides: Sequence[str]) -> None:
+    """Apply key overrides (``optimizer.lr=0.1``, ``+env.kwargs.x=1``) to ``cfg`` in place, as Hydra applies a
+    command line's after composing."""
+    ConfigLoaderImpl._apply_overrides_to_config(OverridesParser.create().parse_overrides(list(overrides)), cfg)
+
+
 def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
     """The job's config (no ``hydra`` node) for these command-line overrides, as ``hydra.compose`` gives it."""
     parsed = OverridesParser.create().parse_overrides(list(overrides))
     keys = [o for o in parsed if not _is_choice(o)]
     hydra = any(o.key_or_group.split(".")[0] == "hydra" for o in keys)
     cfg = pickle.loads(_composed(tuple(o.input_line for o in parsed if _is_choice(o)), hydra))
-    ConfigLoaderImpl._apply_overrides_to_config(keys, cfg)
+    ConfigLoaderImpl._apply_overrides_to_config(keys, cfg)  # set_keys' step, on the overrides parsed above
     if hydra:
         with open_dict(cfg):
             del cfg["hydra"]

@@ -177,37 +177,39 @@ def interval_estimates(
     return out
 
 
-def _resamples(groups: Sequence[np.ndarray], reps: int, rng: np.random.Generator) -> np.ndarray | None:
-    """A stratified bootstrap's resamples of ``groups`` pooled, [reps, n]: each group (a task) resampled with
-    replacement on its own, vectorized; None when every group is empty."""
+def _bootstrap(
+    groups: Sequence[np.ndarray],
+    reps: int,
+    rng: np.random.Generator,
+    per_resample: Callable[[np.ndarray], np.ndarray],
+    point: Callable[[np.ndarray], float],
+) -> tuple[float, float, float]:
+    """(``point`` of the values in ``groups`` pooled, 95% low, 95% high), the interval from a stratified
+    bootstrap: each group (a task) resampled with replacement on its own, ``reps`` times, vectorized, and
+    ``per_resample`` maps the resamples [reps, n] to their statistic [reps]. NaNs when every group is empty."""
     groups = [np.asarray(g, dtype=float) for g in groups if len(g)]
     if not groups:
-        return None
-    return np.concatenate([g[rng.integers(0, len(g), size=(reps, len(g)))] for g in groups], axis=1)
+        return float("nan"), float("nan"), float("nan")
+    resampled = np.concatenate([g[rng.integers(0, len(g), size=(reps, len(g)))] for g in groups], axis=1)
+    low, high = np.percentile(per_resample(resampled), [2.5, 97.5])
+    return point(np.concatenate(groups)), float(low), float(high)
+
+
+def _iqm_rows(resampled: np.ndarray) -> np.ndarray:
+    """Each row's IQM (``iqm_fast``'s), [reps, n] -> [reps]; sorts the rows in place."""
+    resampled.sort(axis=1)
+    cut = int(0.25 * resampled.shape[1])
+    return resampled[:, cut : resampled.shape[1] - cut].mean(axis=1)
 
 
 def bootstrap_iqm(groups: Sequence[np.ndarray], reps: int, rng: np.random.Generator) -> tuple[float, float, float]:
-    """(IQM, 95% low, 95% high) of the values in ``groups`` pooled, the interval from a stratified
-    bootstrap (``_resamples``)."""
-    resampled = _resamples(groups, reps, rng)
-    if resampled is None:
-        return float("nan"), float("nan"), float("nan")
-    resampled.sort(axis=1)  # [reps, n]
-    n = resampled.shape[1]
-    cut = int(0.25 * n)
-    stats = resampled[:, cut : n - cut].mean(axis=1)
-    low, high = np.percentile(stats, [2.5, 97.5])
-    return iqm_fast(np.concatenate([g for g in groups if len(g)])), float(low), float(high)
+    """(IQM, 95% low, 95% high) of the values in ``groups`` pooled, from a stratified bootstrap."""
+    return _bootstrap(groups, reps, rng, _iqm_rows, iqm_fast)
 
 
 def bootstrap_mean(groups: Sequence[np.ndarray], reps: int, rng: np.random.Generator) -> tuple[float, float, float]:
-    """(mean, 95% low, 95% high) of the values in ``groups`` pooled, the interval from a stratified
-    bootstrap (``_resamples``)."""
-    resampled = _resamples(groups, reps, rng)
-    if resampled is None:
-        return float("nan"), float("nan"), float("nan")
-    low, high = np.percentile(resampled.mean(axis=1), [2.5, 97.5])
-    return float(np.concatenate([g for g in groups if len(g)]).mean()), float(low), float(high)
+    """(mean, 95% low, 95% high) of the values in ``groups`` pooled, from a stratified bootstrap."""
+    return _bootstrap(groups, reps, rng, lambda resampled: resampled.mean(axis=1), lambda pooled: float(pooled.mean()))
 
 
 def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:

@@ -11,10 +11,8 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
-from composing import compose_config, compose_hydra, merging_as_shipped, writes_after_options
-from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from composing import compose_config, compose_hydra, merging_as_shipped, set_keys, writes_after_options
 from hydra.core.config_store import ConfigStore
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from rlexp.compose.config_doc import markdown
@@ -355,9 +353,7 @@ def refused_keys(base: list[str], keys: list[str]) -> dict[str, str | None]:
     for key in keys:
         before = OmegaConf.select(cfg, key)
         before = OmegaConf.to_container(before) if OmegaConf.is_config(before) else before
-        ConfigLoaderImpl._apply_overrides_to_config(
-            OverridesParser.create().parse_overrides([f"{key}={OUT_OF_DOMAIN[key]}"]), cfg
-        )
+        set_keys(cfg, [f"{key}={OUT_OF_DOMAIN[key]}"])
         try:
             validate(cfg)
             named[key] = None
