@@ -57,7 +57,7 @@ from rlexp.diagnostics.collapse import ActionWindow
 from rlexp.diagnostics.instruments import activity_instruments, parameter_names, update_instruments
 from rlexp.diagnostics.interventions import Interventions, Subject
 from rlexp.envs.marl import AgentSpace
-from rlexp.nn.nets import PopMLP, soft_update_
+from rlexp.nn.nets import PopMLP, member_sum, soft_update_
 from rlexp.optim.pipeline import GradientPipeline, UpdateStats
 from rlexp.run.context import RunContext
 from rlexp.run.evaluation import Networks, Policy
@@ -453,7 +453,7 @@ def shared_actor_loss(
     actions = [policy_actions(a, out, noise.reshape(out.shape), algo) for a, out, noise in zip(agents, outs, noises)]
     loss = -net.critic(obs, torch.cat(actions, -1)).squeeze(-1).mean(1)
     if net.squash is None and algo.policy_reg > 0:
-        loss = loss + algo.policy_reg * torch.stack([out.square().mean((1, 2)) for out in outs]).mean(0)
+        loss = loss + algo.policy_reg * member_sum(out.square().mean((1, 2)) for out in outs) / len(outs)
     return loss
 
 

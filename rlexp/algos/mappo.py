@@ -32,7 +32,7 @@ from rlexp.algos.common import Actor, Minibatch, gae, locate, ppo_losses
 from rlexp.config.schema import DiagnosticsConfig, MAPPOConfig
 from rlexp.diagnostics.collapse import ActionWindow
 from rlexp.diagnostics.instruments import activity_instruments, parameter_names, update_instruments
-from rlexp.nn.nets import PopMLP
+from rlexp.nn.nets import PopMLP, member_sum
 from rlexp.optim.pipeline import UpdateStats
 from rlexp.run.context import RunContext
 from rlexp.run.evaluation import Networks, Policy
@@ -92,7 +92,7 @@ def mappo_losses(
     for i, (out, mb) in enumerate(zip(policies.outputs(obs), minibatches)):
         log_prob, entropy = policies.actor(i).log_prob_entropy(None, mb.actions, out)
         per_agent.append(ppo_losses(log_prob, entropy, new_values[..., i], mb, algo))
-    mean = {key: torch.stack([losses[key] for losses in per_agent]).mean(0) for key in per_agent[0]}
+    mean = {key: member_sum(losses[key] for losses in per_agent) / len(per_agent) for key in per_agent[0]}
     actor_losses = [mean["actor_loss"]] if policies.shared else [losses["actor_loss"] for losses in per_agent]
     return actor_losses, mean
 

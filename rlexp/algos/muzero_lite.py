@@ -55,7 +55,7 @@ from rlexp.diagnostics.instruments import (
     update_instruments,
 )
 from rlexp.diagnostics.interventions import Subject
-from rlexp.nn.nets import PopMLP, scale_gradient, soft_update_
+from rlexp.nn.nets import PopMLP, member_sum, scale_gradient, soft_update_
 from rlexp.optim.pipeline import UpdateStats
 from rlexp.run.context import RunContext
 from rlexp.run.evaluation import Networks, Policy
@@ -368,7 +368,7 @@ def train(ctx: RunContext) -> None:
                 hidden_norms = [torch.empty(0)] * (K + 1)
                 for k, s in enumerate(out.states):
                     s.register_hook(partial(_keep_norm, hidden_norms, k))
-            update = pipeline.step(losses.sum(0), step, diagnose)
+            update = pipeline.step(member_sum(losses), step, diagnose)
             v = out.values.detach()[..., 0]
             recorder.record_update(update, {"v_mean": v.mean(1), "v_max": v.amax(1)})
             recorder.locate_divergence(update, partial(locate, model, batch.obs[:, :, 0], names, update))

@@ -288,7 +288,7 @@ class CartPoles:
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One step of every environment with actions [n] in {0, 1}; returns observations [n, 4]
-        float32, rewards [n] float64 and terminated [n] bool (|x| > threshold is the single
+        float32 (C order), rewards [n] float64 and terminated [n] bool (|x| > threshold is the single
         environment's x < -threshold or x > threshold)."""
         x, x_dot, theta, theta_dot = self.state
         force = self.forces[actions]
@@ -315,7 +315,9 @@ class CartPoles:
             reward = np.where(terminated, -1.0, 0.0)
         else:
             reward = np.ones(len(x))
-        return self.state.T.astype(np.float32), reward, terminated
+        # C order: a member's observations lie as they would in any population (BLAS may round a
+        # transposed matrix's product differently)
+        return self.state.T.astype(np.float32, order="C"), reward, terminated
 
     def write_back(self, envs: list[gym.Env], lengths: np.ndarray) -> None:
         """Leave each gymnasium object as stepping it alone would have: its physics (``state``), its

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -107,6 +107,14 @@ def member_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.shape[0] == 1 and b.shape[2] == 1:
         return _as_two_members(torch.bmm, a, b)
     return torch.bmm(a, b)
+
+
+def member_sum(terms: Iterable[torch.Tensor]) -> torch.Tensor:
+    """The elementwise sum of ``terms`` (each [P, ...]), added one after another. ``torch.stack(terms)
+    .sum(0)`` reduces a dim that lies before the member dim, with kernels whose order of additions
+    depends on the member count and the CPU's vector width: a member would round differently in
+    populations of different sizes. Mean: ``member_sum(terms) / len(terms)``."""
+    return functools.reduce(torch.add, terms)
 
 
 def _as_two_members(op: Callable[..., torch.Tensor], *members: torch.Tensor) -> torch.Tensor:

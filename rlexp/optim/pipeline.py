@@ -38,6 +38,7 @@ from rlexp.config.schema import (
 )
 from rlexp.config.state import PerMember
 from rlexp.nn.component import ParameterStorage
+from rlexp.nn.nets import member_sum
 from rlexp.optim.optimizers import make_optimizer
 
 CAUSES = (
@@ -314,12 +315,12 @@ class GradientPipeline:
         total = torch.zeros((), device=self.params[0].device)
         l1_on, l2_on, l2_init_on = self._penalties
         if l1_on:
-            total = total + self.l1 * torch.stack([w.abs().flatten(1).sum(1) for w in self.penalized]).sum(0)
+            total = total + self.l1 * member_sum(w.abs().flatten(1).sum(1) for w in self.penalized)
         if l2_on:
-            total = total + self.l2 * torch.stack([w.square().flatten(1).sum(1) for w in self.penalized]).sum(0)
+            total = total + self.l2 * member_sum(w.square().flatten(1).sum(1) for w in self.penalized)
         if l2_init_on:
             moved = [(w - w0).square().flatten(1).sum(1) for w, w0 in zip(self.penalized, self.initial)]
-            total = total + self.l2_init * torch.stack(moved).sum(0)
+            total = total + self.l2_init * member_sum(moved)
         return total
 
     @torch.no_grad()
@@ -562,11 +563,11 @@ class PlainPipeline(GradientPipeline):
         loss = self._backward(loss, env_step, written_backward)
         with torch.no_grad():
             tensor_pre = tensor_norms(grads)  # [T, P]
-            norm_pre = torch.linalg.vector_norm(tensor_pre, dim=0)  # [P] each member's (float64)
+            norm_pre = member_sum(tensor_pre.square()).sqrt()  # [P] each member's (float64)
             for a, b, config in self.clippers:
                 CLIPPERS[config.name]([p[a:b] for p in params], [g[a:b] for g in grads], config, norm_pre[a:b])
             tensor_post = tensor_norms(grads) if self.clipped else tensor_pre
-            norm_post = torch.linalg.vector_norm(tensor_post, dim=0) if self.clipped else norm_pre
+            norm_post = member_sum(tensor_post.square()).sqrt() if self.clipped else norm_pre
             stats = UpdateStats(loss.detach(), norm_pre, norm_post)
             if diagnose:
                 stats.tensor_grad_pre, stats.tensor_grad_post = tensor_pre, tensor_post

@@ -69,6 +69,7 @@ def test_every_step_is_a_transition_and_episode_stats_match_rewards():
         ("CartPole-v1", 1, 3, {}, 7, 40, False),  # one environment after another
         ("Pendulum-v1", 2, 3, {}, 7, 40, False),
         ("CartPole-v1", 4, 3, {}, 7, 40, True),  # CartPoles stepped together
+        ("CartPole-v1", 1, 4, {}, 7, 40, True),  # a population of one
         ("CartPole-v1", 8, 2, {}, None, 300, True),  # 500-step TimeLimit: episodes end by the thresholds
         ("CartPole-v1", 3, 3, {"sutton_barto_reward": True}, None, 200, True),
     ],
@@ -76,7 +77,8 @@ def test_every_step_is_a_transition_and_episode_stats_match_rewards():
 def test_population_env_steps_exactly_as_gymnasium_sync_vector_env(env_id, P, E, kwargs, limit, steps, together):
     """Both ways of stepping return what gymnasium's SyncVectorEnv with SAME_STEP autoreset returns for
     the same seeds and actions: observations (the final ones as its ``final_obs``), rewards and flags, bit
-    for bit, through autoresets."""
+    for bit, through autoresets. Observations lie in C order, so a member's matrix of them has the layout
+    it has in any population (BLAS may round a product with a transposed matrix otherwise)."""
     cfg = EnvConfig(id=env_id, num_envs=E, max_episode_steps=limit, kwargs=kwargs)
     env = PopulationEnv(cfg, member_seeds=[4, 9, 1, 7, 3, 8, 2, 6][:P])
     assert (env.cartpoles is not None) == together
@@ -103,6 +105,7 @@ def test_population_env_steps_exactly_as_gymnasium_sync_vector_env(env_id, P, E,
         if done.any():
             final[done] = np.stack(info["final_obs"][done])
         np.testing.assert_array_equal(res.next_obs, obs.reshape(P, E, -1))
+        assert res.obs.flags.c_contiguous and res.next_obs.flags.c_contiguous
         np.testing.assert_array_equal(res.obs, final.reshape(P, E, -1))
         np.testing.assert_array_equal(res.reward, reward.reshape(P, E))
         np.testing.assert_array_equal(res.terminated, terminated.reshape(P, E))
