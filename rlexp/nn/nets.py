@@ -93,18 +93,18 @@ def write_weight_grads(dst: torch.Tensor, x: torch.Tensor, grad: torch.Tensor) -
 def member_baddbmm(bias: torch.Tensor, x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
     """``torch.baddbmm(bias, x, weight_t)``: [P, 1, out] + [P, B, in] @ [P, in, out], computed by a
     population of one as by a member of any larger one (``member_bmm``), its backward too."""
-    if x.shape[0] == 1 and weight_t.shape[-1] == 1:
+    if x.shape[0] == 1 and 1 in (x.shape[2], weight_t.shape[2]):
         return _as_two_members(torch.baddbmm, bias, x, weight_t)
     return torch.baddbmm(bias, x, weight_t)
 
 
 def member_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``torch.bmm(a, b)``, [P, m, k] @ [P, k, 1] or [P, k, n]. A population of one times one column (a
-    value head) runs as two views of its member: torch multiplies a single matrix by a vector with
-    another kernel than a batch of them, whose sums round differently, and a member must compute alone
-    what it computes in any population. (A single row, m = 1, can round differently in populations of
-    different sizes in torch's kernels; rlexp's layers meet it only in a backward over one sample.)"""
-    if a.shape[0] == 1 and b.shape[2] == 1:
+    """``torch.bmm(a, b)``, [P, m, k] @ [P, k, n]. A population of one whose product is a matrix times a
+    vector (a value head's one column, a backward over one sample's row, a layer of one input) runs as
+    two views of its member: torch runs a single matrix's product by a vector with another kernel than a
+    batch's, whose sums may round differently, and a member must compute alone what it computes in any
+    population."""
+    if a.shape[0] == 1 and 1 in (a.shape[1], a.shape[2], b.shape[2]):
         return _as_two_members(torch.bmm, a, b)
     return torch.bmm(a, b)
 

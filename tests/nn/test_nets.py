@@ -143,12 +143,15 @@ def test_the_written_weight_gradient_has_autograds_bits_in_a_padded_buffer(membe
     assert torch.equal(flat[:, n_out * n_in :], torch.full((members, 5), 7.0))
 
 
-@pytest.mark.parametrize("batch, n_in, n_out", [(128, 64, 1), (32, 256, 1), (10, 400, 1), (256, 3, 1), (128, 64, 64)])
+@pytest.mark.parametrize(
+    "batch, n_in, n_out",
+    [(128, 64, 1), (32, 256, 1), (10, 400, 1), (256, 3, 1), (128, 64, 64), (1, 256, 256), (64, 1, 32)],
+)
 def test_a_population_of_one_computes_a_layer_as_a_member_of_three(batch, n_in, n_out):
     """Forward, input and parameter gradients (autograd's and the written ones) and the acting forward of a
-    layer, a value head's (one output) among them: member 1 of three and the same member alone give the
-    same bits (torch alone would take its single-matrix kernel for a population of one, and round
-    otherwise)."""
+    layer, a value head's (one output), a backward over one sample and a layer of one input among them:
+    member 1 of three and the same member alone give the same bits (torch alone would take its
+    single-matrix kernel for a population of one, and round otherwise)."""
     g = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(3, n_out, n_in, generator=g), torch.randn(3, n_out, generator=g)
     x, grad = torch.randn(3, batch, n_in, generator=g), torch.randn(3, batch, n_out, generator=g)
