@@ -49,8 +49,10 @@ CASES: dict[str, list[str]] = {
     "pbt": ["+experiment=pbt", "total_steps=6000", "num_seeds=8"],  # its preset: 20k, 16 members
 }
 
-# fields that hold wall-clock figures or the run dir's path: the only ones that may differ
+# fields that hold wall-clock figures or the run dir's path (a multirun's ``logger.sweep`` is named after
+# its dir's): the only ones that may differ
 VOLATILE = {
+    "sweep",
     "wall_s",
     "time",
     "timestamp",
