@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from rlexp.config.schema import DiagnosticsConfig
-from rlexp.nn.nets import PopMLP, member_sum
-from rlexp.optim.pipeline import UpdateStats
+from rlexp.nn.nets import PopMLP
+from rlexp.optim.pipeline import UpdateStats, joint_norms
 
 
 class Deferred:
@@ -76,7 +76,7 @@ def per_layer(values: torch.Tensor, names: Sequence[str]) -> dict[str, torch.Ten
     layers: dict[str, list[int]] = {}
     for i, name in enumerate(names):
         layers.setdefault(layer_of(name), []).append(i)
-    return {layer: member_sum(values[idx].square()).sqrt() for layer, idx in layers.items()}
+    return {layer: joint_norms(values[idx]) for layer, idx in layers.items()}
 
 
 def dormant_scores(h: torch.Tensor) -> torch.Tensor:

@@ -63,6 +63,12 @@ def tensor_norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.stack([torch.linalg.vector_norm(t.flatten(1), dim=1, dtype=torch.float64) for t in tensors])
 
 
+def joint_norms(norms: torch.Tensor) -> torch.Tensor:
+    """Per-tensor L2 norms [T, P] (``tensor_norms``) combined into each member's joint norm [P]: the
+    square root of their squares' sum, added tensor after tensor (``member_sum``)."""
+    return member_sum(norms.square()).sqrt()
+
+
 def member_norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """Joint L2 norm of a list of [P, ...] tensors, per member: [P] (float64), in one reduction."""
     flat = torch.cat([t.reshape(t.shape[0], -1) for t in tensors], 1)  # [P, N]
@@ -563,11 +569,11 @@ class PlainPipeline(GradientPipeline):
         loss = self._backward(loss, env_step, written_backward)
         with torch.no_grad():
             tensor_pre = tensor_norms(grads)  # [T, P]
-            norm_pre = member_sum(tensor_pre.square()).sqrt()  # [P] each member's (float64)
+            norm_pre = joint_norms(tensor_pre)  # [P] each member's (float64)
             for a, b, config in self.clippers:
                 CLIPPERS[config.name]([p[a:b] for p in params], [g[a:b] for g in grads], config, norm_pre[a:b])
             tensor_post = tensor_norms(grads) if self.clipped else tensor_pre
-            norm_post = member_sum(tensor_post.square()).sqrt() if self.clipped else norm_pre
+            norm_post = joint_norms(tensor_post) if self.clipped else norm_pre
             stats = UpdateStats(loss.detach(), norm_pre, norm_post)
             if diagnose:
                 stats.tensor_grad_pre, stats.tensor_grad_post = tensor_pre, tensor_post
