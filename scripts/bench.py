@@ -38,9 +38,10 @@ evaluation off (eval.episodes=0: the SB3 baselines do not evaluate; every sectio
   minatar_population  rlexp DQN on MinAtar Breakout (the settings above) at num_seeds = 1 and 8, one torch
                thread each: the loop's wall time; the figure is env steps/s per seed at P = 8 over P = 1's.
   minatar_floor  the MinAtar DQN update (a batch of 32 through dqn_loss and the gradient pipeline, one
-               member, one thread) timed in a fresh process against its arithmetic floor: the update's
-               FLOPs (online and target forward, weight and input gradients) at the rate torch.bmm
-               reaches there on the network's largest layer, both measured in the same process.
+               member, one thread, a new random batch each update) timed in a fresh process against
+               its arithmetic floor: the update's FLOPs (online and target forward, weight and input
+               gradients) at the rate torch.bmm reaches there on the network's largest layer, both
+               measured in the same process.
 
 Optional sections, only with --only (they need the mujoco extra; the first two take minutes a round):
 
@@ -94,6 +95,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import importlib.util
+import itertools
 import json
 import os
 import platform
@@ -145,6 +147,7 @@ TARGETS = {
 MINATAR_POPULATION = 8  # minatar_population: P = 1 against P = this
 MUJOCO_POPULATION = 5  # td3_mujoco_population: P = 1 against P = this
 FLOOR_UPDATES = 200  # minatar_floor: updates per timing (the median of 5 timings)
+FLOOR_BATCHES = 64  # minatar_floor: random batches the updates go through in turn
 SAC_LOOP_STEPS = 1_200  # sac_floor: env steps per run (learning_starts 240: 960 updates, or 1 without)
 SAC_FLOOR_MATMULS = 200  # sac_floor: torch.bmm calls per timing of the floor's rate (the median of 5)
 # the packing section's 24-cell slice of the stability grid: 2 network shapes x its 12 init x clipping x
@@ -459,16 +462,23 @@ def minatar_update_floor(members: int, updates: int) -> dict[str, float]:
     def frames() -> torch.Tensor:
         return (torch.rand(members, batch_size, obs_dim, generator=generator) < 0.1).float()  # [P, B, obs]
 
-    batch = Batch(
-        obs=frames(),
-        actions=torch.randint(n_actions, (members, batch_size), generator=generator),
-        rewards=(torch.rand(members, batch_size, generator=generator) < 0.05).float(),
-        next_obs=frames(),
-        terminated=torch.zeros(members, batch_size),
-    )
+    # a new batch each update, as replay gives: one batch over and over is fitted within ~1000 updates, and
+    # then centered RMSProp's variance rounds below 0 where torch's square root is ~70x slower
+    batches = [
+        Batch(
+            obs=frames(),
+            actions=torch.randint(n_actions, (members, batch_size), generator=generator),
+            rewards=(torch.rand(members, batch_size, generator=generator) < 0.05).float(),
+            next_obs=frames(),
+            terminated=torch.zeros(members, batch_size),
+        )
+        for _ in range(FLOOR_BATCHES)
+    ]
     r_scale = torch.ones(members)
+    drawn = itertools.count()
 
     def update() -> None:
+        batch = batches[next(drawn) % FLOOR_BATCHES]
         loss, _ = dqn_loss(q_net, target_net, batch, cfg.algo, r_scale, written, cfg.algo.gamma)
         pipeline.step(loss, 0, written_backward=written)
 
