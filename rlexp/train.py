@@ -86,11 +86,13 @@ def keep_freed_memory() -> None:
 
 
 def set_process_state(cfg: DictConfig) -> None:
-    """Before a job: torch's threads from ``cfg.threads``, glibc's allocator (``keep_freed_memory``),
-    the collector kept off every object that exists now (imports, Hydra's config, ...) for the rest
-    of the process, and torch's note on the gradient layout silenced (a member's gradient is a
-    strided view into its pipeline's flat buffer, which backward adds into in place: nothing is
-    copied or lost)."""
+    """Before a job: subnormal floats flushed to zero or not (``cfg.flush_denormal``: this thread's mode,
+    which threads started later inherit), torch's threads from ``cfg.threads``, glibc's allocator
+    (``keep_freed_memory``), the collector kept off every object that exists now (imports, Hydra's
+    config, ...) for the rest of the process, and torch's note on the gradient layout silenced (a
+    member's gradient is a strided view into its pipeline's flat buffer, which backward adds into in
+    place: nothing is copied or lost)."""
+    torch.set_flush_denormal(cfg.flush_denormal)  # before torch starts its threads; False where the CPU cannot
     threads = population_threads(cfg.num_seeds) if cfg.threads == -1 else cfg.threads
     if threads > 0:
         torch.set_num_threads(threads)

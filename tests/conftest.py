@@ -30,6 +30,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         load_plugins()  # the installed plugins: the tests parametrized over a registry cover their options too
 
 
+@pytest.fixture(autouse=True)
+def ieee_subnormals() -> None:
+    """Each test starts with IEEE's gradual underflow, torch's default: a job that ran before it in this
+    process left subnormal floats flushed to zero (its ``flush_denormal``, true by default)."""
+    import torch
+
+    torch.set_flush_denormal(False)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """The session's compose cache (tests/composing.py): one dir for the session and its xdist workers (which start
     after this and inherit the environment), removed at the end."""

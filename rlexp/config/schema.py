@@ -751,6 +751,12 @@ class Config:
         "false: plain torch throughout (autograd, torch.optim's optimizers, a per-tensor pipeline, torch acting, "
         "environments one by one): the fast paths' reference, equal up to float rounding, slower",
     )
+    flush_denormal: bool = knob(
+        False,
+        "true: the CPU flushes subnormal floats to zero while the job runs (x86 FTZ/DAZ, AArch64 FZ; TensorFlow and "
+        "XLA run so on CPUs), where an optimizer's averages decaying through them cost ~50x per operation "
+        "(minatar_dqn sets it); false: IEEE's gradual underflow, torch's default",
+    )
     plugins: list[str] = knob(
         [],
         "modules imported before the config is validated, each registering its options (docs/extending.md); "
