@@ -451,6 +451,7 @@ def minatar_update_floor(members: int, updates: int) -> dict[str, float]:
 
     torch.set_num_threads(1)
     cfg = compose_config(["+experiment=minatar_dqn", f"num_seeds={members}", "logger.mode=disabled", "eval.episodes=0"])
+    torch.set_flush_denormal(cfg.flush_denormal)  # as the job runs it
     ctx = RunContext.create(cfg, torch.device("cpu"))
     n_actions, obs_dim, batch_size = int(ctx.env.action_space.n), ctx.env.obs_dim, cfg.algo.batch_size
     q_net = ctx.make_net(obs_dim, n_actions)
