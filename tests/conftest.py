@@ -32,8 +32,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 @pytest.fixture(autouse=True)
 def ieee_subnormals() -> None:
-    """Each test starts with IEEE's gradual underflow, torch's default: a job that ran before it in this
-    process left subnormal floats flushed to zero (its ``flush_denormal``, true by default)."""
+    """Each test starts with IEEE's gradual underflow, torch's default, though a job that ran before it in
+    this process flushed subnormal floats to zero (``flush_denormal=true``, as ``minatar_dqn`` sets it)."""
     import torch
 
     torch.set_flush_denormal(False)
