@@ -448,10 +448,10 @@ def minatar_update_floor(members: int, updates: int) -> dict[str, float]:
     from rlexp.algos.dqn import dqn_loss
     from rlexp.data.buffers import Batch
     from rlexp.run.context import RunContext
+    from rlexp.train import set_process_state
 
-    torch.set_num_threads(1)
     cfg = compose_config(["+experiment=minatar_dqn", f"num_seeds={members}", "logger.mode=disabled", "eval.episodes=0"])
-    torch.set_flush_denormal(cfg.flush_denormal)  # as the job runs it
+    set_process_state(cfg)  # as the job runs: one thread, the preset's subnormal flush
     ctx = RunContext.create(cfg, torch.device("cpu"))
     n_actions, obs_dim, batch_size = int(ctx.env.action_space.n), ctx.env.obs_dim, cfg.algo.batch_size
     q_net = ctx.make_net(obs_dim, n_actions)
@@ -476,11 +476,10 @@ def minatar_update_floor(members: int, updates: int) -> dict[str, float]:
         for _ in range(FLOOR_BATCHES)
     ]
     r_scale = torch.ones(members)
-    drawn = itertools.count()
+    drawn = itertools.cycle(batches)
 
     def update() -> None:
-        batch = batches[next(drawn) % FLOOR_BATCHES]
-        loss, _ = dqn_loss(q_net, target_net, batch, cfg.algo, r_scale, written, cfg.algo.gamma)
+        loss, _ = dqn_loss(q_net, target_net, next(drawn), cfg.algo, r_scale, written, cfg.algo.gamma)
         pipeline.step(loss, 0, written_backward=written)
 
     update_s = seconds(update, updates)
